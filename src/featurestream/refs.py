@@ -1,0 +1,162 @@
+"""The control plane: tensor-free references to samples held in a feature store."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any
+
+import torch
+
+__all__ = ["FeatureAlgorithm", "FeatureSpec", "SampleRef", "assert_no_tensors"]
+
+
+class FeatureAlgorithm(str, enum.Enum):
+    """The speculative-decoding algorithm a sample's features supervise."""
+
+    EAGLE3 = "eagle3"
+    DFLASH = "dflash"
+    DSPARK = "dspark"
+
+
+REQUIRED_FEATURES: Mapping[FeatureAlgorithm, frozenset[str]] = MappingProxyType(
+    {
+        FeatureAlgorithm.EAGLE3: frozenset({"aux_hidden_states", "input_ids", "attention_mask", "loss_mask"}),
+        FeatureAlgorithm.DFLASH: frozenset({"hidden_states", "input_ids", "attention_mask", "loss_mask"}),
+        FeatureAlgorithm.DSPARK: frozenset(
+            {"target_hidden_states", "target_last_hidden_states", "input_ids", "loss_mask"}
+        ),
+    }
+)
+
+_PRIMITIVES = (str, int, float, bool, bytes, type(None))
+
+
+def _is_tensor_like(obj: object) -> bool:
+    if isinstance(obj, torch.Tensor):
+        return True
+    if type(obj).__module__ == "numpy" and type(obj).__name__ in {"ndarray", "matrix"}:
+        return True
+    return all(hasattr(obj, attr) for attr in ("data_ptr", "is_cuda", "numel"))
+
+
+def assert_no_tensors(obj: object, *, path: str = "ref") -> None:
+    """Raise ``ValueError`` naming the path of the first tensor-like value inside ``obj``.
+
+    Walks dataclasses, str-keyed mappings, lists and tuples; primitives pass.
+    """
+    if isinstance(obj, _PRIMITIVES) or isinstance(obj, enum.Enum):
+        return
+    if _is_tensor_like(obj):
+        raise ValueError(f"{path} holds a tensor-like {type(obj).__name__}; refs must be tensor-free")
+    if isinstance(obj, torch.dtype):
+        return
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        for field in dataclasses.fields(obj):
+            assert_no_tensors(getattr(obj, field.name), path=f"{path}.{field.name}")
+        return
+    if isinstance(obj, Mapping):
+        for key, value in obj.items():
+            if not isinstance(key, str):
+                raise ValueError(f"{path} has a non-str key {key!r}; mapping keys must be str")
+            assert_no_tensors(value, path=f"{path}[{key!r}]")
+        return
+    if isinstance(obj, (list, tuple)):
+        for index, item in enumerate(obj):
+            assert_no_tensors(item, path=f"{path}[{index}]")
+
+
+@dataclasses.dataclass(frozen=True)
+class FeatureSpec:
+    """Shape and dtype of one stored feature tensor."""
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+    def __post_init__(self) -> None:
+        shape = tuple(self.shape)
+        for dim in shape:
+            if isinstance(dim, bool) or not isinstance(dim, int) or dim < 0:
+                raise ValueError(f"FeatureSpec shape {shape!r} has invalid dimension {dim!r}")
+        if not isinstance(self.dtype, torch.dtype):
+            raise ValueError(f"FeatureSpec dtype must be a torch.dtype, got {self.dtype!r}")
+        object.__setattr__(self, "shape", shape)
+
+    @property
+    def nbytes(self) -> int:
+        numel = 1
+        for dim in self.shape:
+            numel *= dim
+        return numel * self.dtype.itemsize
+
+
+def _require_id(name: str, value: object) -> None:
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"SampleRef.{name} must be a non-empty str, got {value!r}")
+
+
+def _require_count(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"SampleRef.{name} must be a non-negative int, got {value!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class SampleRef:
+    """A tensor-free reference to one sample's features in a ``FeatureStore``."""
+
+    sample_id: str
+    run_id: str
+    store_uri: str
+    feature_keys: Mapping[str, str]
+    feature_specs: Mapping[str, FeatureSpec]
+    algorithm: FeatureAlgorithm
+    schema_version: int
+    num_tokens: int
+    estimated_bytes: int
+    target_model_version: str
+    draft_weight_version: str
+
+    def __post_init__(self) -> None:
+        _require_id("sample_id", self.sample_id)
+        _require_id("run_id", self.run_id)
+        if not isinstance(self.store_uri, str) or "://" not in self.store_uri:
+            raise ValueError(f"SampleRef.store_uri must look like scheme://location, got {self.store_uri!r}")
+        assert_no_tensors(self, path="ref")
+        try:
+            algorithm = FeatureAlgorithm(self.algorithm)
+        except ValueError:
+            raise ValueError(f"SampleRef.algorithm {self.algorithm!r} is not a FeatureAlgorithm") from None
+        keys = dict(self.feature_keys)
+        specs = dict(self.feature_specs)
+        if set(keys) != set(specs):
+            raise ValueError(
+                f"SampleRef feature_keys {sorted(keys)} and feature_specs {sorted(specs)} name different features"
+            )
+        for name, spec in specs.items():
+            if not isinstance(spec, FeatureSpec):
+                raise ValueError(f"SampleRef.feature_specs[{name!r}] must be a FeatureSpec, got {spec!r}")
+        missing = REQUIRED_FEATURES[algorithm] - set(keys)
+        if missing:
+            raise ValueError(f"SampleRef for {algorithm.value} is missing required features {sorted(missing)}")
+        _require_count("schema_version", self.schema_version)
+        _require_count("num_tokens", self.num_tokens)
+        _require_count("estimated_bytes", self.estimated_bytes)
+        object.__setattr__(self, "algorithm", algorithm)
+        object.__setattr__(self, "feature_keys", MappingProxyType(keys))
+        object.__setattr__(self, "feature_specs", MappingProxyType(specs))
+
+    def __hash__(self) -> int:
+        return hash((self.sample_id, self.run_id, self.store_uri))
+
+    def feature_names(self) -> list[str]:
+        """Feature names in insertion order (the order batches are built in)."""
+        return list(self.feature_keys)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # MappingProxyType cannot be pickled; rebuild from plain dicts.
+        values = [getattr(self, f.name) for f in dataclasses.fields(self)]
+        values[3] = dict(self.feature_keys)
+        values[4] = dict(self.feature_specs)
+        return (SampleRef, tuple(values))

@@ -1,0 +1,95 @@
+"""The data plane contract: where a ``SampleRef``'s tensors live."""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from featurestream.refs import FeatureAlgorithm, SampleRef
+
+__all__ = ["FeatureStore", "StoreHandle", "StoreHealth"]
+
+
+@dataclasses.dataclass(frozen=True)
+class StoreHandle:
+    """Proof of one ``get``; hand it to ``FeatureStore.release`` when done."""
+
+    store: Any
+    sample_id: str
+    ref: SampleRef
+    handle_id: int
+
+
+@dataclasses.dataclass(frozen=True)
+class StoreHealth:
+    """Residency counters of a store (ints and bools only; never I/O to compute)."""
+
+    resident_bytes: int
+    capacity_bytes: int
+    sample_count: int
+    high_watermark_hit: bool
+    low_watermark_hit: bool
+
+
+class FeatureStore(abc.ABC):
+    """Holds the tensors of samples; the queue only ever moves ``SampleRef``s.
+
+    Residency contract: a sample no queue holds is freed when its last handle
+    is released. A sample a queue holds (between ``retain`` and ``scrub``) is
+    kept whatever handles are released, and ``scrub`` frees it whatever
+    handles are still out. Stores written against the reference contract
+    inherit no-op hooks and keep the reference behaviour.
+    """
+
+    store_uri: str
+
+    @abc.abstractmethod
+    def put(
+        self,
+        sample_id: str,
+        tensors: Mapping[str, torch.Tensor],
+        *,
+        run_id: str = "default",
+        algorithm: FeatureAlgorithm = FeatureAlgorithm.EAGLE3,
+        schema_version: int = 1,
+        target_model_version: str = "0",
+        draft_weight_version: str = "0",
+        num_tokens: int = 0,
+    ) -> SampleRef:
+        """Store ``tensors`` under ``sample_id`` and return the ref describing them."""
+
+    @abc.abstractmethod
+    def get(
+        self, ref: SampleRef, device: torch.device | str | None = None
+    ) -> tuple[dict[str, torch.Tensor], StoreHandle]:
+        """Materialise ``ref``: one tensor per feature, in ``ref.feature_names()`` order."""
+
+    @abc.abstractmethod
+    def release(self, handle: StoreHandle) -> None:
+        """Drop ``handle`` (idempotent); frees an unretained sample on its last handle."""
+
+    @abc.abstractmethod
+    def gc(self) -> int:
+        """Sweep dead bookkeeping; return how many entries were swept."""
+
+    @abc.abstractmethod
+    def health(self) -> StoreHealth:
+        """Residency snapshot from counters (no tensor or disk I/O)."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Free everything (idempotent); later puts and gets raise ``RuntimeError``."""
+
+    def retain(self, ref: SampleRef) -> None:  # noqa: B027 - optional hook, no-op by design
+        """A queue now holds ``ref``: keep its bytes whatever handles are released."""
+
+    def scrub(self, ref: SampleRef) -> None:  # noqa: B027 - optional hook, no-op by design
+        """The queue is done with ``ref`` (acked or dead): free it whatever handles are out."""
+
+    def is_resident(self, sample_id: str) -> bool:
+        """Whether ``sample_id``'s bytes are held; stores that can tell override this."""
+        raise NotImplementedError(f"{type(self).__name__} does not report per-sample residency")

@@ -1,0 +1,276 @@
+"""Residency bookkeeping shared by the built-in stores: caps, handles, retain/scrub."""
+
+from __future__ import annotations
+
+import abc
+import itertools
+import threading
+from collections.abc import Mapping
+
+import torch
+
+from featurestream.refs import FeatureAlgorithm, FeatureSpec, SampleRef
+from featurestream.store import FeatureStore, StoreHandle, StoreHealth
+
+DEFAULT_MAX_SAMPLES = 64
+DEFAULT_MAX_BYTES = 256 * 1024 * 1024
+DEFAULT_HIGH_WATERMARK = 192 * 1024 * 1024
+DEFAULT_LOW_WATERMARK = 64 * 1024 * 1024
+
+
+class _Resident:
+    __slots__ = ("handles", "nbytes", "retained")
+
+    def __init__(self, nbytes: int) -> None:
+        self.nbytes = nbytes
+        self.handles: set[int] = set()
+        self.retained = False
+
+
+def _check_cap(name: str, value: int | None) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
+        raise ValueError(f"{name} must be a positive int or None, got {value!r}")
+
+
+def feature_specs(tensors: Mapping[str, torch.Tensor]) -> dict[str, FeatureSpec]:
+    """The spec of each tensor, in the mapping's order."""
+    specs = {}
+    for name, tensor in tensors.items():
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"feature {name!r} must be a torch.Tensor, got {type(tensor).__name__}")
+        specs[name] = FeatureSpec(tuple(tensor.shape), tensor.dtype)
+    return specs
+
+
+def check_spec(ref: SampleRef, name: str, tensor: torch.Tensor) -> None:
+    """Raise ``RuntimeError`` when a stored tensor no longer matches its ref's spec."""
+    spec = ref.feature_specs[name]
+    if tuple(tensor.shape) != spec.shape or tensor.dtype != spec.dtype:
+        raise RuntimeError(
+            f"sample {ref.sample_id!r} feature {name!r} is stored as {tuple(tensor.shape)}/{tensor.dtype}, "
+            f"but the ref says {spec.shape}/{spec.dtype}"
+        )
+
+
+class LedgerFeatureStore(FeatureStore):
+    """A store whose residency lives in in-memory counters; subclasses hold the bytes.
+
+    Subclasses implement ``_write`` / ``_load`` / ``_drop``; this class owns
+    the lock, the caps, the handles, and the retain/scrub coupling with queues.
+    """
+
+    def __init__(
+        self,
+        store_uri: str,
+        *,
+        max_samples: int | None,
+        max_bytes: int | None,
+        high_watermark_bytes: int | None,
+        low_watermark_bytes: int | None,
+    ) -> None:
+        if max_samples is None and max_bytes is None:
+            raise ValueError("max_samples and max_bytes cannot both be None; set at least one cap")
+        _check_cap("max_samples", max_samples)
+        _check_cap("max_bytes", max_bytes)
+        _check_cap("high_watermark_bytes", high_watermark_bytes)
+        if low_watermark_bytes is not None and (
+            isinstance(low_watermark_bytes, bool) or not isinstance(low_watermark_bytes, int) or low_watermark_bytes < 0
+        ):
+            raise ValueError(f"low_watermark_bytes must be a non-negative int or None, got {low_watermark_bytes!r}")
+        high = high_watermark_bytes if high_watermark_bytes is not None else max_bytes
+        low = low_watermark_bytes if low_watermark_bytes is not None else 0
+        if high is not None and low >= high:
+            raise ValueError(f"low_watermark_bytes ({low}) must be below high_watermark_bytes ({high})")
+        self.store_uri = store_uri
+        self.max_samples = max_samples
+        self.max_bytes = max_bytes
+        self.high_watermark_bytes = high
+        self.low_watermark_bytes = low
+        self._lock = threading.Lock()
+        self._resident: dict[str, _Resident] = {}
+        self._handles: dict[int, str] = {}
+        self._orphan_handles: list[int] = []
+        self._handle_ids = itertools.count(1)
+        self._resident_bytes = 0
+        self._closed = False
+
+    # -- subclass hooks ---------------------------------------------------
+    @abc.abstractmethod
+    def _write(self, sample_id: str, ref: SampleRef, tensors: Mapping[str, torch.Tensor]) -> None:
+        """Persist the tensors of a newly admitted sample."""
+
+    @abc.abstractmethod
+    def _load(self, ref: SampleRef, device: torch.device | str | None) -> dict[str, torch.Tensor]:
+        """Copies of the sample's tensors; ``KeyError`` when its bytes are gone."""
+
+    @abc.abstractmethod
+    def _drop(self, sample_id: str) -> None:
+        """Free the bytes of a sample this store holds."""
+
+    # -- contract ---------------------------------------------------------
+    def put(
+        self,
+        sample_id: str,
+        tensors: Mapping[str, torch.Tensor],
+        *,
+        run_id: str = "default",
+        algorithm: FeatureAlgorithm = FeatureAlgorithm.EAGLE3,
+        schema_version: int = 1,
+        target_model_version: str = "0",
+        draft_weight_version: str = "0",
+        num_tokens: int = 0,
+    ) -> SampleRef:
+        """Store ``tensors``; ``ValueError`` for bad ids or duplicates, ``MemoryError`` over a cap."""
+        self._check_sample_id(sample_id)
+        if not isinstance(tensors, Mapping) or not tensors:
+            raise ValueError(f"sample {sample_id!r}: tensors must be a non-empty mapping of name -> tensor")
+        specs = feature_specs(tensors)
+        ref = SampleRef(
+            sample_id=sample_id,
+            run_id=run_id,
+            store_uri=self.store_uri,
+            feature_keys={name: self._feature_key(sample_id, name) for name in specs},
+            feature_specs=specs,
+            algorithm=algorithm,
+            schema_version=schema_version,
+            num_tokens=num_tokens,
+            estimated_bytes=sum(spec.nbytes for spec in specs.values()),
+            target_model_version=target_model_version,
+            draft_weight_version=draft_weight_version,
+        )
+        self._admit(ref)
+        try:
+            self._write(sample_id, ref, tensors)
+        except BaseException:
+            with self._lock:
+                self._forget(sample_id)
+            raise
+        return ref
+
+    def get(
+        self, ref: SampleRef, device: torch.device | str | None = None
+    ) -> tuple[dict[str, torch.Tensor], StoreHandle]:
+        """Copies of ``ref``'s tensors plus the handle to release them with."""
+        handle_id = self._open_handle(ref)
+        try:
+            tensors = self._load(ref, device)
+        except BaseException:
+            self.release(StoreHandle(self, ref.sample_id, ref, handle_id))
+            raise
+        return tensors, StoreHandle(self, ref.sample_id, ref, handle_id)
+
+    def release(self, handle: StoreHandle) -> None:
+        """Drop ``handle``; the last release frees a sample no queue retains."""
+        if handle.store is not self:
+            raise ValueError(f"handle {handle.handle_id} of sample {handle.sample_id!r} belongs to another store")
+        with self._lock:
+            sample_id = self._handles.pop(handle.handle_id, None)
+            entry = self._resident.get(sample_id) if sample_id is not None else None
+            if entry is None:
+                return
+            entry.handles.discard(handle.handle_id)
+            if entry.handles or entry.retained:
+                return
+            self._forget(sample_id)
+        self._drop(sample_id)
+
+    def retain(self, ref: SampleRef) -> None:
+        """Keep ``ref``'s bytes until ``scrub``, whatever handles are released."""
+        with self._lock:
+            entry = self._resident.get(ref.sample_id)
+            if entry is not None:
+                entry.retained = True
+
+    def scrub(self, ref: SampleRef) -> None:
+        """Free ``ref``'s bytes now; handles still out become no-ops to release."""
+        with self._lock:
+            entry = self._resident.get(ref.sample_id)
+            if entry is None:
+                return
+            self._orphan_handles.extend(entry.handles)
+            self._forget(ref.sample_id)
+        self._drop(ref.sample_id)
+
+    def gc(self) -> int:
+        """Forget handles of scrubbed samples that their holders never released."""
+        with self._lock:
+            orphans, self._orphan_handles = self._orphan_handles, []
+            return sum(self._handles.pop(handle_id, None) is not None for handle_id in orphans)
+
+    def health(self) -> StoreHealth:
+        """Residency from counters: O(1), no I/O."""
+        with self._lock:
+            resident = self._resident_bytes
+            return StoreHealth(
+                resident_bytes=resident,
+                capacity_bytes=self.max_bytes or 0,
+                sample_count=len(self._resident),
+                high_watermark_hit=self.high_watermark_bytes is not None and resident >= self.high_watermark_bytes,
+                low_watermark_hit=resident <= self.low_watermark_bytes,
+            )
+
+    def is_resident(self, sample_id: str) -> bool:
+        with self._lock:
+            return sample_id in self._resident
+
+    def close(self) -> None:
+        """Free every sample (idempotent); later puts and gets raise ``RuntimeError``."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            sample_ids = list(self._resident)
+            self._resident.clear()
+            self._handles.clear()
+            self._orphan_handles.clear()
+            self._resident_bytes = 0
+        for sample_id in sample_ids:
+            self._drop(sample_id)
+
+    # -- internals --------------------------------------------------------
+    def _check_sample_id(self, sample_id: object) -> None:
+        if not isinstance(sample_id, str) or not sample_id:
+            raise ValueError(f"sample_id must be a non-empty str, got {sample_id!r}")
+
+    def _feature_key(self, sample_id: str, name: str) -> str:
+        return f"{sample_id}/{name}"
+
+    def _require_open(self, action: str) -> None:
+        if self._closed:
+            raise RuntimeError(f"cannot {action}: {type(self).__name__} {self.store_uri} is closed")
+
+    def _admit(self, ref: SampleRef) -> None:
+        with self._lock:
+            self._require_open(f"put sample {ref.sample_id!r}")
+            if ref.sample_id in self._resident:
+                raise ValueError(f"sample {ref.sample_id!r} is already in {self.store_uri}")
+            if self.max_samples is not None and len(self._resident) + 1 > self.max_samples:
+                raise MemoryError(
+                    f"sample {ref.sample_id!r} refused: store holds {len(self._resident)} samples, "
+                    f"max_samples={self.max_samples}"
+                )
+            if self.max_bytes is not None and self._resident_bytes + ref.estimated_bytes > self.max_bytes:
+                raise MemoryError(
+                    f"sample {ref.sample_id!r} ({ref.estimated_bytes} B) refused: {self._resident_bytes} B resident, "
+                    f"max_bytes={self.max_bytes}"
+                )
+            self._resident[ref.sample_id] = _Resident(ref.estimated_bytes)
+            self._resident_bytes += ref.estimated_bytes
+
+    def _forget(self, sample_id: str) -> None:
+        entry = self._resident.pop(sample_id, None)
+        if entry is not None:
+            self._resident_bytes -= entry.nbytes
+
+    def _open_handle(self, ref: SampleRef) -> int:
+        with self._lock:
+            self._require_open(f"get sample {ref.sample_id!r}")
+            if ref.store_uri != self.store_uri:
+                raise KeyError(f"sample {ref.sample_id!r} lives in {ref.store_uri}, not in {self.store_uri}")
+            entry = self._resident.get(ref.sample_id)
+            if entry is None:
+                raise KeyError(f"sample {ref.sample_id!r} is not resident in {self.store_uri}")
+            handle_id = next(self._handle_ids)
+            entry.handles.add(handle_id)
+            self._handles[handle_id] = ref.sample_id
+            return handle_id

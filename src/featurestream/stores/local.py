@@ -1,0 +1,69 @@
+"""``LocalFeatureStore``: samples held in this process's memory."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Mapping
+
+import torch
+
+from featurestream.refs import SampleRef
+from featurestream.stores._ledger import (
+    DEFAULT_HIGH_WATERMARK,
+    DEFAULT_LOW_WATERMARK,
+    DEFAULT_MAX_BYTES,
+    DEFAULT_MAX_SAMPLES,
+    LedgerFeatureStore,
+    check_spec,
+)
+
+__all__ = ["LocalFeatureStore"]
+
+
+class LocalFeatureStore(LedgerFeatureStore):
+    """An in-process dict of detached, contiguous tensor copies.
+
+    ``get`` returns copies the caller may mutate; residency follows the
+    ``FeatureStore`` contract (retained samples survive releases, scrubbed
+    ones are freed at once).
+    """
+
+    def __init__(
+        self,
+        *,
+        max_samples: int | None = DEFAULT_MAX_SAMPLES,
+        max_bytes: int | None = DEFAULT_MAX_BYTES,
+        high_watermark_bytes: int | None = DEFAULT_HIGH_WATERMARK,
+        low_watermark_bytes: int | None = DEFAULT_LOW_WATERMARK,
+    ) -> None:
+        super().__init__(
+            f"mem://local-{uuid.uuid4().hex}",
+            max_samples=max_samples,
+            max_bytes=max_bytes,
+            high_watermark_bytes=high_watermark_bytes,
+            low_watermark_bytes=low_watermark_bytes,
+        )
+        self._data: dict[str, dict[str, torch.Tensor]] = {}
+        self._data_lock = threading.Lock()
+
+    def _write(self, sample_id: str, ref: SampleRef, tensors: Mapping[str, torch.Tensor]) -> None:
+        copies = {name: t.detach().clone(memory_format=torch.contiguous_format) for name, t in tensors.items()}
+        with self._data_lock:
+            self._data[sample_id] = copies
+
+    def _load(self, ref: SampleRef, device: torch.device | str | None) -> dict[str, torch.Tensor]:
+        with self._data_lock:
+            stored = self._data.get(ref.sample_id)
+        if stored is None:
+            raise KeyError(f"sample {ref.sample_id!r} is not resident in {self.store_uri}")
+        out = {}
+        for name in ref.feature_names():
+            tensor = stored[name]
+            check_spec(ref, name, tensor)
+            out[name] = tensor.to(device, copy=True) if device is not None else tensor.clone()
+        return out
+
+    def _drop(self, sample_id: str) -> None:
+        with self._data_lock:
+            self._data.pop(sample_id, None)
