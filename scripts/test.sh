@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Install everything the test suite needs into .venv and run every test.
+# As root on Debian/Ubuntu it also installs the system tools (graphviz, redis-server, Java);
+# elsewhere, tests that need a missing tool skip with the reason.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  need=""
+  command -v dot >/dev/null || need="$need graphviz"
+  command -v redis-server >/dev/null || need="$need redis-server"
+  command -v java >/dev/null || need="$need default-jre-headless"
+  if [ -n "$need" ]; then
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq && apt-get install -y -qq --no-install-recommends $need >/dev/null
+  fi
+fi
+python3 -m venv .venv
+.venv/bin/pip install -q --upgrade pip
+.venv/bin/pip install -q -c constraints/test.txt torch==2.13.0
+.venv/bin/pip install -q -c constraints/test.txt -e ".[test]"
+.venv/bin/ruff check src tests benchmarks
+.venv/bin/python -m pytest "$@"

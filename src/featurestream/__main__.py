@@ -1,0 +1,5 @@
+import sys
+
+from featurestream.cli import main
+
+sys.exit(main())
