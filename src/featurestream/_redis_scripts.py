@@ -1,0 +1,334 @@
+"""Server-side Lua for ``RedisSampleRefQueue``: every state change is one atomic script.
+
+Key layout (``KEYS``, all under one ``{name}`` hash tag so a cluster keeps them
+on one shard):
+
+1. ``stream``    deliveries (XADD ``s`` = sample id, ``n`` = redelivery count),
+                 consumer group ``fs``; each delivery attempt is a new entry, so
+                 a failed or reclaimed sample goes to the tail.
+2. ``refs``      hash sample id -> ref JSON, for every held (pending or leased) sample.
+3. ``leases``    hash lease key -> ``entry \\t token \\t n \\t sample id`` (live leases).
+4. ``deadlines`` zset lease key -> deadline (seconds); the reap index.
+5. ``done``      hash sample id -> ``outcome \\t lease key \\t lease token \\t put token``:
+                 the dedup window, also used to make retried ack/fail/put idempotent.
+6. ``done_order`` list of sample ids in retirement order (evicts the window's oldest).
+7. ``dead``      list of dead-letter JSON (``featurestream.wire`` schema).
+8. ``meta``      hash: ``state`` (open/draining/drained), ``lease_seq``, fixed config.
+9. ``stats``     hash of ``QueueStats`` counters and the ``pending`` gauge.
+10. ``wake``     stream a close or drain appends to, so blocked ``acquire`` calls wake.
+11. ``puttok``   hash sample id -> token of the put that enqueued it (idempotent retry).
+
+Lease keys are the lease id zero-padded to 16 digits, so the deadline zset
+orders ties by lease id exactly like the in-process queue's heap.
+
+``ARGV[1]`` is ``now`` in seconds (empty: the server's ``TIME``, which every
+node agrees on), ``ARGV[2]`` max_deliveries, ``ARGV[3]`` dedup_window; the
+rest is per script. Every script except ``init`` and ``close`` first reaps
+due leases, as every in-process queue operation does. Scripts return
+``{status, events, ...}`` where ``events`` is a flat list of
+``kind, a, b`` triples the client turns into tracer calls, scrubs and
+dead-letter callbacks. ``kind`` uses the lease/lifecycle machines' trigger
+names (``lease``, ``extend``, ``ack``, ``fail``, ``reclaim``, ``close``,
+``drain``) plus ``put``, ``dead``, ``dedup`` and ``stale``.
+"""
+
+from __future__ import annotations
+
+KEY_NAMES = (
+    "stream",
+    "refs",
+    "leases",
+    "deadlines",
+    "done",
+    "done_order",
+    "dead",
+    "meta",
+    "stats",
+    "wake",
+    "puttok",
+)
+
+GROUP = "fs"
+
+_PRELUDE = r"""
+local K_STREAM, K_REFS, K_LEASES, K_DEADLINES = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local K_DONE, K_DONE_ORDER, K_DEAD, K_META = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
+local K_STATS, K_WAKE, K_PUTTOK = KEYS[9], KEYS[10], KEYS[11]
+local GROUP = 'fs'
+local MAX_DELIVERIES = tonumber(ARGV[2])
+local DEDUP_WINDOW = tonumber(ARGV[3])
+local REAP_LIMIT = 1000
+
+local now
+if ARGV[1] == '' then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+else
+  now = tonumber(ARGV[1])
+end
+
+local events = {}
+local function emit(kind, a, b)
+  events[#events + 1] = kind
+  events[#events + 1] = a
+  events[#events + 1] = b
+end
+
+local function fmt(x)
+  return string.format('%.17g', x)
+end
+
+-- entry, token, n, sample id (the id goes last: it may contain tabs)
+local function parse_lease(rec)
+  return string.match(rec, '^([^\t]*)\t([^\t]*)\t([^\t]*)\t(.*)$')
+end
+
+local function maybe_drained()
+  if redis.call('HGET', K_META, 'state') == 'draining' and redis.call('HLEN', K_REFS) == 0 then
+    redis.call('HSET', K_META, 'state', 'drained')
+    emit('drain', '', '')
+    redis.call('XADD', K_WAKE, 'MAXLEN', '1', '*', 'wake', 'drain')
+  end
+end
+
+local function retire(sid, outcome, key, token)
+  local put_token = redis.call('HGET', K_PUTTOK, sid) or ''
+  redis.call('HDEL', K_REFS, sid)
+  redis.call('HDEL', K_PUTTOK, sid)
+  if DEDUP_WINDOW > 0 then
+    redis.call('HSET', K_DONE, sid, outcome .. '\t' .. key .. '\t' .. token .. '\t' .. put_token)
+    redis.call('RPUSH', K_DONE_ORDER, sid)
+    if redis.call('LLEN', K_DONE_ORDER) > DEDUP_WINDOW then
+      redis.call('HDEL', K_DONE, redis.call('LPOP', K_DONE_ORDER))
+    end
+  end
+  maybe_drained()
+end
+
+local function redeliver(sid, n, reason, key, token)
+  local deliveries = n + 1
+  if deliveries >= MAX_DELIVERIES then
+    local why = reason .. ' ' .. deliveries .. ' times (max_deliveries=' .. MAX_DELIVERIES .. ')'
+    local letter = '{"ref":' .. redis.call('HGET', K_REFS, sid) .. ',"reason":"' .. why
+      .. '","deliveries":' .. deliveries .. '}'
+    redis.call('RPUSH', K_DEAD, letter)
+    redis.call('HINCRBY', K_STATS, 'dead_lettered', 1)
+    emit('dead', sid, letter)
+    retire(sid, 'dead-lettered', key, token)
+  else
+    redis.call('XADD', K_STREAM, '*', 's', sid, 'n', deliveries)
+    redis.call('HINCRBY', K_STATS, 'pending', 1)
+  end
+end
+
+local function drop_lease(key, entry)
+  redis.call('HDEL', K_LEASES, key)
+  redis.call('ZREM', K_DEADLINES, key)
+  redis.call('XACK', K_STREAM, GROUP, entry)
+  redis.call('XDEL', K_STREAM, entry)
+end
+
+local function reap()
+  local due = redis.call('ZRANGEBYSCORE', K_DEADLINES, '-inf', fmt(now), 'LIMIT', 0, REAP_LIMIT)
+  for _, key in ipairs(due) do
+    local entry, token, n, sid = parse_lease(redis.call('HGET', K_LEASES, key))
+    drop_lease(key, entry)
+    redis.call('HINCRBY', K_STATS, 'reclaimed', 1)
+    emit('reclaim', sid, key)
+    redeliver(sid, tonumber(n), 'expired', key, token)
+  end
+  return #due
+end
+
+-- the live lease record for (key, token), or nil when it is not live
+local function live_lease(key, token)
+  local rec = redis.call('HGET', K_LEASES, key)
+  if not rec then
+    return nil
+  end
+  local entry, tok, n, sid = parse_lease(rec)
+  if tok ~= token or token == '' then
+    return nil
+  end
+  return entry, tonumber(n), sid
+end
+
+local function settled_by(sid, outcome, key, token)
+  local done = redis.call('HGET', K_DONE, sid)
+  local prefix = outcome .. '\t' .. key .. '\t' .. token .. '\t'
+  return token ~= '' and done and string.sub(done, 1, #prefix) == prefix
+end
+
+local function stale(op, key)
+  redis.call('HINCRBY', K_STATS, 'stale_rejected', 1)
+  emit('stale', op, key)
+end
+"""
+
+INIT = r"""
+redis.call('HSETNX', K_META, 'state', 'open')
+redis.call('HSETNX', K_META, 'layout', '1')
+redis.call('HSETNX', K_META, 'max_deliveries', ARGV[2])
+redis.call('HSETNX', K_META, 'dedup_window', ARGV[3])
+local ok, err = pcall(redis.call, 'XGROUP', 'CREATE', K_STREAM, GROUP, '$', 'MKSTREAM')
+if not ok and not string.find(tostring(err), 'BUSYGROUP') then
+  error(err)
+end
+return redis.call('HMGET', K_META, 'layout', 'max_deliveries', 'dedup_window')
+"""
+
+PUT = r"""
+reap()
+local sid, ref, token = ARGV[4], ARGV[5], ARGV[6]
+if redis.call('HGET', K_META, 'state') ~= 'open' then
+  return {'closed', events}
+end
+local holder = redis.call('HGET', K_PUTTOK, sid)
+if holder then
+  -- the same put retried after a lost reply is a success, any other put a duplicate
+  if holder == token then
+    return {'ok', events}
+  end
+  return {'held', events}
+end
+local done = redis.call('HGET', K_DONE, sid)
+if done then
+  local outcome, _, _, put_token = string.match(done, '^([^\t]*)\t([^\t]*)\t([^\t]*)\t(.*)$')
+  if put_token == token then
+    return {'ok', events}
+  end
+  redis.call('HINCRBY', K_STATS, 'dedup_refused', 1)
+  emit('dedup', sid, '')
+  return {'dedup', events, outcome}
+end
+redis.call('HSET', K_REFS, sid, ref)
+redis.call('HSET', K_PUTTOK, sid, token)
+redis.call('XADD', K_STREAM, '*', 's', sid, 'n', '0')
+redis.call('HINCRBY', K_STATS, 'put', 1)
+redis.call('HINCRBY', K_STATS, 'pending', 1)
+emit('put', sid, '')
+return {'ok', events}
+"""
+
+ACQUIRE = r"""
+reap()
+local vt, token = tonumber(ARGV[4]), ARGV[5]
+while true do
+  local got = redis.call('XREADGROUP', 'GROUP', GROUP, GROUP, 'COUNT', 1, 'STREAMS', K_STREAM, '>')
+  if not got then
+    break
+  end
+  local entry = got[1][2][1]
+  local id, fields = entry[1], entry[2]
+  local sid, n = fields[2], fields[4]
+  redis.call('HINCRBY', K_STATS, 'pending', -1)
+  local ref = redis.call('HGET', K_REFS, sid)
+  if ref then
+    local key = string.format('%016d', redis.call('HINCRBY', K_META, 'lease_seq', 1))
+    local deadline = now + vt
+    redis.call('HSET', K_LEASES, key, id .. '\t' .. token .. '\t' .. n .. '\t' .. sid)
+    redis.call('ZADD', K_DEADLINES, fmt(deadline), key)
+    redis.call('HINCRBY', K_STATS, 'leased', 1)
+    emit('lease', sid, key)
+    return {'ok', events, key, n, ref, fmt(deadline), fmt(now)}
+  end
+  -- an entry whose sample is no longer held is never leased (defensive: no script leaves one)
+  redis.call('XACK', K_STREAM, GROUP, id)
+  redis.call('XDEL', K_STREAM, id)
+end
+if redis.call('HGET', K_META, 'state') == 'drained' then
+  return {'drained', events}
+end
+-- nothing to lease: tell the client where to block (XREAD after these ids) and for how long at most
+local last = redis.call('XREVRANGE', K_STREAM, '+', '-', 'COUNT', 1)
+local wake = redis.call('XREVRANGE', K_WAKE, '+', '-', 'COUNT', 1)
+local first = redis.call('ZRANGE', K_DEADLINES, 0, 0, 'WITHSCORES')
+local until_deadline = ''
+if first[2] then
+  until_deadline = fmt(tonumber(first[2]) - now)
+end
+return {'empty', events, last[1] and last[1][1] or '0-0', wake[1] and wake[1][1] or '0-0', until_deadline}
+"""
+
+ACK = r"""
+reap()
+local key, token, sid = ARGV[4], ARGV[5], ARGV[6]
+local entry, n, live_sid = live_lease(key, token)
+if entry then
+  drop_lease(key, entry)
+  redis.call('HINCRBY', K_STATS, 'acked', 1)
+  emit('ack', live_sid, key)
+  retire(live_sid, 'acked', key, token)
+  return {'ok', events}
+end
+-- this very lease already acked (a retry after a lost reply): the caller still has to scrub
+if settled_by(sid, 'acked', key, token) then
+  return {'again', events}
+end
+stale('ack', key)
+return {'stale', events}
+"""
+
+FAIL = r"""
+reap()
+local key, token, sid = ARGV[4], ARGV[5], ARGV[6]
+local entry, n, live_sid = live_lease(key, token)
+if entry then
+  drop_lease(key, entry)
+  redis.call('HINCRBY', K_STATS, 'failed', 1)
+  emit('fail', live_sid, key)
+  redeliver(live_sid, n, 'failed', key, token)
+  return {'ok', events}
+end
+if settled_by(sid, 'dead-lettered', key, token) then
+  return {'again', events}
+end
+stale('fail', key)
+return {'stale', events}
+"""
+
+EXTEND = r"""
+reap()
+local key, token, extra = ARGV[4], ARGV[5], tonumber(ARGV[6])
+local entry, n, sid = live_lease(key, token)
+if entry then
+  local deadline = now + extra
+  redis.call('ZADD', K_DEADLINES, fmt(deadline), key)
+  redis.call('HINCRBY', K_STATS, 'extended', 1)
+  emit('extend', sid, key)
+  return {'ok', events, fmt(deadline), fmt(now)}
+end
+stale('extend', key)
+return {'lost', events}
+"""
+
+RECLAIM = r"""
+local count = reap()
+return {'ok', events, count, redis.call('HGET', K_META, 'state')}
+"""
+
+CLOSE = r"""
+if redis.call('HGET', K_META, 'state') == 'open' then
+  redis.call('HSET', K_META, 'state', 'draining')
+  emit('close', '', '')
+  maybe_drained()
+  redis.call('XADD', K_WAKE, 'MAXLEN', '1', '*', 'wake', 'close')
+end
+return {'ok', events}
+"""
+
+SCRIPTS = {
+    "init": INIT,
+    "put": PUT,
+    "acquire": ACQUIRE,
+    "ack": ACK,
+    "fail": FAIL,
+    "extend": EXTEND,
+    "reclaim": RECLAIM,
+    "close": CLOSE,
+}
+
+
+def source(name: str) -> str:
+    """The full Lua source of script ``name`` (shared prelude + body)."""
+    return _PRELUDE + SCRIPTS[name]

@@ -1,0 +1,212 @@
+"""Tensor-free wire format for ``SampleRef`` and ``DeadLetter``: strict JSON, never pickle.
+
+A ref that crosses a process boundary (a Redis queue, a log line) is encoded
+as one JSON object with an explicit schema (``WIRE_VERSION``). Decoding is
+strict: unknown or missing fields, wrong types, duplicate keys, NaN/Infinity
+and dtypes outside ``DTYPES`` raise ``ValueError`` naming the offending
+value, so a peer can never smuggle an object (or a tensor) into the reader.
+Every decoded ref is rebuilt through the ``SampleRef`` constructor, which runs
+its own validation and ``assert_no_tensors``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any
+
+import torch
+
+from featurestream.lease import DeadLetter
+from featurestream.refs import FeatureAlgorithm, FeatureSpec, SampleRef, assert_no_tensors
+
+__all__ = [
+    "DTYPES",
+    "WIRE_VERSION",
+    "dead_letter_from_json",
+    "dead_letter_to_json",
+    "ref_from_json",
+    "ref_to_json",
+]
+
+WIRE_VERSION = 1
+
+# Plain numeric dtypes only: quantized and bit-packed dtypes have no stable byte layout across versions.
+_DTYPE_NAMES = (
+    "float64",
+    "float32",
+    "float16",
+    "bfloat16",
+    "complex128",
+    "complex64",
+    "int64",
+    "int32",
+    "int16",
+    "int8",
+    "uint64",
+    "uint32",
+    "uint16",
+    "uint8",
+    "bool",
+    "float8_e4m3fn",
+    "float8_e5m2",
+)
+DTYPES: Mapping[str, torch.dtype] = MappingProxyType(
+    {name: getattr(torch, name) for name in _DTYPE_NAMES if isinstance(getattr(torch, name, None), torch.dtype)}
+)
+_DTYPE_NAME = {dtype: name for name, dtype in DTYPES.items()}
+
+_REF_FIELDS = {
+    "v": int,
+    "sample_id": str,
+    "run_id": str,
+    "store_uri": str,
+    "algorithm": str,
+    "schema_version": int,
+    "num_tokens": int,
+    "estimated_bytes": int,
+    "target_model_version": str,
+    "draft_weight_version": str,
+    "features": list,
+}
+_FEATURE_FIELDS = {"name": str, "key": str, "shape": list, "dtype": str}
+_DEAD_FIELDS = {"ref": dict, "reason": str, "deliveries": int}
+
+
+def ref_to_json(ref: SampleRef) -> str:
+    """Encode ``ref`` (features in ``feature_names()`` order); ``ValueError`` for a dtype not in ``DTYPES``."""
+    if not isinstance(ref, SampleRef):
+        raise TypeError(f"ref_to_json expects a SampleRef, got {type(ref).__name__}")
+    return json.dumps(_ref_obj(ref), separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def ref_from_json(text: str | bytes) -> SampleRef:
+    """Decode a ref encoded by ``ref_to_json``; ``ValueError`` for anything outside the schema."""
+    return _ref_from_obj(_loads(text, "ref"), "ref")
+
+
+def dead_letter_to_json(dead: DeadLetter) -> str:
+    """Encode a dead letter as ``{"ref": <ref object>, "reason": str, "deliveries": int}``."""
+    obj = {"ref": _ref_obj(dead.ref), "reason": dead.reason, "deliveries": dead.deliveries}
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def dead_letter_from_json(text: str | bytes) -> DeadLetter:
+    """Decode a dead letter encoded by ``dead_letter_to_json`` (or the Redis queue's Lua twin of it)."""
+    obj = _loads(text, "dead letter")
+    _check_fields(obj, _DEAD_FIELDS, "dead letter")
+    if obj["deliveries"] < 1:
+        raise ValueError(f"dead letter deliveries must be >= 1, got {obj['deliveries']!r}")
+    return DeadLetter(_ref_from_obj(obj["ref"], "dead letter ref"), obj["reason"], obj["deliveries"])
+
+
+# -- internals -----------------------------------------------------------------
+def _ref_obj(ref: SampleRef) -> dict[str, Any]:
+    features = []
+    for name in ref.feature_names():
+        spec = ref.feature_specs[name]
+        dtype_name = _DTYPE_NAME.get(spec.dtype)
+        if dtype_name is None:
+            raise ValueError(
+                f"sample {ref.sample_id!r} feature {name!r} has dtype {spec.dtype}, which the wire format does not "
+                f"carry; known dtypes: {sorted(DTYPES)}"
+            )
+        features.append({"name": name, "key": ref.feature_keys[name], "shape": list(spec.shape), "dtype": dtype_name})
+    return {
+        "v": WIRE_VERSION,
+        "sample_id": ref.sample_id,
+        "run_id": ref.run_id,
+        "store_uri": ref.store_uri,
+        "algorithm": ref.algorithm.value,
+        "schema_version": ref.schema_version,
+        "num_tokens": ref.num_tokens,
+        "estimated_bytes": ref.estimated_bytes,
+        "target_model_version": ref.target_model_version,
+        "draft_weight_version": ref.draft_weight_version,
+        "features": features,
+    }
+
+
+def _reject_constant(name: str) -> None:
+    raise ValueError(f"wire JSON may not contain {name}")
+
+
+def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    obj: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in obj:
+            raise ValueError(f"wire JSON has duplicate key {key!r}")
+        obj[key] = value
+    return obj
+
+
+def _loads(text: str | bytes, what: str) -> dict[str, Any]:
+    if not isinstance(text, (str, bytes)):
+        raise TypeError(f"{what} wire text must be str or bytes, got {type(text).__name__}")
+    try:
+        obj = json.loads(text, object_pairs_hook=_unique_pairs, parse_constant=_reject_constant)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{what} wire text is not valid JSON: {exc}") from None
+    if not isinstance(obj, dict):
+        raise ValueError(f"{what} wire text must hold a JSON object, got {type(obj).__name__}")
+    return obj
+
+
+def _check_fields(obj: Mapping[str, Any], fields: Mapping[str, type], what: str) -> None:
+    unknown = sorted(set(obj) - set(fields))
+    if unknown:
+        raise ValueError(f"{what} has unknown fields {unknown}")
+    missing = sorted(set(fields) - set(obj))
+    if missing:
+        raise ValueError(f"{what} is missing fields {missing}")
+    for name, kind in fields.items():
+        value = obj[name]
+        # bool is an int subclass in Python; the schema never means a bool by int.
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            raise ValueError(f"{what} field {name!r} must be {kind.__name__}, got {value!r:.80}")
+
+
+def _ref_from_obj(obj: object, what: str) -> SampleRef:
+    if not isinstance(obj, dict):
+        raise ValueError(f"{what} must be a JSON object, got {type(obj).__name__}")
+    _check_fields(obj, _REF_FIELDS, what)
+    if obj["v"] != WIRE_VERSION:
+        raise ValueError(f"{what} has wire version {obj['v']!r}; this reader speaks version {WIRE_VERSION}")
+    keys: dict[str, str] = {}
+    specs: dict[str, FeatureSpec] = {}
+    for index, feature in enumerate(obj["features"]):
+        where = f"{what}.features[{index}]"
+        if not isinstance(feature, dict):
+            raise ValueError(f"{where} must be a JSON object, got {type(feature).__name__}")
+        _check_fields(feature, _FEATURE_FIELDS, where)
+        name = feature["name"]
+        if name in specs:
+            raise ValueError(f"{where} repeats feature {name!r}")
+        dtype = DTYPES.get(feature["dtype"])
+        if dtype is None:
+            raise ValueError(f"{where} has unknown dtype {feature['dtype']!r}; known dtypes: {sorted(DTYPES)}")
+        shape = feature["shape"]
+        if not all(isinstance(dim, int) and not isinstance(dim, bool) for dim in shape):
+            raise ValueError(f"{where} shape must be a list of ints, got {shape!r}")
+        keys[name] = feature["key"]
+        specs[name] = FeatureSpec(tuple(shape), dtype)
+    try:
+        algorithm = FeatureAlgorithm(obj["algorithm"])
+    except ValueError:
+        raise ValueError(f"{what} has unknown algorithm {obj['algorithm']!r}") from None
+    ref = SampleRef(
+        sample_id=obj["sample_id"],
+        run_id=obj["run_id"],
+        store_uri=obj["store_uri"],
+        feature_keys=keys,
+        feature_specs=specs,
+        algorithm=algorithm,
+        schema_version=obj["schema_version"],
+        num_tokens=obj["num_tokens"],
+        estimated_bytes=obj["estimated_bytes"],
+        target_model_version=obj["target_model_version"],
+        draft_weight_version=obj["draft_weight_version"],
+    )
+    assert_no_tensors(ref, path=what)
+    return ref

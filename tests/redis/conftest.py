@@ -1,0 +1,127 @@
+"""A real ``redis-server`` for the Redis backend's tests (no fakes): started on 127.0.0.1, a free port, a temp dir."""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import socket
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+redis = pytest.importorskip("redis", reason="redis-py is missing: pip install 'featurestream[redis]'")
+
+INSTALL_HINT = "install it (Debian/Ubuntu: apt-get install redis-server; macOS: brew install redis)"
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class RedisServer:
+    """One ``redis-server`` process; ``restart(kill=True)`` SIGKILLs it and starts it again on the same port/dir."""
+
+    def __init__(self, directory: Path, *, appendonly: bool) -> None:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            pytest.skip(f"redis-server is not on PATH; {INSTALL_HINT}")
+        self.binary = binary
+        self.directory = directory
+        self.appendonly = appendonly
+        self.port = _free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        persistence = ["--appendonly", "yes", "--appendfsync", "always"] if self.appendonly else ["--appendonly", "no"]
+        self.process = subprocess.Popen(
+            [
+                self.binary,
+                "--port", str(self.port),
+                "--bind", "127.0.0.1",
+                "--dir", str(self.directory),
+                "--save", "",
+                *persistence,
+                "--daemonize", "no",
+                "--protected-mode", "no",
+                "--loglevel", "warning",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )  # fmt: skip
+        client = redis.Redis(port=self.port, socket_connect_timeout=0.5)
+        give_up = time.monotonic() + 15
+        try:
+            while True:
+                try:
+                    if client.ping():
+                        return
+                except (redis.ConnectionError, redis.BusyLoadingError):
+                    if self.process.poll() is not None:
+                        stderr = self.process.stderr.read().decode(errors="replace") if self.process.stderr else ""
+                        raise RuntimeError(f"redis-server exited with {self.process.returncode}: {stderr}") from None
+                    if time.monotonic() > give_up:
+                        raise
+                    time.sleep(0.01)
+        finally:
+            client.close()
+
+    def stop(self, *, kill: bool = False) -> None:
+        if self.process is None:
+            return
+        if kill:
+            self.process.kill()
+        else:
+            self.process.terminate()
+        self.process.wait(timeout=15)
+        if self.process.stderr is not None:
+            self.process.stderr.close()
+        self.process = None
+
+    def restart(self, *, kill: bool = True) -> None:
+        self.stop(kill=kill)
+        self.start()
+
+
+@contextlib.contextmanager
+def running(directory: Path, *, appendonly: bool) -> Iterator[RedisServer]:
+    server = RedisServer(directory, appendonly=appendonly)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    """One in-memory server shared by the tests; each test uses its own queue name."""
+    with running(tmp_path_factory.mktemp("redis"), appendonly=False) as server:
+        yield server
+
+
+@pytest.fixture
+def durable_redis(tmp_path: Path) -> Iterator[RedisServer]:
+    """A server of this test's own, with AOF and ``appendfsync always`` (survives SIGKILL + restart)."""
+    directory = tmp_path / "redis"
+    directory.mkdir()
+    with running(directory, appendonly=True) as server:
+        yield server
+
+
+@pytest.fixture
+def redis_client(redis_server: RedisServer) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(redis_server.url)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def queue_name() -> str:
+    return f"test-{uuid.uuid4().hex}"
