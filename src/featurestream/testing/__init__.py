@@ -1,0 +1,18 @@
+"""Stateful tests of a lease queue and its feature store against the spec, for your own CI.
+
+``make_queue_machine(store_factory, queue_factory)`` returns a Hypothesis
+``RuleBasedStateMachine`` whose rules are the actions of ``spec/LeaseQueue.tla``;
+each step is applied to your queue/store and to the spec's Python mirror, and
+the named invariants ``inv01_...`` to ``inv12_...`` are checked after every step::
+
+    from featurestream.testing import make_queue_machine
+    TestMyStore = make_queue_machine(lambda: MyStore(max_samples=16)).TestCase
+
+See ``docs/testing.md``.
+"""
+
+from featurestream.testing.clock import FakeClock
+from featurestream.testing.machine import InvariantViolation, MachineConfig, QueueMachine, make_queue_machine
+from featurestream.testing.samples import sample_tensors
+
+__all__ = ["FakeClock", "InvariantViolation", "MachineConfig", "QueueMachine", "make_queue_machine", "sample_tensors"]

@@ -1,0 +1,815 @@
+"""The stateful test: the spec's actions applied to a queue + store and to the spec mirror, step by step.
+
+``QueueMachine`` holds the actions and the invariants; ``make_queue_machine``
+binds them to Hypothesis rules for a given store/queue factory and returns a
+``RuleBasedStateMachine`` subclass whose ``TestCase`` runs under pytest or
+unittest. Every rule applies one action to the implementation and to
+``featurestream.spec.mirror.SpecMirror``; the bookkeeping here follows what the
+implementation *did* (observed through its public API), the mirror says what
+the spec *allows*. After every step the named invariants ``inv01`` ... ``inv12``
+check DESIGN.md's invariants 1-9, bounded reaping (the safety side of 10), the
+counters, and agreement with the mirror. A failure raises ``InvariantViolation``
+naming the invariant, and Hypothesis prints the shrunk sequence of rules.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import itertools
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from hypothesis import strategies as st
+from hypothesis.stateful import Bundle, RuleBasedStateMachine, invariant, multiple, precondition, rule
+
+from featurestream.lease import Lease, VisibilityTimeout
+from featurestream.queue import LeaseLost, SampleRefQueue
+from featurestream.refs import SampleRef
+from featurestream.spec.mirror import SpecConstants, SpecMirror
+from featurestream.store import FeatureStore, StoreHandle
+from featurestream.testing.clock import FakeClock
+from featurestream.testing.samples import sample_tensors
+
+__all__ = ["InvariantViolation", "MachineConfig", "QueueMachine", "make_queue_machine"]
+
+HELD = ("pending", "leased")
+TERMINAL = ("acked", "dead")
+QUEUE_COUNTERS = (
+    "put",
+    "leased",
+    "acked",
+    "failed",
+    "reclaimed",
+    "dead_lettered",
+    "extended",
+    "stale_rejected",
+    "dedup_refused",
+    "producer_pauses",
+    "pending",
+    "outstanding",
+)
+
+
+class InvariantViolation(AssertionError):
+    """An invariant of the lease queue does not hold; ``invariant`` is the checking method's name."""
+
+    def __init__(self, invariant: str, message: str) -> None:
+        super().__init__(f"{invariant}: {message}")
+        self.invariant = invariant
+
+
+@dataclasses.dataclass(frozen=True)
+class MachineConfig:
+    """Bounds of the stateful test (small on purpose: bugs live in interleavings, not in sizes).
+
+    Sample ``i`` is ``sample_tensors(i)`` (40 * (i + 1) bytes); the watermarks are
+    in bytes and passed to the queue as ``high_watermark_bytes``/``low_watermark_bytes``.
+    """
+
+    samples: int = 4
+    consumers: int = 2
+    max_deliveries: int = 2
+    visibility_timeout: float = 10.0
+    high_watermark_bytes: int = 200
+    low_watermark_bytes: int = 80
+    dedup_window: int = 1000
+
+    def __post_init__(self) -> None:
+        for name in ("samples", "consumers", "max_deliveries", "dedup_window"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"MachineConfig.{name} must be an int >= 1, got {value!r}")
+        VisibilityTimeout(self.visibility_timeout)  # validates
+        if not 0 <= self.low_watermark_bytes < self.high_watermark_bytes:
+            raise ValueError(
+                f"MachineConfig watermarks need 0 <= low < high, got low={self.low_watermark_bytes!r} "
+                f"high={self.high_watermark_bytes!r}"
+            )
+
+    @property
+    def sample_ids(self) -> tuple[str, ...]:
+        return tuple(f"s{i}" for i in range(self.samples))
+
+    @property
+    def consumer_ids(self) -> tuple[str, ...]:
+        return tuple(f"c{i}" for i in range(self.consumers))
+
+
+@dataclasses.dataclass
+class _Sample:
+    """What the implementation did with one sample, as observed through its public API."""
+
+    index: int
+    ref: SampleRef
+    status: str = "stored"  # stored | pending | leased | acked | dead
+    live: Lease | None = None
+    deliveries: int = 0  # leases of this sample that were failed or reclaimed
+    acks: int = 0
+
+
+@dataclasses.dataclass
+class _Consumer:
+    generation: int = 0
+    leases: list[Lease] = dataclasses.field(default_factory=list)
+    handles: dict[str, StoreHandle] = dataclasses.field(default_factory=dict)
+
+
+class QueueMachine(RuleBasedStateMachine):
+    """Actions and invariants; ``make_queue_machine`` binds them to rules.
+
+    Subclasses (or the factory) provide ``make_store()`` and ``make_queue(store, **hooks)``.
+    The queue must accept ``visibility_timeout=, high_watermark_bytes=,
+    low_watermark_bytes=, max_deliveries=, dedup_window=, clock=, tracer=``
+    and implement ``SampleRefQueue``'s public API.
+    """
+
+    config: MachineConfig = MachineConfig()
+
+    def make_store(self) -> FeatureStore:
+        raise NotImplementedError("pass store_factory= to make_queue_machine or override make_store()")
+
+    def make_queue(self, store: FeatureStore, **hooks: Any) -> SampleRefQueue:
+        return SampleRefQueue(store, **hooks)
+
+    def __init__(self) -> None:
+        super().__init__()
+        cfg = self.config
+        self.clock = FakeClock()
+        self.trace: list[tuple[str, dict[str, object]]] = []
+        self.store = self.make_store()
+        self.queue = self.make_queue(
+            self.store,
+            visibility_timeout=VisibilityTimeout(cfg.visibility_timeout),
+            high_watermark_bytes=cfg.high_watermark_bytes,
+            low_watermark_bytes=cfg.low_watermark_bytes,
+            max_deliveries=cfg.max_deliveries,
+            dedup_window=cfg.dedup_window,
+            clock=self.clock,
+            tracer=self._record,
+        )
+        self.mirror = SpecMirror(
+            SpecConstants(
+                samples=cfg.sample_ids,
+                consumers=cfg.consumer_ids,
+                max_deliveries=cfg.max_deliveries,
+                high_watermark=cfg.high_watermark_bytes,
+                low_watermark=cfg.low_watermark_bytes,
+                max_held=None,
+            )
+        )
+        self.samples: dict[str, _Sample] = {}
+        self.pending: collections.deque[str] = collections.deque()
+        self.consumers = {c: _Consumer() for c in cfg.consumer_ids}
+        self.closed = False
+        self._owner: dict[int, tuple[str, int]] = {}  # id(lease or handle) -> (consumer, generation)
+        self._keep: list[object] = []  # keeps leases/handles alive so id() stays unique
+        self._forged_ids = itertools.count(10**15)
+        self._notes: dict[str, list[str]] = collections.defaultdict(list)
+        self._resident_check: bool | None = None  # whether the store implements is_resident
+
+    # -- plumbing ---------------------------------------------------------------
+    def _record(self, action: str, fields: dict[str, object]) -> None:
+        self.trace.append((action, dict(fields)))
+
+    def _note(self, invariant: str, message: str) -> None:
+        """Remember a violation seen while acting; the named invariant reports it after the step."""
+        self._notes[invariant].append(message)
+
+    def _fail(self, invariant: str, message: str) -> None:
+        raise InvariantViolation(invariant, message)
+
+    def _check_notes(self, invariant: str) -> None:
+        notes = self._notes.pop(invariant, None)
+        if notes:
+            self._fail(invariant, "; ".join(notes))
+
+    def _alive(self, owner_of: object) -> str | None:
+        """The consumer that holds ``owner_of``, or ``None`` when it crashed since."""
+        consumer, generation = self._owner[id(owner_of)]
+        return consumer if self.consumers[consumer].generation == generation else None
+
+    def _own(self, consumer: str, thing: object) -> None:
+        self._owner[id(thing)] = (consumer, self.consumers[consumer].generation)
+        self._keep.append(thing)
+
+    def _holding(self) -> bool:
+        """Whether some live consumer holds a lease (stale or live)."""
+        return any(c.leases for c in self.consumers.values())
+
+    def _drop_lease(self, consumer: str, lease: Lease) -> None:
+        # by identity: a forged copy compares equal to the lease it copies
+        leases = self.consumers[consumer].leases
+        leases[:] = [held for held in leases if held is not lease]
+
+    def _due(self) -> list[_Sample]:
+        """Samples whose live lease is past its deadline, in the order the reaper takes them."""
+        now = self.clock.now
+        due = [s for s in self.samples.values() if s.live is not None and s.live.deadline <= now]
+        return sorted(due, key=lambda s: (s.live.deadline, s.live.lease_id))  # type: ignore[union-attr]
+
+    def _requeue(self, sample: _Sample, dead: bool) -> None:
+        sample.live = None
+        sample.deliveries += 1
+        if dead:
+            sample.status = "dead"
+        else:
+            sample.status = "pending"
+            self.pending.append(sample.ref.sample_id)
+
+    def _reaping_call(self, what: str, call: Callable[[], Any]) -> tuple[Any, BaseException | None, set[str]]:
+        """Run one queue call that reaps first; observe what it reclaimed; return (result, error, new dead ids).
+
+        The mirror reclaims the same expired leases, in the implementation's order.
+        """
+        due = self._due()
+        self.mirror.reclaim_expired([s.ref.sample_id for s in due])
+        before = self.queue.stats().reclaimed
+        dead_before = len(self.queue.dead_letters())
+        result: Any = None
+        error: BaseException | None = None
+        try:
+            result = call()
+        except (ValueError, RuntimeError, KeyError, TypeError) as exc:
+            error = exc
+        new_dead = {d.ref.sample_id for d in self.queue.dead_letters()[dead_before:]}
+        reclaimed = self.queue.stats().reclaimed - before
+        if reclaimed == len(due):
+            for sample in due:
+                self._requeue(sample, sample.ref.sample_id in new_dead)
+        elif reclaimed == 0:
+            late = [f"{s.ref.sample_id} (deadline {s.live.deadline}, now {self.clock.now})" for s in due]  # type: ignore[union-attr]
+            self._note("inv10_expired_leases_reclaimed", f"{what} left expired leases live: {', '.join(late)}")
+        else:
+            raise AssertionError(f"{what} reclaimed {reclaimed} leases, expected the {len(due)} past their deadline")
+        return result, error, new_dead
+
+    # -- actions (each is one spec action) -----------------------------------------
+    def do_produce(self, sample_id: str) -> None:
+        """StorePut: the producer writes the sample's tensors into the store."""
+        if sample_id in self.samples:
+            return
+        index = self.config.sample_ids.index(sample_id)
+        ref = self.store.put(sample_id, sample_tensors(index), run_id="machine")
+        self.samples[sample_id] = _Sample(index, ref)
+        self.mirror.store_put(sample_id, ref.estimated_bytes)
+
+    def _mirror_put(self, sample_id: str) -> None:
+        status = self.mirror.status(sample_id)
+        if status == "stored":
+            self.mirror.put(sample_id)
+        elif status in TERMINAL:
+            self.mirror.reput(sample_id)
+
+    def do_put(self, sample_id: str, blocking: bool) -> None:
+        """Put / Reput (and Pause/Resume when ``blocking``): enqueue, or re-put an id the queue knows.
+
+        A sample not produced yet is first written to the store (StorePut).
+        """
+        self.do_produce(sample_id)
+        sample = self.samples[sample_id]
+        was = sample.status
+        bp_before = self.queue.backpressure_state
+        puts_before = self.queue.stats().put
+        pauses_before = self.queue.stats().producer_pauses
+        if blocking:
+            checks = iter((False, False))  # room for one backpressure transition, then give up instead of blocking
+            _, error, _ = self._reaping_call(
+                f"put_blocks_until_below({sample_id!r})",
+                lambda: self.queue.put_blocks_until_below(
+                    sample.ref, poll_interval=0, abort_when=lambda: next(checks, True)
+                ),
+            )
+            if not self.closed:
+                bp = self.mirror.update_backpressure()
+                if bp != "Pause" and self.mirror.backpressure_state == "flowing":
+                    self._mirror_put(sample_id)
+            self._observe_backpressure(bp_before, pauses_before)
+        else:
+            _, error, _ = self._reaping_call(f"put({sample_id!r})", lambda: self.queue.put(sample.ref))
+            self._mirror_put(sample_id)
+        accepted = self.queue.stats().put - puts_before == 1
+        if accepted:
+            if was in TERMINAL:
+                self._note("inv02_exactly_once", f"re-put of {was} sample {sample_id!r} was accepted")
+            elif was in HELD:
+                self._note("inv02_exactly_once", f"put of {sample_id!r} accepted while it is already {was}")
+            if self.closed:
+                self._note("inv09_close_drain", f"put of {sample_id!r} accepted after close()")
+            sample.status = "pending"
+            sample.deliveries = 0
+            self.pending.append(sample_id)
+        elif was == "stored" and not self.closed and self.queue.backpressure_state == "flowing":
+            self._note("inv11_counters_consistent", f"put of stored sample {sample_id!r} refused: {error!r}")
+        elif was != "stored" and not isinstance(error, (ValueError, RuntimeError)):
+            self._note("inv11_counters_consistent", f"re-put of {was} {sample_id!r} raised {error!r}")
+
+    def _observe_backpressure(self, before: str, pauses_before: int) -> None:
+        after = self.queue.backpressure_state
+        resident = self.store.health().resident_bytes
+        high, low = self.config.high_watermark_bytes, self.config.low_watermark_bytes
+        name = "inv08_backpressure_hysteresis"
+        if after not in ("flowing", "paused"):
+            self._note(name, f"backpressure_state is {after!r}")
+        if before == "flowing" and after == "paused" and resident < high:
+            self._note(name, f"paused at {resident} B, below the high watermark {high}")
+        if before == "paused" and after == "flowing" and resident > low:
+            self._note(name, f"resumed at {resident} B, above the low watermark {low}")
+        if not self.closed and before == "flowing" and resident >= high and after != "paused":
+            self._note(name, f"kept flowing at {resident} B >= high watermark {high}")
+        if not self.closed and before == "paused" and resident <= low and after != "flowing":
+            self._note(name, f"stayed paused at {resident} B <= low watermark {low}")
+        paused = int(before == "flowing" and after == "paused")
+        if self.queue.stats().producer_pauses - pauses_before != paused:
+            self._note(name, f"producer_pauses moved by {self.queue.stats().producer_pauses - pauses_before}")
+
+    def do_acquire(self, consumer: str) -> Lease | None:
+        """Acquire: lease the head of the pending FIFO (never blocks: ``timeout=0``)."""
+        lease, error, _ = self._reaping_call(f"acquire() by {consumer}", lambda: self.queue.acquire(timeout=0))
+        token = self.mirror.acquire(consumer)
+        if error is not None:
+            raise AssertionError(f"acquire(timeout=0) raised {error!r}")
+        if lease is None:
+            if self.pending:
+                self._note("inv09_close_drain", f"acquire() returned None with {list(self.pending)} pending")
+            if token is not None:
+                self._note("inv12_agrees_with_spec_mirror", f"acquire() returned None, the spec leases {token}")
+            return None
+        sample_id = lease.ref.sample_id
+        sample = self.samples.get(sample_id)
+        if sample is None:
+            raise AssertionError(f"acquire() returned a sample this test never put: {sample_id!r}")
+        if sample.status in TERMINAL:
+            self._note("inv02_exactly_once", f"{sample.status} sample {sample_id!r} was delivered again")
+        if sample.status == "leased":
+            self._note("inv01_one_live_lease_per_sample", f"{sample_id!r} leased again while its lease is live")
+        if token != (sample_id, lease.redelivery_count):
+            self._note(
+                "inv12_agrees_with_spec_mirror",
+                f"acquire() leased {(sample_id, lease.redelivery_count)}, the spec leases {token}",
+            )
+        if sample_id in self.pending:
+            self.pending.remove(sample_id)
+        sample.status = "leased"
+        sample.live = lease
+        self.consumers[consumer].leases.append(lease)
+        self._own(consumer, lease)
+        return lease
+
+    def _settle(self, lease: Lease, op: str, forged: Lease | None = None) -> None:
+        """Ack or fail ``forged or lease`` on behalf of the consumer holding ``lease``."""
+        consumer = self._alive(lease)
+        actor = consumer if consumer is not None else self.config.consumer_ids[0]
+        sample = self.samples[lease.ref.sample_id]
+        target = forged if forged is not None else lease
+        counter = "acked" if op == "ack" else "failed"
+        before = getattr(self.queue.stats(), counter)
+        _, error, new_dead = self._reaping_call(f"{op}(lease {lease.lease_id})", lambda: getattr(self.queue, op)(target))
+        token = (sample.ref.sample_id, -1 if forged is not None else lease.redelivery_count)
+        getattr(self.mirror, op)(actor, token)
+        if error is not None:
+            raise AssertionError(f"{op}() raised {error!r}")
+        if consumer is not None and forged is None:
+            self._drop_lease(consumer, lease)
+        accepted = getattr(self.queue.stats(), counter) - before == 1
+        live = sample.live is lease
+        if accepted and (forged is not None or not live):
+            kind = "forged" if forged is not None else "stale"
+            self._note("inv03_terminal_leases_never_change", f"{kind} {op} of lease {target.lease_id} was accepted")
+        if not accepted and live and forged is None:
+            self._note("inv11_counters_consistent", f"{op} of the live lease {lease.lease_id} was rejected")
+        if not accepted:
+            return
+        if op == "ack":
+            sample.acks += 1
+            sample.live = None
+            sample.status = "acked"
+        else:
+            self._requeue(sample, sample.ref.sample_id in new_dead)
+
+    def do_ack(self, lease: Lease) -> None:
+        """Ack (also a stale or duplicate ack, when the lease is no longer live)."""
+        if self._alive(lease) is not None:
+            self._settle(lease, "ack")
+
+    def do_fail(self, lease: Lease) -> None:
+        """Fail (also a stale fail)."""
+        if self._alive(lease) is not None:
+            self._settle(lease, "fail")
+
+    def do_extend(self, lease: Lease, seconds: float | None, forged: Lease | None = None) -> None:
+        """Extend: push the deadline of a live lease; ``LeaseLost`` for anything else."""
+        consumer = self._alive(lease)
+        if consumer is None and forged is None:
+            return
+        actor = consumer if consumer is not None else self.config.consumer_ids[0]
+        sample = self.samples[lease.ref.sample_id]
+        target = forged if forged is not None else lease
+        before = self.queue.stats().extended
+        lost = False
+
+        def call() -> None:
+            nonlocal lost
+            try:
+                self.queue.extend(target, seconds)
+            except LeaseLost:
+                lost = True
+
+        _, error, _ = self._reaping_call(f"extend(lease {target.lease_id})", call)
+        token = (sample.ref.sample_id, -1 if forged is not None else lease.redelivery_count)
+        self.mirror.extend(actor, token)
+        if error is not None:
+            raise AssertionError(f"extend() raised {error!r}")
+        granted = self.queue.stats().extended - before == 1
+        if granted == lost:
+            self._note("inv11_counters_consistent", f"extend() granted={granted} but LeaseLost raised={lost}")
+        live = sample.live is lease and forged is None
+        if granted and not live:
+            self._note("inv03_terminal_leases_never_change", f"extend of a non-live lease {target.lease_id} granted")
+        if not granted and live:
+            self._note("inv11_counters_consistent", f"extend of the live lease {lease.lease_id} raised LeaseLost")
+        if granted and live:
+            want = self.clock.now + (self.config.visibility_timeout if seconds is None else seconds)
+            if lease.deadline != want:
+                self._note("inv11_counters_consistent", f"extend set deadline {lease.deadline}, expected {want}")
+
+    def do_forge(self, lease: Lease, how: str, op: str) -> None:
+        """A forged lease: a ``dataclasses.replace`` copy, or a made-up ``lease_id``; always rejected."""
+        if how == "copy":
+            forged = dataclasses.replace(lease)
+        else:
+            forged = dataclasses.replace(lease, lease_id=next(self._forged_ids))
+        if op == "extend":
+            self.do_extend(lease, None, forged=forged)
+        else:
+            self._settle(lease, op, forged=forged)
+
+    def do_get(self, lease: Lease) -> StoreHandle | None:
+        """Get: the lease holder materialises the sample (a slow consumer may do so with a stale lease)."""
+        consumer = self._alive(lease)
+        sample_id = lease.ref.sample_id
+        if consumer is None or not any(held is lease for held in self.consumers[consumer].leases):
+            return None
+        if sample_id in self.consumers[consumer].handles:
+            return None
+        sample = self.samples[sample_id]
+        spec_ok = self.mirror.get(consumer, sample_id)
+        try:
+            tensors, handle = self.store.get(lease.ref)
+        except KeyError as exc:
+            if sample.status in HELD:
+                self._note("inv04_no_loss", f"get of {sample.status} sample {sample_id!r} raised {exc!r}")
+            if spec_ok:
+                self._note("inv12_agrees_with_spec_mirror", f"get of {sample_id!r} failed, the spec allows it")
+            return None
+        if not spec_ok:
+            self._note("inv12_agrees_with_spec_mirror", f"get of {sample_id!r} succeeded, the spec has no bytes")
+        self._compare(sample, tensors, "inv04_no_loss")
+        self.consumers[consumer].handles[sample_id] = handle
+        self._own(consumer, handle)
+        return handle
+
+    def _compare(self, sample: _Sample, tensors: dict[str, torch.Tensor], invariant: str) -> None:
+        expected = sample_tensors(sample.index)
+        if list(tensors) != list(expected) or not all(torch.equal(tensors[k], expected[k]) for k in expected):
+            self._note(invariant, f"{sample.ref.sample_id!r} materialised with the wrong bytes")
+
+    def do_release(self, handle: StoreHandle) -> None:
+        """Release: the consumer drops its store handle."""
+        consumer = self._alive(handle)
+        if consumer is None or self.consumers[consumer].handles.get(handle.sample_id) is not handle:
+            return
+        del self.consumers[consumer].handles[handle.sample_id]
+        self.store.release(handle)
+        self.mirror.release(consumer, handle.sample_id)
+
+    def do_crash(self, consumer: str) -> None:
+        """Crash: the consumer forgets its leases and handles without settling or releasing them."""
+        state = self.consumers[consumer]
+        if not state.leases and not state.handles:
+            return
+        state.generation += 1
+        state.leases = []
+        state.handles = {}
+        self.mirror.crash(consumer)
+
+    def do_advance_clock(self, seconds: float) -> None:
+        """Time passes; leases past their deadline are reclaimed by the next call that reaps.
+
+        The spec's time is abstract (its ``Reclaim`` may take any live lease), so
+        the mirror moves only when the implementation reaps.
+        """
+        self.clock.advance(seconds)
+
+    def do_reclaim(self) -> None:
+        """Reclaim: ``reclaim_expired()`` returns how many it reclaimed."""
+        due = len(self._due())
+        count, error, _ = self._reaping_call("reclaim_expired()", self.queue.reclaim_expired)
+        if error is not None:
+            raise AssertionError(f"reclaim_expired() raised {error!r}")
+        if count != due:
+            self._note("inv10_expired_leases_reclaimed", f"reclaim_expired() returned {count}, {due} were due")
+
+    def do_close(self) -> None:
+        """Close: refuse puts; drained once nothing is pending or leased. Does not reap.
+
+        A producer then tries to put the first sample again: refused, nothing changes.
+        """
+        self.queue.close()
+        self.mirror.close()
+        self.closed = True
+        self.do_put(self.config.sample_ids[0], blocking=False)
+
+    def teardown(self) -> None:
+        self.queue.close()
+        self.store.close()
+
+    # -- the invariants (named after DESIGN.md's; checked after every step) --------------
+    def _held(self) -> Iterator[_Sample]:
+        return (s for s in self.samples.values() if s.status in HELD)
+
+    def _is_resident(self, sample_id: str) -> bool | None:
+        if self._resident_check is False:
+            return None
+        try:
+            answer = self.store.is_resident(sample_id)
+        except NotImplementedError:
+            self._resident_check = False
+            return None
+        self._resident_check = True
+        return answer
+
+    def _expected_residency(self) -> tuple[int, int]:
+        resident = [s for s in self.samples.values() if s.status == "stored" or s.status in HELD]
+        return len(resident), sum(s.ref.estimated_bytes for s in resident)
+
+    @invariant()
+    def inv01_one_live_lease_per_sample(self) -> None:
+        """1. At most one live lease per sample; a sample is leased iff it has one."""
+        name = "inv01_one_live_lease_per_sample"
+        self._check_notes(name)
+        leased = [s.ref.sample_id for s in self.samples.values() if s.status == "leased"]
+        outstanding = self.queue.outstanding_count()
+        if outstanding != len(leased):
+            self._fail(name, f"outstanding_count() is {outstanding}, but leased samples are {leased}")
+        counts = self.queue.lease_state_counts()
+        if counts.get("leased") != outstanding or counts.get("pending") != self.queue.pending_count():
+            self._fail(name, f"lease_state_counts() {counts} disagrees with the pending/outstanding counts")
+
+    @invariant()
+    def inv02_exactly_once(self) -> None:
+        """2. A sample is acked at most once and never delivered again after its ack."""
+        name = "inv02_exactly_once"
+        self._check_notes(name)
+        twice = [s.ref.sample_id for s in self.samples.values() if s.acks > 1]
+        if twice:
+            self._fail(name, f"samples acked more than once: {twice}")
+
+    @invariant()
+    def inv03_terminal_leases_never_change(self) -> None:
+        """3. Stale, duplicate and forged acks/fails/extends are rejected without effect."""
+        self._check_notes("inv03_terminal_leases_never_change")
+
+    @invariant()
+    def inv04_no_loss(self) -> None:
+        """4. A pending or leased sample is resident and materialisable, whatever consumers released."""
+        name = "inv04_no_loss"
+        self._check_notes(name)
+        for sample in list(self._held()):
+            sample_id = sample.ref.sample_id
+            if self._is_resident(sample_id) is False:
+                self._fail(name, f"{sample.status} sample {sample_id!r} is not resident in the store")
+            count = self.store.health().sample_count
+            try:
+                tensors, handle = self.store.get(sample.ref)
+            except KeyError as exc:
+                self._fail(name, f"{sample.status} sample {sample_id!r} cannot be materialised: {exc!r}")
+            self.store.release(handle)
+            if self._is_resident(sample_id) is False or self.store.health().sample_count < count:
+                self._fail(name, f"releasing the only handle of {sample.status} sample {sample_id!r} freed it")
+            self._compare(sample, tensors, name)
+            self._check_notes(name)
+
+    @invariant()
+    def inv05_no_leak(self) -> None:
+        """5. An acked or dead sample's bytes are gone, even with a crashed consumer's handle out."""
+        name = "inv05_no_leak"
+        self._check_notes(name)
+        for sample in self.samples.values():
+            if sample.status in TERMINAL and self._is_resident(sample.ref.sample_id):
+                self._fail(name, f"{sample.status} sample {sample.ref.sample_id!r} is still resident")
+        count, nbytes = self._expected_residency()
+        health = self.store.health()
+        if health.sample_count > count or health.resident_bytes > nbytes:
+            self._fail(
+                name,
+                f"store holds {health.sample_count} samples / {health.resident_bytes} B, "
+                f"only {count} / {nbytes} B are stored, pending or leased",
+            )
+
+    @invariant()
+    def inv06_residency_exact(self) -> None:
+        """6. ``resident_bytes``/``sample_count`` equal the resident samples' totals, never negative."""
+        count, nbytes = self._expected_residency()
+        health = self.store.health()
+        if (health.sample_count, health.resident_bytes) != (count, nbytes) or health.resident_bytes < 0:
+            self._fail(
+                "inv06_residency_exact",
+                f"health() says {health.sample_count} samples / {health.resident_bytes} B, expected {count} / {nbytes} B",
+            )
+
+    @invariant()
+    def inv07_bounded_delivery(self) -> None:
+        """7. ``redelivery_count < max_deliveries``; a sample whose deliveries are spent is dead."""
+        limit = self.config.max_deliveries
+        for sample in self._held():
+            count = sample.live.redelivery_count if sample.live is not None else sample.deliveries
+            if max(count, sample.deliveries) >= limit:
+                self._fail(
+                    "inv07_bounded_delivery",
+                    f"{sample.ref.sample_id!r} was delivered {sample.deliveries} times and is still {sample.status} "
+                    f"(max_deliveries={limit})",
+                )
+
+    @invariant()
+    def inv08_backpressure_hysteresis(self) -> None:
+        """8. Pause only at/above the high watermark, resume only at/below the low one."""
+        self._check_notes("inv08_backpressure_hysteresis")
+
+    @invariant()
+    def inv09_close_drain(self) -> None:
+        """9. No put after close; acquire drains; ``drained`` exactly when closed and nothing is held."""
+        name = "inv09_close_drain"
+        self._check_notes(name)
+        busy = any(True for _ in self._held())
+        want = "open" if not self.closed else ("draining" if busy else "drained")
+        if self.queue.lifecycle_state != want or self.queue.is_closed != self.closed:
+            self._fail(
+                name,
+                f"lifecycle_state {self.queue.lifecycle_state!r} / is_closed {self.queue.is_closed}, expected {want!r}",
+            )
+
+    @invariant()
+    def inv10_expired_leases_reclaimed(self) -> None:
+        """10 (safety side): every call that reaps reclaims every lease past its deadline."""
+        self._check_notes("inv10_expired_leases_reclaimed")
+
+    @invariant()
+    def inv11_counters_consistent(self) -> None:
+        """``stats()`` arithmetic and the counters agree with what the queue did."""
+        name = "inv11_counters_consistent"
+        self._check_notes(name)
+        stats = self.queue.stats()
+        if stats.leased != stats.acked + stats.failed + stats.reclaimed + stats.outstanding:
+            self._fail(name, f"leased != acked + failed + reclaimed + outstanding in {stats}")
+        if stats.put != stats.acked + stats.dead_lettered + stats.pending + stats.outstanding:
+            self._fail(name, f"put != acked + dead_lettered + pending + outstanding in {stats}")
+        if (stats.pending, stats.outstanding) != (self.queue.pending_count(), self.queue.outstanding_count()):
+            self._fail(name, f"stats() gauges {stats} disagree with pending_count()/outstanding_count()")
+        acked = sum(s.acks for s in self.samples.values())
+        dead = [d.ref.sample_id for d in self.queue.dead_letters()]
+        if stats.acked != acked or stats.dead_lettered != len(dead):
+            self._fail(name, f"stats() {stats} vs {acked} observed acks and dead letters {dead}")
+
+    @invariant()
+    def inv12_agrees_with_spec_mirror(self) -> None:
+        """The implementation's observable state is the spec mirror's, and the mirror's invariants hold."""
+        name = "inv12_agrees_with_spec_mirror"
+        self._check_notes(name)
+        mirror = self.mirror
+        try:
+            mirror.check_invariants()
+        except AssertionError as exc:
+            self._fail(name, f"the spec mirror itself broke an invariant: {exc}")
+        stats = dataclasses.asdict(self.queue.stats())
+        spec_stats = mirror.stats()
+        diff = {k: (stats.get(k), spec_stats.get(k)) for k in QUEUE_COUNTERS if stats.get(k) != spec_stats.get(k)}
+        if diff:
+            self._fail(name, f"stats() differ from the spec (impl, spec): {diff}")
+        for sample_id in self.config.sample_ids:
+            sample = self.samples.get(sample_id)
+            status = sample.status if sample is not None else "absent"
+            if status != mirror.status(sample_id):
+                self._fail(name, f"{sample_id!r} is {status}, the spec says {mirror.status(sample_id)}")
+            resident = self._is_resident(sample_id)
+            if resident is not None and resident != (sample_id in mirror.resident()):
+                self._fail(name, f"{sample_id!r} resident={resident}, the spec resident set is {mirror.resident()}")
+        if list(self.pending) != mirror.pending_order():
+            self._fail(name, f"pending order {list(self.pending)}, the spec's FIFO is {mirror.pending_order()}")
+        dead = [d.ref.sample_id for d in self.queue.dead_letters()]
+        if dead != mirror.dead_letters():
+            self._fail(name, f"dead letters {dead}, the spec's are {mirror.dead_letters()}")
+        health = self.store.health()
+        if health.resident_bytes != mirror.resident_bytes or health.sample_count != len(mirror.resident()):
+            self._fail(name, f"health() {health} vs the spec's {mirror.resident_bytes} B in {mirror.resident()}")
+        states = (self.queue.backpressure_state, self.queue.lifecycle_state)
+        if states != (mirror.backpressure_state, mirror.lifecycle_state):
+            self._fail(name, f"(backpressure, lifecycle) {states}, the spec's "
+                       f"{(mirror.backpressure_state, mirror.lifecycle_state)}")
+        actions = [action for action, _ in self.trace]
+        spec_actions = [action for action, _ in mirror.events]
+        if actions != spec_actions:
+            self._fail(name, f"trace {actions[-6:]} differs from the spec's {spec_actions[-6:]}")
+
+
+def make_queue_machine(
+    store_factory: Callable[[], FeatureStore],
+    queue_factory: Callable[..., SampleRefQueue] = SampleRefQueue,
+    config: MachineConfig | None = None,
+    *,
+    name: str = "QueueStateMachine",
+) -> type[QueueMachine]:
+    """A ``RuleBasedStateMachine`` running the spec's actions against ``queue_factory(store_factory())``.
+
+    ``store_factory()`` returns a fresh, empty store (large enough for
+    ``config.samples`` tiny samples); ``queue_factory(store, **hooks)`` a queue
+    with ``SampleRefQueue``'s constructor keywords (see ``QueueMachine``).
+    Use it as ``TestMyStore = make_queue_machine(MyStore).TestCase``.
+    """
+    cfg = config or MachineConfig()
+    samples = st.sampled_from(cfg.sample_ids)
+    consumers = st.sampled_from(cfg.consumer_ids)
+    vt = cfg.visibility_timeout
+    steps = st.sampled_from((1.0, vt / 2, vt, 2 * vt))
+
+    class Machine(QueueMachine):
+        config = cfg
+        leases = Bundle("leases")
+        handles = Bundle("handles")
+
+        def make_store(self) -> FeatureStore:
+            return store_factory()
+
+        def make_queue(self, store: FeatureStore, **hooks: Any) -> SampleRefQueue:
+            return queue_factory(store, **hooks)
+
+        @precondition(lambda self: len(self.samples) < cfg.samples)
+        @rule(sample=samples)
+        def produce(self, sample: str) -> None:
+            self.do_produce(sample)
+
+        @precondition(lambda self: not self.closed)
+        @rule(sample=samples, blocking=st.booleans())
+        def put(self, sample: str, blocking: bool) -> None:
+            self.do_put(sample, blocking)
+
+        @precondition(lambda self: self.pending or self._due() or self.closed)
+        @rule(target=leases, consumer=consumers)
+        def acquire(self, consumer: str) -> Any:
+            lease = self.do_acquire(consumer)
+            return multiple() if lease is None else lease
+
+        @precondition(lambda self: self._holding())
+        @rule(target=handles, lease=leases)
+        def get(self, lease: Lease) -> Any:
+            handle = self.do_get(lease)
+            return multiple() if handle is None else handle
+
+        @precondition(lambda self: any(c.handles for c in self.consumers.values()))
+        @rule(handle=handles)
+        def release(self, handle: StoreHandle) -> None:
+            self.do_release(handle)
+
+        @precondition(lambda self: self._holding())
+        @rule(lease=leases)
+        def ack(self, lease: Lease) -> None:
+            self.do_ack(lease)
+
+        @precondition(lambda self: self._holding())
+        @rule(lease=leases)
+        def fail(self, lease: Lease) -> None:
+            self.do_fail(lease)
+
+        @precondition(lambda self: self._holding())
+        @rule(lease=leases, seconds=st.sampled_from((None, vt / 2, 2 * vt)))
+        def extend(self, lease: Lease, seconds: float | None) -> None:
+            self.do_extend(lease, seconds)
+
+        @precondition(lambda self: self._holding())
+        @rule(lease=leases, how=st.sampled_from(("copy", "made_up_id")), op=st.sampled_from(("ack", "fail", "extend")))
+        def forge(self, lease: Lease, how: str, op: str) -> None:
+            self.do_forge(lease, how, op)
+
+        @precondition(lambda self: self._holding())
+        @rule(consumer=consumers)
+        def crash(self, consumer: str) -> None:
+            self.do_crash(consumer)
+
+        @precondition(lambda self: self.queue.outstanding_count())
+        @rule(seconds=steps)
+        def advance_clock(self, seconds: float) -> None:
+            self.do_advance_clock(seconds)
+
+        @precondition(lambda self: self._due())
+        @rule()
+        def reclaim(self) -> None:
+            self.do_reclaim()
+
+        @precondition(lambda self: not self.closed and self.queue.stats().acked + self.queue.stats().dead_lettered > 0)
+        @rule()
+        def close(self) -> None:
+            self.do_close()
+
+    Machine.__name__ = Machine.__qualname__ = name
+    return Machine

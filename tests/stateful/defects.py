@@ -1,0 +1,61 @@
+"""The reference's defects A-E, re-introduced one at a time as test-only subclasses (DESIGN.md "Known defects")."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from featurestream import LocalFeatureStore, SampleRef, SampleRefQueue
+
+
+class RetainIgnoringStore(LocalFeatureStore):
+    """A: the store ignores ``retain``, so a stale consumer's last release frees a queued sample."""
+
+    def retain(self, ref: SampleRef) -> None:
+        pass
+
+
+class UnretainingScrubStore(LocalFeatureStore):
+    """B: a settled sample is only un-retained, so a crashed consumer's unreleased handle keeps its bytes."""
+
+    def scrub(self, ref: SampleRef) -> None:
+        with self._lock:
+            entry = self._resident.get(ref.sample_id)
+            if entry is None:
+                return
+            entry.retained = False
+            if entry.handles:
+                return
+            self._forget(ref.sample_id)
+        self._drop(ref.sample_id)
+
+
+class NoDedupQueue(SampleRefQueue):
+    """C: no dedup window, so a re-put of an acked id is accepted and delivered again."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs["dedup_window"] = 0
+        super().__init__(*args, **kwargs)
+
+
+class NoDeliveryLimitQueue(SampleRefQueue):
+    """D: no delivery limit: a poison sample is redelivered forever."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs["max_deliveries"] = 2**31
+        super().__init__(*args, **kwargs)
+
+
+class NoReaperQueue(SampleRefQueue):
+    """E: only an explicit ``reclaim_expired()`` reclaims; ordinary calls leave expired leases live."""
+
+    _reaping = False
+
+    def reclaim_expired(self) -> int:
+        self._reaping = True
+        try:
+            return super().reclaim_expired()
+        finally:
+            self._reaping = False
+
+    def _reap_due(self) -> int:
+        return super()._reap_due() if self._reaping else 0
