@@ -1,0 +1,34 @@
+"""Small EAGLE-3-shaped samples for core tests."""
+
+from __future__ import annotations
+
+import torch
+
+from featurestream import FeatureStore, SampleRef
+
+
+def eagle3_tensors(tokens: int = 4, hidden: int = 8, seed: int = 0) -> dict[str, torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    return {
+        "aux_hidden_states": torch.randn(1, tokens, 3 * hidden, generator=generator),
+        "input_ids": torch.randint(0, 100, (1, tokens), generator=generator),
+        "attention_mask": torch.ones(1, tokens, dtype=torch.long),
+        "loss_mask": torch.ones(1, tokens, dtype=torch.long),
+    }
+
+
+def put_sample(store: FeatureStore, sample_id: str, **kwargs: object) -> SampleRef:
+    return store.put(sample_id, eagle3_tensors(), run_id="run", **kwargs)  # type: ignore[arg-type]
+
+
+class FakeClock:
+    """A monotonic clock the test moves by hand."""
+
+    def __init__(self, start: float = 1000.0) -> None:
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
