@@ -24,3 +24,12 @@ __all__ = [
     "VisibilityTimeout",
     "assert_no_tensors",
 ]
+
+
+def __getattr__(name: str) -> object:
+    # redis-py is optional: RedisSampleRefQueue (kept out of __all__ so `import *` never needs it) loads on first use.
+    if name == "RedisSampleRefQueue":
+        from featurestream.redis_queue import RedisSampleRefQueue
+
+        return RedisSampleRefQueue
+    raise AttributeError(f"module 'featurestream' has no attribute {name!r}")
