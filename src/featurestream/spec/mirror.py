@@ -537,7 +537,7 @@ def check_step(k: SpecConstants, before: SpecState, after: SpecState) -> None:
                 )
         if before.lifecycle != "open" and before.status[s] in ("absent", "stored"):
             assert after.status[s] in ("absent", "stored"), (
-                f"CloseDrain: sample {sample!r} was enqueued after close ({after.status[s]!r})"
+                f"ClosedRefusesPuts: sample {sample!r} was enqueued after close ({after.status[s]!r})"
             )
     if before.backpressure == "flowing" and after.backpressure == "paused":
         assert before.resident_bytes >= k.high_watermark, (
@@ -547,7 +547,7 @@ def check_step(k: SpecConstants, before: SpecState, after: SpecState) -> None:
         assert before.resident_bytes <= k.low_watermark, (
             f"Hysteresis: resumed at {before.resident_bytes} B, above the low watermark {k.low_watermark}"
         )
-    assert before.lifecycle != "drained" or after.lifecycle == "drained", "CloseDrain: a drained queue reopened"
+    assert before.lifecycle != "drained" or after.lifecycle == "drained", "ClosedRefusesPuts: a drained queue reopened"
 
 
 # -- the step API -----------------------------------------------------------------------------------------
