@@ -6,7 +6,7 @@ import dataclasses
 import enum
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -30,6 +30,8 @@ REQUIRED_FEATURES: Mapping[FeatureAlgorithm, frozenset[str]] = MappingProxyType(
         ),
     }
 )
+
+_V = TypeVar("_V")
 
 _PRIMITIVES = (str, int, float, bool, bytes, type(None))
 
@@ -92,13 +94,35 @@ class FeatureSpec:
         return numel * self.dtype.itemsize
 
 
+def _refuse_tensor(value: object, path: str) -> None:
+    """Name the path when a misplaced value is a tensor (the common, costly mistake)."""
+    assert_no_tensors(value, path=path)
+
+
+def _str_mapping(value: object, name: str, kind: type[_V]) -> dict[str, _V]:
+    """Copy a str-keyed mapping whose values are all ``kind``, or raise ``ValueError``."""
+    if not isinstance(value, Mapping):
+        _refuse_tensor(value, f"ref.{name}")
+        raise ValueError(f"SampleRef.{name} must be a mapping, got {type(value).__name__}")
+    out = dict(value)
+    for key, item in out.items():
+        if not isinstance(key, str):
+            raise ValueError(f"SampleRef.{name} has a non-str key {key!r}")
+        if not isinstance(item, kind):
+            _refuse_tensor(item, f"ref.{name}[{key!r}]")
+            raise ValueError(f"SampleRef.{name}[{key!r}] must be a {kind.__name__}, got {item!r}")
+    return out
+
+
 def _require_id(name: str, value: object) -> None:
     if not isinstance(value, str) or not value:
+        _refuse_tensor(value, f"ref.{name}")
         raise ValueError(f"SampleRef.{name} must be a non-empty str, got {value!r}")
 
 
 def _require_count(name: str, value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        _refuse_tensor(value, f"ref.{name}")
         raise ValueError(f"SampleRef.{name} must be a non-negative int, got {value!r}")
 
 
@@ -122,21 +146,23 @@ class SampleRef:
         _require_id("sample_id", self.sample_id)
         _require_id("run_id", self.run_id)
         if not isinstance(self.store_uri, str) or "://" not in self.store_uri:
+            _refuse_tensor(self.store_uri, "ref.store_uri")
             raise ValueError(f"SampleRef.store_uri must look like scheme://location, got {self.store_uri!r}")
-        assert_no_tensors(self, path="ref")
+        for name in ("target_model_version", "draft_weight_version"):
+            value = getattr(self, name)
+            if not isinstance(value, str):
+                _refuse_tensor(value, f"ref.{name}")
+                raise ValueError(f"SampleRef.{name} must be a str, got {value!r}")
         try:
             algorithm = FeatureAlgorithm(self.algorithm)
         except ValueError:
             raise ValueError(f"SampleRef.algorithm {self.algorithm!r} is not a FeatureAlgorithm") from None
-        keys = dict(self.feature_keys)
-        specs = dict(self.feature_specs)
+        keys = _str_mapping(self.feature_keys, "feature_keys", str)
+        specs = _str_mapping(self.feature_specs, "feature_specs", FeatureSpec)
         if set(keys) != set(specs):
             raise ValueError(
                 f"SampleRef feature_keys {sorted(keys)} and feature_specs {sorted(specs)} name different features"
             )
-        for name, spec in specs.items():
-            if not isinstance(spec, FeatureSpec):
-                raise ValueError(f"SampleRef.feature_specs[{name!r}] must be a FeatureSpec, got {spec!r}")
         missing = REQUIRED_FEATURES[algorithm] - set(keys)
         if missing:
             raise ValueError(f"SampleRef for {algorithm.value} is missing required features {sorted(missing)}")

@@ -1,0 +1,173 @@
+"""Control-plane benchmark: cost per sample lifecycle at depth, and put-to-lease wake-up latency.
+
+    python benchmarks/bench_queue.py [--depths 1000,100000,1000000] [--ops 20000]
+
+Every number is printed next to a baseline measured in the same run:
+a plain ``collections.deque`` + dict queue doing the same bookkeeping without
+the state machine (cost), and CPython's ``queue.Queue`` hand-off (latency).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import heapq
+import itertools
+import queue as stdlib_queue
+import statistics
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Protocol
+
+import torch
+
+from featurestream import FeatureSpec, FeatureStore, SampleRef, SampleRefQueue, StoreHandle, StoreHealth
+
+_FEATURES = ("aux_hidden_states", "input_ids", "attention_mask", "loss_mask")
+_SPECS = {name: FeatureSpec((1,), torch.long) for name in _FEATURES}
+_KEYS = {name: name for name in _SPECS}
+_HEALTH = StoreHealth(0, 0, 0, False, True)
+
+
+class NullStore(FeatureStore):
+    """Holds nothing: isolates the control plane's own cost."""
+
+    store_uri = "null://bench"
+
+    def put(self, sample_id: str, tensors: Mapping[str, torch.Tensor], **_: object) -> SampleRef:
+        raise NotImplementedError("the control-plane benchmark moves refs only")
+
+    def get(self, ref: SampleRef, device: object = None) -> tuple[dict[str, torch.Tensor], StoreHandle]:
+        raise NotImplementedError("the control-plane benchmark moves refs only")
+
+    def release(self, handle: StoreHandle) -> None:
+        pass
+
+    def gc(self) -> int:
+        return 0
+
+    def health(self) -> StoreHealth:
+        return _HEALTH
+
+    def close(self) -> None:
+        pass
+
+
+def make_refs(prefix: str, count: int) -> list[SampleRef]:
+    return [
+        SampleRef(f"{prefix}{i}", "bench", NullStore.store_uri, _KEYS, _SPECS, "eagle3", 1, 1, 32, "0", "0")
+        for i in range(count)
+    ]
+
+
+class _Lifecycle(Protocol):
+    def put(self, ref: SampleRef) -> None: ...
+    def acquire(self, poll_interval: float = ...) -> object: ...
+    def ack(self, lease: object) -> None: ...
+
+
+class BaselineQueue:
+    """The same bookkeeping (FIFO, held ids, live leases, deadline heap) with no machine and no lock."""
+
+    def __init__(self, visibility: float = 30.0) -> None:
+        self._pending: collections.deque[SampleRef] = collections.deque()
+        self._held: dict[str, SampleRef] = {}
+        self._live: dict[int, tuple[SampleRef, float]] = {}
+        self._deadlines: list[tuple[float, int]] = []
+        self._ids = itertools.count()
+        self._visibility = visibility
+
+    def put(self, ref: SampleRef) -> None:
+        self._held[ref.sample_id] = ref
+        self._pending.append(ref)
+
+    def acquire(self, poll_interval: float = 0.0) -> int:
+        ref = self._pending.popleft()
+        lease_id = next(self._ids)
+        deadline = time.monotonic() + self._visibility
+        self._live[lease_id] = (ref, deadline)
+        heapq.heappush(self._deadlines, (deadline, lease_id))
+        return lease_id
+
+    def ack(self, lease: object) -> None:
+        ref, _ = self._live.pop(lease)  # type: ignore[call-overload]
+        del self._held[ref.sample_id]
+
+
+def lifecycle_cost(factory: Callable[[], _Lifecycle], prefill: list[SampleRef], ops: list[SampleRef]) -> float:
+    """Seconds per put + acquire + ack with ``len(prefill)`` samples pending."""
+    queue = factory()
+    for ref in prefill:
+        queue.put(ref)
+    start = time.perf_counter()
+    for ref in ops:
+        queue.put(ref)
+        queue.ack(queue.acquire(poll_interval=0))
+    return (time.perf_counter() - start) / len(ops)
+
+
+def wakeup_latencies(put: Callable[[int], None], get: Callable[[], object], samples: int) -> list[float]:
+    """Seconds from ``put`` to a blocked consumer's ``get`` returning, one sample at a time."""
+    stamps: list[float] = []
+    ready = threading.Event()
+
+    def consume() -> None:
+        for _ in range(samples):
+            ready.set()
+            get()
+            stamps.append(time.perf_counter())
+
+    thread = threading.Thread(target=consume)
+    thread.start()
+    latencies = []
+    for i in range(samples):
+        ready.wait()
+        ready.clear()
+        time.sleep(0.002)  # make sure the consumer is parked in its wait
+        sent = time.perf_counter()
+        put(i)
+        while len(stamps) <= i:
+            time.sleep(0)
+        latencies.append(stamps[i] - sent)
+    thread.join()
+    return latencies
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--depths", default="1000,100000,1000000")
+    parser.add_argument("--ops", type=int, default=20_000)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--latency-samples", type=int, default=300)
+    args = parser.parse_args()
+    depths = [int(d) for d in args.depths.split(",")]
+
+    print(f"control plane: cost per lifecycle (put + acquire + ack), best of {args.repeats}, {args.ops} ops")
+    print(f"{'pending':>10} {'featurestream':>15} {'deque+dict':>12} {'ratio':>7} {'vs first depth':>15}")
+    ops = make_refs("op", args.ops)
+    first = None
+    store = NullStore()
+    for depth in depths:
+        prefill = make_refs("pre", depth)
+        ours = min(lifecycle_cost(lambda: SampleRefQueue(store), prefill, ops) for _ in range(args.repeats))
+        base = min(lifecycle_cost(BaselineQueue, prefill, ops) for _ in range(args.repeats))
+        first = first or ours
+        print(f"{depth:>10} {ours * 1e6:>12.2f} us {base * 1e6:>9.2f} us {ours / base:>6.1f}x {ours / first:>14.2f}x")
+        del prefill
+
+    print(f"\nwake-up: put -> lease of a consumer blocked in acquire(timeout=...), {args.latency_samples} samples")
+    fs_queue = SampleRefQueue(store)
+    refs = make_refs("wake", args.latency_samples)
+    ours_lat = wakeup_latencies(lambda i: fs_queue.put(refs[i]), lambda: fs_queue.acquire(timeout=10), len(refs))
+    std: stdlib_queue.Queue[int] = stdlib_queue.Queue()
+    base_lat = wakeup_latencies(std.put, lambda: std.get(timeout=10), len(refs))
+    for name, lat in (("featurestream", ours_lat), ("queue.Queue", base_lat)):
+        ordered = sorted(lat)
+        p99 = ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
+        print(f"{name:>14}: median {statistics.median(lat) * 1e3:.3f} ms  p99 {p99 * 1e3:.3f} ms")
+    print(f"median ratio featurestream / queue.Queue: {statistics.median(ours_lat) / statistics.median(base_lat):.2f}x")
+
+
+if __name__ == "__main__":
+    main()
