@@ -57,7 +57,20 @@ class LedgerFeatureStore(FeatureStore):
 
     Subclasses implement ``_write`` / ``_load`` / ``_drop``; this class owns
     the lock, the caps, the handles, and the retain/scrub coupling with queues.
+
+    Zero-copy options (defaults keep the reference's defensive copies):
+    ``put(..., take_ownership=True)`` lets the store keep the caller's tensors
+    (the caller must not touch them afterwards) and ``get(..., copy=False)``
+    may return the stored tensors themselves (the caller must not mutate them).
+
+    A store whose bytes other instances can also reach (``adopts_foreign =
+    True``) lets ``get`` open handles on samples it did not write: they are
+    tracked apart from its own residency (caps and ``health`` count only what
+    this instance wrote) and freed through ``_drop_released`` on their last
+    release.
     """
+
+    adopts_foreign = False
 
     def __init__(
         self,
@@ -88,6 +101,7 @@ class LedgerFeatureStore(FeatureStore):
         self.low_watermark_bytes = low
         self._lock = threading.Lock()
         self._resident: dict[str, _Resident] = {}
+        self._foreign: dict[str, _Resident] = {}
         self._handles: dict[int, str] = {}
         self._orphan_handles: list[int] = []
         self._handle_ids = itertools.count(1)
@@ -96,16 +110,26 @@ class LedgerFeatureStore(FeatureStore):
 
     # -- subclass hooks ---------------------------------------------------
     @abc.abstractmethod
-    def _write(self, sample_id: str, ref: SampleRef, tensors: Mapping[str, torch.Tensor]) -> None:
-        """Persist the tensors of a newly admitted sample."""
+    def _write(
+        self, sample_id: str, ref: SampleRef, tensors: Mapping[str, torch.Tensor], take_ownership: bool
+    ) -> None:
+        """Persist the tensors of a newly admitted sample (``take_ownership``: they may be kept as they are)."""
 
     @abc.abstractmethod
-    def _load(self, ref: SampleRef, device: torch.device | str | None) -> dict[str, torch.Tensor]:
-        """Copies of the sample's tensors; ``KeyError`` when its bytes are gone."""
+    def _load(self, ref: SampleRef, device: torch.device | str | None, copy: bool) -> dict[str, torch.Tensor]:
+        """The sample's tensors (private copies unless ``copy`` is false); ``KeyError`` when its bytes are gone."""
 
     @abc.abstractmethod
     def _drop(self, sample_id: str) -> None:
-        """Free the bytes of a sample this store holds."""
+        """Free the bytes of a sample (scrubbed, closed, or released by its last handle)."""
+
+    def _drop_released(self, sample_id: str) -> None:
+        """Free a sample whose last handle here was released and that no queue here retains.
+
+        Stores shared between processes override this to spare a sample a
+        queue elsewhere still holds.
+        """
+        self._drop(sample_id)
 
     # -- contract ---------------------------------------------------------
     def put(
@@ -119,8 +143,13 @@ class LedgerFeatureStore(FeatureStore):
         target_model_version: str = "0",
         draft_weight_version: str = "0",
         num_tokens: int = 0,
+        take_ownership: bool = False,
     ) -> SampleRef:
-        """Store ``tensors``; ``ValueError`` for bad ids or duplicates, ``MemoryError`` over a cap."""
+        """Store ``tensors``; ``ValueError`` for bad ids or duplicates, ``MemoryError`` over a cap.
+
+        ``take_ownership=True`` hands the tensors over: the store may keep them
+        without a copy, so the caller must neither mutate nor reuse them.
+        """
         self._check_sample_id(sample_id)
         if not isinstance(tensors, Mapping) or not tensors:
             raise ValueError(f"sample {sample_id!r}: tensors must be a non-empty mapping of name -> tensor")
@@ -140,7 +169,7 @@ class LedgerFeatureStore(FeatureStore):
         )
         self._admit(ref)
         try:
-            self._write(sample_id, ref, tensors)
+            self._write(sample_id, ref, tensors, take_ownership)
         except BaseException:
             with self._lock:
                 self._forget(sample_id)
@@ -148,12 +177,16 @@ class LedgerFeatureStore(FeatureStore):
         return ref
 
     def get(
-        self, ref: SampleRef, device: torch.device | str | None = None
+        self, ref: SampleRef, device: torch.device | str | None = None, *, copy: bool = True
     ) -> tuple[dict[str, torch.Tensor], StoreHandle]:
-        """Copies of ``ref``'s tensors plus the handle to release them with."""
+        """Copies of ``ref``'s tensors plus the handle to release them with.
+
+        ``copy=False`` is for a consumer that promises not to mutate what it
+        gets: the store may then return its own tensors without copying.
+        """
         handle_id = self._open_handle(ref)
         try:
-            tensors = self._load(ref, device)
+            tensors = self._load(ref, device, copy)
         except BaseException:
             self.release(StoreHandle(self, ref.sample_id, ref, handle_id))
             raise
@@ -165,30 +198,34 @@ class LedgerFeatureStore(FeatureStore):
             raise ValueError(f"handle {handle.handle_id} of sample {handle.sample_id!r} belongs to another store")
         with self._lock:
             sample_id = self._handles.pop(handle.handle_id, None)
-            entry = self._resident.get(sample_id) if sample_id is not None else None
+            if sample_id is None:
+                return
+            entry = self._resident.get(sample_id) or self._foreign.get(sample_id)
             if entry is None:
                 return
             entry.handles.discard(handle.handle_id)
             if entry.handles or entry.retained:
                 return
             self._forget(sample_id)
-        self._drop(sample_id)
+        self._drop_released(sample_id)
 
     def retain(self, ref: SampleRef) -> None:
         """Keep ``ref``'s bytes until ``scrub``, whatever handles are released."""
         with self._lock:
-            entry = self._resident.get(ref.sample_id)
+            entry = self._resident.get(ref.sample_id) or self._foreign.get(ref.sample_id)
             if entry is not None:
                 entry.retained = True
 
     def scrub(self, ref: SampleRef) -> None:
         """Free ``ref``'s bytes now; handles still out become no-ops to release."""
         with self._lock:
-            entry = self._resident.get(ref.sample_id)
-            if entry is None:
+            entry = self._resident.get(ref.sample_id) or self._foreign.get(ref.sample_id)
+            if entry is None and not self.adopts_foreign:
                 return
-            self._orphan_handles.extend(entry.handles)
-            self._forget(ref.sample_id)
+            if entry is not None:
+                self._orphan_handles.extend(entry.handles)
+                self._forget(ref.sample_id)
+        # A shared store scrubs bytes it never tracked too: the queue's instance may not be the writer.
         self._drop(ref.sample_id)
 
     def gc(self) -> int:
@@ -221,6 +258,7 @@ class LedgerFeatureStore(FeatureStore):
             self._closed = True
             sample_ids = list(self._resident)
             self._resident.clear()
+            self._foreign.clear()
             self._handles.clear()
             self._orphan_handles.clear()
             self._resident_bytes = 0
@@ -261,15 +299,20 @@ class LedgerFeatureStore(FeatureStore):
         entry = self._resident.pop(sample_id, None)
         if entry is not None:
             self._resident_bytes -= entry.nbytes
+        else:
+            self._foreign.pop(sample_id, None)
 
     def _open_handle(self, ref: SampleRef) -> int:
         with self._lock:
             self._require_open(f"get sample {ref.sample_id!r}")
             if ref.store_uri != self.store_uri:
                 raise KeyError(f"sample {ref.sample_id!r} lives in {ref.store_uri}, not in {self.store_uri}")
-            entry = self._resident.get(ref.sample_id)
+            entry = self._resident.get(ref.sample_id) or self._foreign.get(ref.sample_id)
             if entry is None:
-                raise KeyError(f"sample {ref.sample_id!r} is not resident in {self.store_uri}")
+                if not self.adopts_foreign:
+                    raise KeyError(f"sample {ref.sample_id!r} is not resident in {self.store_uri}")
+                # Written by another instance: ``_load`` raises KeyError if its bytes are gone.
+                entry = self._foreign[ref.sample_id] = _Resident(0)
             handle_id = next(self._handle_ids)
             entry.handles.add(handle_id)
             self._handles[handle_id] = ref.sample_id

@@ -26,7 +26,10 @@ class LocalFeatureStore(LedgerFeatureStore):
 
     ``get`` returns copies the caller may mutate; residency follows the
     ``FeatureStore`` contract (retained samples survive releases, scrubbed
-    ones are freed at once).
+    ones are freed at once). Copies per sample: one on ``put`` and one per
+    ``get`` by default; ``put(..., take_ownership=True)`` keeps the caller's
+    (detached, contiguous) tensors and ``get(..., copy=False)`` returns the
+    stored ones, so the fully zero-copy path moves no bytes at all.
     """
 
     def __init__(
@@ -47,12 +50,18 @@ class LocalFeatureStore(LedgerFeatureStore):
         self._data: dict[str, dict[str, torch.Tensor]] = {}
         self._data_lock = threading.Lock()
 
-    def _write(self, sample_id: str, ref: SampleRef, tensors: Mapping[str, torch.Tensor]) -> None:
-        copies = {name: t.detach().clone(memory_format=torch.contiguous_format) for name, t in tensors.items()}
+    def _write(
+        self, sample_id: str, ref: SampleRef, tensors: Mapping[str, torch.Tensor], take_ownership: bool
+    ) -> None:
+        if take_ownership:
+            # ``contiguous`` copies only a strided view; a dense tensor is kept as it is.
+            kept = {name: t.detach().contiguous() for name, t in tensors.items()}
+        else:
+            kept = {name: t.detach().clone(memory_format=torch.contiguous_format) for name, t in tensors.items()}
         with self._data_lock:
-            self._data[sample_id] = copies
+            self._data[sample_id] = kept
 
-    def _load(self, ref: SampleRef, device: torch.device | str | None) -> dict[str, torch.Tensor]:
+    def _load(self, ref: SampleRef, device: torch.device | str | None, copy: bool) -> dict[str, torch.Tensor]:
         with self._data_lock:
             stored = self._data.get(ref.sample_id)
         if stored is None:
@@ -61,7 +70,10 @@ class LocalFeatureStore(LedgerFeatureStore):
         for name in ref.feature_names():
             tensor = stored[name]
             check_spec(ref, name, tensor)
-            out[name] = tensor.to(device, copy=True) if device is not None else tensor.clone()
+            if device is not None:
+                out[name] = tensor.to(device, copy=copy)
+            else:
+                out[name] = tensor.clone() if copy else tensor
         return out
 
     def _drop(self, sample_id: str) -> None:

@@ -1,0 +1,204 @@
+"""A tiny real target model and a tiny EAGLE-3-style draft head, for demos and tests (CPU, seeded).
+
+``TinyTargetModel`` is a small causal transformer (pre-norm blocks, causal
+self-attention, learned positions). Its ``generate_batch`` implements the
+producer's backend protocol: one forward, returning the hidden states of a
+low, a middle and the top layer concatenated (``aux_hidden_states``,
+``[B, T, 3H]``) and the logits (``[B, T, V]``).
+
+``TinyEagle3Draft`` is the EAGLE-3 recipe shrunk down: it fuses the three
+target layers into one feature per position, combines the feature at ``t``
+with the embedding of token ``t+1``, runs one causal decoder layer and
+predicts the target's next-token distribution at ``t+1``. Its loss is the
+soft cross-entropy against the target's distribution, masked by
+``loss_mask`` (and ``position_mask`` with ``target_probs`` supervision).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from featurestream.eagle3 import Eagle3TargetBatch
+
+__all__ = ["TinyConfig", "TinyEagle3Draft", "TinyTargetModel", "prompt_batches"]
+
+
+@dataclasses.dataclass(frozen=True)
+class TinyConfig:
+    """Sizes shared by the target and its draft head."""
+
+    vocab_size: int = 256
+    hidden_size: int = 64
+    num_layers: int = 4
+    num_heads: int = 4
+    max_seq_len: int = 128
+
+    def __post_init__(self) -> None:
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"TinyConfig.{field.name} must be a positive int, got {value!r}")
+        if self.num_layers < 3:
+            raise ValueError(f"TinyConfig.num_layers must be >= 3 (three auxiliary layers), got {self.num_layers}")
+        if self.hidden_size % self.num_heads:
+            raise ValueError(f"hidden_size {self.hidden_size} is not divisible by num_heads {self.num_heads}")
+
+    @property
+    def aux_layers(self) -> tuple[int, int, int]:
+        """Which block outputs EAGLE-3 taps: a low, a middle and the top one."""
+        return (0, self.num_layers // 2, self.num_layers - 1)
+
+
+class _Block(nn.Module):
+    """Pre-norm transformer block with causal self-attention."""
+
+    def __init__(self, hidden: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.norm1 = nn.LayerNorm(hidden)
+        self.qkv = nn.Linear(hidden, 3 * hidden)
+        self.proj = nn.Linear(hidden, hidden)
+        self.norm2 = nn.LayerNorm(hidden)
+        self.mlp = nn.Sequential(nn.Linear(hidden, 4 * hidden), nn.GELU(), nn.Linear(4 * hidden, hidden))
+
+    def forward(self, x: torch.Tensor, key_mask: torch.Tensor | None) -> torch.Tensor:
+        batch, length, hidden = x.shape
+        q, k, v = self.qkv(self.norm1(x)).view(batch, length, 3, self.heads, -1).permute(2, 0, 3, 1, 4)
+        if key_mask is None:
+            attended = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            causal = torch.ones(length, length, dtype=torch.bool, device=x.device).tril()
+            # A padded query row would see no key at all; letting it see itself keeps softmax finite.
+            allowed = (causal & key_mask[:, None, None, :]) | torch.eye(length, dtype=torch.bool, device=x.device)
+            attended = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
+        x = x + self.proj(attended.transpose(1, 2).reshape(batch, length, hidden))
+        return x + self.mlp(self.norm2(x))
+
+
+class TinyTargetModel(nn.Module):
+    """A seeded causal transformer exposing three auxiliary hidden states and logits."""
+
+    def __init__(self, config: TinyConfig | None = None, *, seed: int = 0) -> None:
+        super().__init__()
+        self.config = config = config or TinyConfig()
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            self.embed = nn.Embedding(config.vocab_size, config.hidden_size)
+            self.positions = nn.Embedding(config.max_seq_len, config.hidden_size)
+            self.blocks = nn.ModuleList(_Block(config.hidden_size, config.num_heads) for _ in range(config.num_layers))
+            self.norm = nn.LayerNorm(config.hidden_size)
+            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+            # A sharper output distribution than the default init gives the draft something to learn.
+            nn.init.normal_(self.lm_head.weight, std=3.0 / config.hidden_size**0.5)
+        self.eval()
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(logits [B, T, V], aux_hidden_states [B, T, 3H])`` for ``input_ids [B, T]``."""
+        length = input_ids.shape[1]
+        if length > self.config.max_seq_len:
+            raise ValueError(f"sequence length {length} exceeds max_seq_len {self.config.max_seq_len}")
+        if position_ids is None:
+            position_ids = torch.arange(length, device=input_ids.device).expand_as(input_ids)
+        key_mask = None if attention_mask is None or bool(attention_mask.all()) else attention_mask.bool()
+        x = self.embed(input_ids) + self.positions(position_ids)
+        taps = []
+        for index, block in enumerate(self.blocks):
+            x = block(x, key_mask)
+            if index in self.config.aux_layers:
+                taps.append(x)
+        return self.lm_head(self.norm(x)), torch.cat(taps, dim=-1)
+
+    def generate_batch(
+        self,
+        *,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        loss_mask: torch.Tensor,
+        position_ids: torch.Tensor | None = None,
+        seq_lens: torch.Tensor | None = None,
+        doc_remaining: torch.Tensor | None = None,
+    ) -> Eagle3TargetBatch:
+        """The producer's backend protocol: one no-grad forward, EAGLE-3 supervision with logits."""
+        with torch.no_grad():
+            logits, aux = self(input_ids, attention_mask, position_ids)
+        return Eagle3TargetBatch(
+            aux_hidden_states=aux,
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            loss_mask=loss_mask,
+            logits=logits,
+            position_ids=position_ids,
+            seq_lens=seq_lens,
+            doc_remaining=doc_remaining,
+        )
+
+
+class TinyEagle3Draft(nn.Module):
+    """A one-layer EAGLE-3-style draft head trained on a target's streamed features."""
+
+    def __init__(self, config: TinyConfig | None = None, *, seed: int = 0) -> None:
+        super().__init__()
+        self.config = config = config or TinyConfig()
+        hidden = config.hidden_size
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            self.fuse = nn.Linear(3 * hidden, hidden)
+            self.embed = nn.Embedding(config.vocab_size, hidden)
+            self.combine = nn.Linear(2 * hidden, hidden)
+            self.block = _Block(hidden, config.num_heads)
+            self.norm = nn.LayerNorm(hidden)
+            self.lm_head = nn.Linear(hidden, config.vocab_size, bias=False)
+
+    def forward(self, aux_hidden_states: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
+        """Logits ``[B, T-1, V]``: position ``t`` predicts the target's distribution at ``t+1``."""
+        feature = self.fuse(aux_hidden_states[:, :-1])
+        token = self.embed(input_ids[:, 1:])
+        x = self.block(self.combine(torch.cat([token, feature], dim=-1)), None)
+        return self.lm_head(self.norm(x))
+
+    def loss(self, batch: Eagle3TargetBatch) -> torch.Tensor:
+        """Masked soft cross-entropy between the draft's and the target's next-token distributions."""
+        logits = self(batch.aux_hidden_states, batch.input_ids)
+        if batch.logits is not None:
+            target = batch.logits[:, 1:].float().softmax(dim=-1)
+            mask = batch.loss_mask[:, 1:].float()
+        else:
+            assert batch.target_probs is not None and batch.position_mask is not None
+            target = batch.target_probs[:, 1:].float()
+            mask = batch.loss_mask[:, 1:].float() * batch.position_mask[:, 1:].float()
+        mask = mask * batch.attention_mask[:, 1:].float()
+        per_token = -(target * logits.log_softmax(dim=-1)).sum(dim=-1)
+        return (per_token * mask).sum() / mask.sum().clamp(min=1.0)
+
+
+def prompt_batches(
+    count: int, *, batch_size: int = 4, seq_len: int = 32, vocab_size: int = 256, seed: int = 0
+) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """``count`` seeded prompts ``(input_ids, attention_mask, loss_mask)``, each ``[batch_size, seq_len]`` long.
+
+    Tokens follow a fixed random bigram table (so text has structure the
+    models can pick up); the first quarter of each row is an unsupervised
+    "prompt" (``loss_mask`` 0) and some rows end in padding.
+    """
+    generator = torch.Generator().manual_seed(seed)
+    bigram = torch.rand(vocab_size, vocab_size, generator=generator).pow(8)
+    for _ in range(count):
+        ids = torch.empty(batch_size, seq_len, dtype=torch.long)
+        ids[:, 0] = torch.randint(vocab_size, (batch_size,), generator=generator)
+        for t in range(1, seq_len):
+            ids[:, t] = torch.multinomial(bigram[ids[:, t - 1]], 1, generator=generator).squeeze(1)
+        lengths = torch.randint(seq_len * 3 // 4, seq_len + 1, (batch_size,), generator=generator)
+        attention = (torch.arange(seq_len)[None, :] < lengths[:, None]).long()
+        loss = attention.clone()
+        loss[:, : seq_len // 4] = 0
+        yield ids * attention, attention, loss

@@ -1,0 +1,334 @@
+"""``SharedDirFeatureStore``: one safetensors file per sample in a directory shared by processes.
+
+Files and what they mean (``<id>`` is the sample id):
+
+- ``<id>.safetensors`` — the sample, a standard safetensors file. It appears
+  atomically: written to ``.<id>.<random>.tmp`` in the same directory, then
+  hard-linked to its final name (so a concurrent writer of the same id is
+  refused instead of clobbered) and the temporary name unlinked.
+- ``<id>.retained`` — an empty marker: a queue holds the sample. The queue's
+  process creates it on ``retain`` (before the sample can be leased) and
+  removes it on ``scrub`` (after the data file). A store instance releasing
+  its last handle on a sample unlinks the file only when no marker exists, so
+  a stale or slow consumer in another process can never delete a sample a
+  queue is about to redeliver, and a consumer that crashes without releasing
+  leaks nothing: the queue's ``scrub`` unlinks the file whoever wrote it.
+
+Residency (caps, ``health``) counts only the files this instance wrote, from
+in-memory counters; ``close`` unlinks those, even with handles out.
+
+Copies: ``put`` writes straight from the tensors' memory (no staging copy, so
+``take_ownership`` changes nothing here) and ``get`` reads the file into one
+fresh buffer that the returned tensors view (no second copy, and the caller
+may still mutate them, so ``copy=False`` changes nothing either). The codec is
+written here rather than taken from ``safetensors.torch`` because that one
+stages every tensor in a ``bytes`` object on save and copies out of a mapping
+on load; the files it reads and writes are interchangeable with it.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import os
+import struct
+import tempfile
+from collections.abc import Mapping
+
+import torch
+
+from featurestream.refs import SampleRef
+from featurestream.stores._ledger import (
+    DEFAULT_HIGH_WATERMARK,
+    DEFAULT_LOW_WATERMARK,
+    DEFAULT_MAX_BYTES,
+    DEFAULT_MAX_SAMPLES,
+    LedgerFeatureStore,
+    check_spec,
+)
+
+__all__ = ["CorruptSampleError", "SharedDirFeatureStore"]
+
+logger = logging.getLogger(__name__)
+
+DATA_SUFFIX = ".safetensors"
+RETAINED_SUFFIX = ".retained"
+
+_DTYPES: dict[str, torch.dtype] = {
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
+    "F8_E4M3": torch.float8_e4m3fn,
+    "F8_E5M2": torch.float8_e5m2,
+}
+_DTYPE_NAMES = {dtype: name for name, dtype in _DTYPES.items()}
+_HEADER_LIMIT = 100 * 1024 * 1024  # the safetensors reader's own bound on header size
+
+
+class CorruptSampleError(RuntimeError):
+    """A sample file exists but cannot be decoded (truncated, garbled, or not what its ref describes)."""
+
+
+def _write_all(file: object, view: memoryview) -> None:
+    """Write every byte of ``view`` (raw file writes may be partial)."""
+    while view.nbytes:
+        written = file.write(view)  # type: ignore[attr-defined]
+        view = view[written:]
+
+
+def _readinto_all(file: object, view: memoryview) -> int:
+    """Fill ``view`` from ``file``; return how many bytes were read (short only at end of file)."""
+    total = 0
+    while total < view.nbytes:
+        got = file.readinto(view[total:])  # type: ignore[attr-defined]
+        if not got:
+            break
+        total += got
+    return total
+
+
+def _byte_view(tensor: torch.Tensor) -> memoryview:
+    """The bytes of a dense CPU tensor, without copying them."""
+    return memoryview(tensor.reshape(-1).view(torch.uint8).numpy())
+
+
+def _encode_header(tensors: Mapping[str, torch.Tensor]) -> tuple[bytes, list[str]]:
+    """The safetensors prefix (length + JSON header) and the order the payloads follow in.
+
+    Wider dtypes go first so every tensor starts at a multiple of its item
+    size and ``get`` can view it in the read buffer instead of copying it.
+    """
+    order = sorted(tensors, key=lambda name: -tensors[name].element_size())
+    header: dict[str, object] = {"__metadata__": {"format": "pt"}}
+    offset = 0
+    for name in order:
+        tensor = tensors[name]
+        dtype = _DTYPE_NAMES.get(tensor.dtype)
+        if dtype is None:
+            raise TypeError(f"feature {name!r} has dtype {tensor.dtype}, which safetensors files cannot hold")
+        end = offset + tensor.numel() * tensor.element_size()
+        header[name] = {"dtype": dtype, "shape": list(tensor.shape), "data_offsets": [offset, end]}
+        offset = end
+    encoded = json.dumps(header, separators=(",", ":")).encode()
+    encoded += b" " * (-len(encoded) % 8)
+    return struct.pack("<Q", len(encoded)) + encoded, order
+
+
+def _decode(path: str, ref: SampleRef) -> dict[str, torch.Tensor]:
+    """Read ``path`` into one fresh buffer and return ``ref``'s features as views of it."""
+    with open(path, "rb", buffering=0) as file:
+        size = os.fstat(file.fileno()).st_size
+        prefix = file.read(8)
+        if len(prefix) < 8:
+            raise CorruptSampleError(f"sample {ref.sample_id!r}: {path} is truncated ({size} bytes, no header)")
+        (header_len,) = struct.unpack("<Q", prefix)
+        if header_len > min(size - 8, _HEADER_LIMIT):
+            raise CorruptSampleError(
+                f"sample {ref.sample_id!r}: {path} announces a {header_len}-byte header but holds {size} bytes"
+            )
+        raw_header = file.read(header_len)
+        data = torch.empty(size - 8 - header_len, dtype=torch.uint8)
+        got = len(raw_header) + _readinto_all(file, memoryview(data.numpy()))
+    if got != size - 8:
+        raise CorruptSampleError(f"sample {ref.sample_id!r}: {path} shrank while being read (truncated)")
+    try:
+        header = json.loads(raw_header)
+        if not isinstance(header, dict):
+            raise ValueError("the header is not a JSON object")
+    except ValueError as exc:
+        raise CorruptSampleError(f"sample {ref.sample_id!r}: {path} has an unreadable header ({exc})") from None
+    out = {}
+    for name in ref.feature_names():
+        out[name] = _tensor_from(header.get(name), data, ref, name, path)
+        check_spec(ref, name, out[name])
+    return out
+
+
+def _tensor_from(entry: object, data: torch.Tensor, ref: SampleRef, name: str, path: str) -> torch.Tensor:
+    where = f"sample {ref.sample_id!r} feature {name!r} in {path}"
+    if not isinstance(entry, dict):
+        raise CorruptSampleError(f"{where}: missing from the file's header")
+    dtype = _DTYPES.get(entry.get("dtype"))  # type: ignore[arg-type]
+    shape, offsets = entry.get("shape"), entry.get("data_offsets")
+    if (
+        dtype is None
+        or not isinstance(shape, list)
+        or not all(isinstance(d, int) and d >= 0 for d in shape)
+        or not isinstance(offsets, list)
+        or len(offsets) != 2
+        or not all(isinstance(o, int) for o in offsets)
+    ):
+        raise CorruptSampleError(f"{where}: malformed header entry {entry!r}")
+    begin, end = offsets
+    numel = 1
+    for dim in shape:
+        numel *= dim
+    if not 0 <= begin <= end <= data.numel() or end - begin != numel * dtype.itemsize:
+        raise CorruptSampleError(
+            f"{where}: bytes {begin}..{end} do not hold {shape}/{dtype} "
+            f"within {data.numel()} payload bytes (truncated?)"
+        )
+    chunk = data[begin:end]
+    if begin % dtype.itemsize:
+        chunk = chunk.clone()  # only files from other writers can be misaligned
+    return chunk.view(dtype).reshape(shape)
+
+
+class SharedDirFeatureStore(LedgerFeatureStore):
+    """Samples as ``<sample_id>.safetensors`` files in ``directory``, shared by processes or nodes.
+
+    ``store_uri`` is ``file://<absolute directory>``, so every instance on the
+    same directory can ``get`` and ``release`` the others' samples. The
+    directory is created if missing. Errors: a ``sample_id`` with ``/``,
+    ``..`` or NUL -> ``ValueError``; an unknown or freed sample ->
+    ``KeyError``; an undecodable file -> ``CorruptSampleError``; the
+    directory gone, a full disk or a permission problem -> the ``OSError``
+    subclass, naming the sample and the path. A failed ``put`` stores nothing
+    and leaves no file behind.
+    """
+
+    adopts_foreign = True
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        *,
+        max_samples: int | None = DEFAULT_MAX_SAMPLES,
+        max_bytes: int | None = DEFAULT_MAX_BYTES,
+        high_watermark_bytes: int | None = DEFAULT_HIGH_WATERMARK,
+        low_watermark_bytes: int | None = DEFAULT_LOW_WATERMARK,
+    ) -> None:
+        self.directory = os.path.abspath(os.fspath(directory))
+        super().__init__(
+            f"file://{self.directory}",
+            max_samples=max_samples,
+            max_bytes=max_bytes,
+            high_watermark_bytes=high_watermark_bytes,
+            low_watermark_bytes=low_watermark_bytes,
+        )
+        try:
+            os.makedirs(self.directory, exist_ok=True)
+        except FileExistsError:
+            raise NotADirectoryError(
+                errno.ENOTDIR, f"cannot use {self.directory} as a store directory: it is not a directory"
+            ) from None
+
+    # -- paths ------------------------------------------------------------
+    def _check_sample_id(self, sample_id: object) -> None:
+        super()._check_sample_id(sample_id)
+        assert isinstance(sample_id, str)
+        if "/" in sample_id or ".." in sample_id or "\0" in sample_id:
+            raise ValueError(f"sample_id {sample_id!r} may not contain '/', '..' or NUL (it names a file)")
+
+    def data_path(self, sample_id: str) -> str:
+        """Where ``sample_id``'s file lives; ``ValueError`` for an id that would escape the directory."""
+        self._check_sample_id(sample_id)
+        return os.path.join(self.directory, sample_id + DATA_SUFFIX)
+
+    def _marker_path(self, sample_id: str) -> str:
+        return os.path.join(self.directory, sample_id + RETAINED_SUFFIX)
+
+    def _io_error(self, exc: OSError, action: str, path: str) -> OSError:
+        """The same kind of ``OSError``, with a message naming what failed and where."""
+        if isinstance(exc, FileNotFoundError) and not os.path.isdir(self.directory):
+            reason = f"the store directory {self.directory} is missing"
+        elif exc.errno == errno.ENOSPC:
+            reason = f"the disk holding {self.directory} is full"
+        else:
+            reason = exc.strerror or str(exc)
+        return type(exc)(exc.errno, f"cannot {action}: {reason}", path)
+
+    # -- ledger hooks -----------------------------------------------------
+    def _write(
+        self, sample_id: str, ref: SampleRef, tensors: Mapping[str, torch.Tensor], take_ownership: bool
+    ) -> None:
+        final = self.data_path(sample_id)
+        # ``contiguous``/``cpu`` copy only when a tensor is strided or on a device; dense CPU ones are written as-is.
+        dense = {name: t.detach().cpu().contiguous() for name, t in tensors.items()}
+        prefix, order = _encode_header(dense)
+        action = f"write sample {sample_id!r}"
+        try:
+            fd, temp = tempfile.mkstemp(dir=self.directory, prefix=f".{sample_id}.", suffix=".tmp")
+        except OSError as exc:
+            raise self._io_error(exc, action, self.directory) from exc
+        try:
+            try:
+                with open(fd, "wb", buffering=0) as file:
+                    _write_all(file, memoryview(prefix))
+                    for name in order:
+                        _write_all(file, _byte_view(dense[name]))
+                os.link(temp, final)
+            except FileExistsError:
+                raise ValueError(f"sample {sample_id!r} is already in {self.store_uri} (written elsewhere)") from None
+            except OSError as exc:
+                raise self._io_error(exc, action, final) from exc
+        finally:
+            try:
+                os.unlink(temp)
+            except FileNotFoundError:
+                pass
+
+    def _load(self, ref: SampleRef, device: torch.device | str | None, copy: bool) -> dict[str, torch.Tensor]:
+        path = self.data_path(ref.sample_id)
+        try:
+            tensors = _decode(path, ref)
+        except FileNotFoundError as exc:
+            if not os.path.isdir(self.directory):
+                raise self._io_error(exc, f"read sample {ref.sample_id!r}", path) from exc
+            raise KeyError(f"sample {ref.sample_id!r} is not resident in {self.store_uri} ({path} is gone)") from None
+        except OSError as exc:
+            raise self._io_error(exc, f"read sample {ref.sample_id!r}", path) from exc
+        if device is not None:
+            tensors = {name: t.to(device) for name, t in tensors.items()}
+        return tensors
+
+    def _drop(self, sample_id: str) -> None:
+        # Data first, marker second: whoever still sees the marker finds the data gone or keeps it.
+        self._unlink(self.data_path(sample_id))
+        self._unlink(self._marker_path(sample_id))
+
+    def _drop_released(self, sample_id: str) -> None:
+        if os.path.exists(self._marker_path(sample_id)):
+            return  # a queue (maybe in another process) holds it; its scrub will unlink the file
+        self._unlink(self.data_path(sample_id))
+
+    def _unlink(self, path: str) -> None:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        except OSError:
+            # Freeing runs inside queue operations: a leftover file is logged, never allowed to break the queue.
+            logger.exception("could not unlink %s", path)
+
+    # -- queue hooks --------------------------------------------------------
+    def retain(self, ref: SampleRef) -> None:
+        """A queue holds ``ref``: mark it on disk so no instance's release unlinks it before ``scrub``."""
+        super().retain(ref)
+        marker = self._marker_path(ref.sample_id) if self._path_ok(ref) else None
+        if marker is None:
+            return
+        try:
+            os.close(os.open(marker, os.O_CREAT | os.O_WRONLY, 0o644))
+        except OSError as exc:
+            raise self._io_error(exc, f"mark sample {ref.sample_id!r} as queued", marker) from exc
+
+    def scrub(self, ref: SampleRef) -> None:
+        """The queue is done with ``ref``: unlink its file and marker, whichever instance wrote them."""
+        if self._path_ok(ref):
+            super().scrub(ref)
+
+    def _path_ok(self, ref: SampleRef) -> bool:
+        # Refs of other stores never name files here; a bad id could only come from a forged ref.
+        if ref.store_uri != self.store_uri:
+            return False
+        self._check_sample_id(ref.sample_id)
+        return True
