@@ -7,6 +7,7 @@ import dataclasses
 import heapq
 import logging
 import math
+import os
 import threading
 import time
 import weakref
@@ -367,6 +368,16 @@ class SampleRefQueue:
         """How many leases sit in each live state (terminal leases are not kept)."""
         with self._lock:
             return {"pending": len(self._pending), "leased": len(self._live)}
+
+    def render(self, path: str | os.PathLike[str], format: str | None = None) -> None:
+        """Draw this queue's machines to ``path``: lease counts per state, current backpressure and lifecycle.
+
+        ``format`` is ``svg``, ``png`` or ``dot`` (default: the suffix of ``path``);
+        svg/png need graphviz's ``dot`` binary. See ``featurestream.diagrams.render_queue``.
+        """
+        from featurestream.diagrams import render_queue  # graphviz is optional: import on use
+
+        render_queue(self, path, format)
 
     @property
     def store(self) -> FeatureStore:

@@ -1,0 +1,335 @@
+"""State diagrams of the coordinator, drawn from the very ``transitions`` machines the queue runs.
+
+``featurestream diagrams [--out DIR] [--format svg|png|dot]`` writes ``lease``,
+``backpressure`` and ``lifecycle`` as DOT (always possible), SVG and PNG (need
+graphviz's ``dot`` binary). ``SampleRefQueue.render(path)`` draws a live
+queue's snapshot: how many leases sit in each lease state, and the current
+backpressure and lifecycle states.
+
+The graphs come from ``transitions``' own graph support (``GraphMachine`` with
+the ``graphviz`` backend), fed by walking the states and event transitions of
+the queue's machine objects; the table rows of ``featurestream.machines`` only
+supply the words on the edges (queue method, guard, spec action). The DOT text
+is deterministic, so the committed copies in ``diagrams/`` can be compared
+byte for byte with a regeneration (``tests/test_diagrams.py`` does).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+
+from transitions import Machine, State
+
+from featurestream.machines import BACKPRESSURE, LEASE, LIFECYCLE, MachineTable, Transition
+
+# The queue's own machine objects, not rebuilt copies: what is drawn is what runs.
+from featurestream.queue import _BACKPRESSURE_MACHINE, _LEASE_MACHINE, _LIFECYCLE_MACHINE
+
+if TYPE_CHECKING:
+    import graphviz
+
+    from featurestream.queue import SampleRefQueue
+
+__all__ = [
+    "FORMATS",
+    "LIVE_MACHINES",
+    "REFRESH_COMMAND",
+    "GraphvizMissing",
+    "QueueSnapshot",
+    "configure",
+    "machine_dot",
+    "render_queue",
+    "render_source",
+    "run",
+    "snapshot_dot",
+    "write_diagrams",
+]
+
+FORMATS = ("dot", "svg", "png")
+REFRESH_COMMAND = "featurestream diagrams --out diagrams"
+INSTALL_DOT = (
+    "graphviz's `dot` binary is not on PATH; it is needed to render svg/png. Install it with "
+    "`sudo apt-get install graphviz` (Debian/Ubuntu), `brew install graphviz` (macOS) or from "
+    "https://graphviz.org/download/ -- or ask for `--format dot`, which needs no binary."
+)
+INSTALL_PYTHON_GRAPHVIZ = (
+    "the `graphviz` Python package is needed to build the diagrams: pip install 'featurestream[diagrams]'"
+)
+
+LIVE_MACHINES: tuple[tuple[MachineTable, Machine], ...] = (
+    (LEASE, _LEASE_MACHINE),
+    (BACKPRESSURE, _BACKPRESSURE_MACHINE),
+    (LIFECYCLE, _LIFECYCLE_MACHINE),
+)
+
+# Titles in DOT's escapes: "\n" breaks a line. Edge labels read "trigger: queue method / [guard] / (spec action)".
+_TITLES = {
+    "lease": r"lease: one delivery attempt of a sample (double border: terminal for this lease)\n"
+    r"after failed or reclaimed the sample re-enters as a new pending lease, or is dead-lettered",
+    "backpressure": r"backpressure: the producer in put_blocks_until_below()\n"
+    r"between the watermarks the state holds (hysteresis)",
+    "lifecycle": r"lifecycle: the queue as a whole\ndrained: acquire() returns None for good",
+}
+_FONT = "Helvetica"
+_GRAPH_ATTRS = {"rankdir": "LR", "nodesep": "0.5", "ranksep": "0.9", "fontname": _FONT, "fontsize": "14"}
+_BASE_NODE = {"fontname": _FONT, "fontsize": "12", "margin": "0.15,0.08"}
+_STYLES: dict[str, dict[str, dict[str, str]]] = {
+    "node": {
+        "default": {
+            "shape": "rectangle",
+            "style": "rounded,filled",
+            "fillcolor": "white",
+            "color": "black",
+            "peripheries": "1",
+            **_BASE_NODE,
+        },
+        "terminal": {"peripheries": "2", "fillcolor": "gray92"},
+        "current": {"color": "firebrick", "fillcolor": "mistyrose", "penwidth": "2"},
+        "current_terminal": {"color": "firebrick", "fillcolor": "mistyrose", "penwidth": "2", "peripheries": "2"},
+    },
+    "edge": {"default": {"color": "gray25", "fontname": _FONT, "fontsize": "10"}},
+    "graph": {"default": {"labelloc": "t"}},
+}
+# dot's default 96 dpi gives a blurry PNG on review screens; svg scales by itself.
+_PNG_DPI = "-Gdpi=144"
+
+
+class GraphvizMissing(RuntimeError):
+    """A graphviz piece (the ``dot`` binary or the Python package) is not installed; the message says how."""
+
+
+@dataclasses.dataclass(frozen=True)
+class QueueSnapshot:
+    """What a queue diagram is annotated with.
+
+    ``lease_counts`` maps every lease state to a count: leases there now for
+    the live states, leases that ended there so far for the terminal ones.
+    ``dead_lettered`` counts samples whose deliveries were spent.
+    """
+
+    lease_counts: Mapping[str, int]
+    backpressure: str
+    lifecycle: str
+    dead_lettered: int
+
+
+def _edge_label(row: Transition) -> str:
+    # DOT's own "\n" escape, so the label breaks the same way in every renderer.
+    return rf"{row.trigger}: {row.method}\n[{row.guard}]\n(spec {row.spec_action})"
+
+
+def _live_edges(table: MachineTable, machine: Machine) -> list[Transition]:
+    """The machine's transitions in firing order, each matched to its table row (for the labels)."""
+    rows = {(t.trigger, t.source, t.dest): t for t in table.transitions}
+    edges = []
+    for trigger, event in machine.events.items():
+        for source, transitions in event.transitions.items():
+            for transition in transitions:
+                key = (trigger, source, transition.dest)
+                if key not in rows:
+                    raise LookupError(
+                        f"the {table.name} machine has transition {key} that its table lacks; "
+                        "build the machine with featurestream.machines.build_machine"
+                    )
+                edges.append(rows[key])
+    return edges
+
+
+class _Model:
+    """Carries the state a graph highlights; ``GraphMachine`` binds ``get_graph`` to it."""
+
+    state: str
+
+
+def _graph(
+    table: MachineTable,
+    machine: Machine,
+    *,
+    title: str,
+    node_labels: Mapping[str, str],
+    current: Sequence[str] = (),
+) -> graphviz.Digraph:
+    """Draw ``machine`` with ``transitions``' GraphMachine; ``current`` states are highlighted."""
+    try:
+        import graphviz  # noqa: F401 -- without it GraphMachine silently falls back to mermaid text
+    except ImportError as error:
+        raise GraphvizMissing(INSTALL_PYTHON_GRAPHVIZ) from error
+    from transitions.extensions import GraphMachine
+
+    states = []
+    for name in machine.states:
+        state = State(name)
+        state.label = node_labels.get(name, name)  # GraphMachine's markup reads State.label
+        states.append(state)
+    model = _Model()
+    drawer = GraphMachine(
+        model=model,
+        states=states,
+        initial=machine.initial,
+        transitions=[
+            {"trigger": row.trigger, "source": row.source, "dest": row.dest, "label": _edge_label(row)}
+            for row in _live_edges(table, machine)
+        ],
+        auto_transitions=False,
+        graph_engine="graphviz",
+        title=title,
+    )
+    drawer.machine_attributes = _GRAPH_ATTRS  # replaces GraphMachine's, whose directed/strict dot ignores
+    drawer.style_attributes = _STYLES
+    styling = drawer.model_graphs[id(model)]
+    styling.reset_styling()  # drop GraphMachine's own "active" mark on the initial state
+    for name in machine.states:
+        terminal = name in table.terminal
+        if name in current:
+            styling.set_node_style(name, "current_terminal" if terminal else "current")
+        elif terminal:
+            styling.set_node_style(name, "terminal")
+    graph = model.get_graph(title=title)
+    graph.name = table.name  # GraphMachine names the graph after its title; an id reads better
+    start = f"{table.name}__start"
+    graph.node(start, label="", shape="point", width="0.12", style="filled", fillcolor="black")
+    graph.edge(start, machine.initial, color="black")
+    return graph
+
+
+def machine_dot(table: MachineTable, machine: Machine) -> str:
+    """The deterministic DOT source of one machine's reference diagram."""
+    return _graph(table, machine, title=_TITLES[table.name], node_labels={}).source
+
+
+def snapshot_dot(snapshot: QueueSnapshot) -> str:
+    """One DOT graph with the three machines side by side, annotated with ``snapshot``."""
+    import graphviz
+
+    lease_labels = {
+        state: rf"{state}\l{snapshot.lease_counts.get(state, 0)} {'so far' if state in LEASE.terminal else 'now'}"
+        for state in LEASE.states
+    }
+    occupied = [s for s in LEASE.states if s not in LEASE.terminal and snapshot.lease_counts.get(s, 0)]
+    parts = (
+        (LEASE, _LEASE_MACHINE, lease_labels, occupied),
+        (BACKPRESSURE, _BACKPRESSURE_MACHINE, {}, [snapshot.backpressure]),
+        (LIFECYCLE, _LIFECYCLE_MACHINE, {}, [snapshot.lifecycle]),
+    )
+    root = graphviz.Digraph(
+        "queue_snapshot",
+        graph_attr={
+            **_GRAPH_ATTRS,
+            "label": rf"featurestream queue snapshot: {snapshot.dead_lettered} dead-lettered so far\n"
+            "red: where leases are now, and the current backpressure and lifecycle states",
+            "labelloc": "t",
+        },
+    )
+    # dot stacks rankdir=LR clusters bottom-up: add them in reverse to read lease, backpressure, lifecycle.
+    for table, machine, labels, current in reversed(parts):
+        sub = _graph(table, machine, title=_TITLES[table.name], node_labels=labels, current=current)
+        sub.name = f"cluster_{table.name}"  # a "cluster_" subgraph gets its own box and title
+        root.subgraph(sub)
+    return root.source
+
+
+def render_source(source: str, fmt: str) -> bytes:
+    """``source`` (DOT) rendered as ``fmt``; ``svg``/``png`` run graphviz's ``dot`` binary.
+
+    Raises ``ValueError`` for an unknown format, ``GraphvizMissing`` without
+    ``dot``, ``RuntimeError`` when ``dot`` rejects the source.
+    """
+    if fmt not in FORMATS:
+        raise ValueError(f"format must be one of {', '.join(FORMATS)}, got {fmt!r}")
+    if fmt == "dot":
+        return source.encode()
+    binary = shutil.which("dot")
+    if binary is None:
+        raise GraphvizMissing(INSTALL_DOT)
+    command = [binary, f"-T{fmt}", *([_PNG_DPI] if fmt == "png" else [])]
+    done = subprocess.run(command, input=source.encode(), capture_output=True, timeout=120, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(command)} failed (exit {done.returncode}): {done.stderr.decode().strip()}")
+    return done.stdout
+
+
+def write_diagrams(out_dir: str | os.PathLike[str], formats: Sequence[str] = FORMATS) -> list[pathlib.Path]:
+    """Write ``<machine>.<format>`` for every machine into ``out_dir``; return the paths written.
+
+    Checks the formats and the ``dot`` binary before writing anything.
+    """
+    for fmt in formats:
+        if fmt not in FORMATS:
+            raise ValueError(f"format must be one of {', '.join(FORMATS)}, got {fmt!r}")
+    if any(fmt != "dot" for fmt in formats) and shutil.which("dot") is None:
+        raise GraphvizMissing(INSTALL_DOT)
+    out = pathlib.Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for table, machine in LIVE_MACHINES:
+        source = machine_dot(table, machine)
+        for fmt in formats:
+            path = out / f"{table.name}.{fmt}"
+            path.write_bytes(render_source(source, fmt))
+            written.append(path)
+    return written
+
+
+def _format_of(path: pathlib.Path, fmt: str | None) -> str:
+    if fmt is not None:
+        return fmt
+    suffix = path.suffix.lstrip(".").lower()
+    if suffix not in FORMATS:
+        raise ValueError(f"cannot tell the format of {str(path)!r} from its suffix; pass format= one of {FORMATS}")
+    return suffix
+
+
+def render_queue(queue: SampleRefQueue, path: str | os.PathLike[str], fmt: str | None = None) -> pathlib.Path:
+    """Draw ``queue``'s snapshot to ``path`` (format from ``fmt`` or the suffix); return the path.
+
+    The lease counts come from one ``queue.stats()`` call, so they are
+    mutually consistent (its ``pending``/``outstanding`` are
+    ``lease_state_counts()``'s ``pending``/``leased``; each terminal state has
+    the counter of the same name). Nothing is written when rendering fails.
+    """
+    target = pathlib.Path(path)
+    fmt = _format_of(target, fmt)
+    stats = queue.stats()
+    counts = {"pending": stats.pending, "leased": stats.outstanding}
+    counts.update({state: getattr(stats, state) for state in LEASE.terminal})
+    snapshot = QueueSnapshot(
+        counts,
+        backpressure=queue.backpressure_state,
+        lifecycle=queue.lifecycle_state,
+        dead_lettered=stats.dead_lettered,
+    )
+    data = render_source(snapshot_dot(snapshot), fmt)
+    target.write_bytes(data)
+    return target
+
+
+# -- CLI: featurestream diagrams ---------------------------------------------------
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.description = "Render the lease, backpressure and lifecycle state diagrams from the live machines."
+    parser.add_argument("--out", default="diagrams", help="output directory (default: %(default)s)")
+    parser.add_argument(
+        "--format",
+        dest="formats",
+        action="append",
+        choices=FORMATS,
+        help="format to write; repeat for several (default: dot, svg and png)",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        written = write_diagrams(args.out, args.formats or FORMATS)
+    except GraphvizMissing as error:
+        print(f"featurestream diagrams: {error}", file=sys.stderr)
+        return 2
+    for path in written:
+        print(path)
+    return 0
