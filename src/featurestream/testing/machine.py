@@ -28,6 +28,7 @@ from featurestream.lease import Lease, VisibilityTimeout
 from featurestream.queue import LeaseLost, SampleRefQueue
 from featurestream.refs import SampleRef
 from featurestream.spec.mirror import SpecConstants, SpecMirror
+from featurestream.spec.trace import TraceRecorder
 from featurestream.store import FeatureStore, StoreHandle
 from featurestream.testing.clock import FakeClock
 from featurestream.testing.samples import sample_tensors
@@ -75,6 +76,7 @@ class MachineConfig:
     high_watermark_bytes: int = 200
     low_watermark_bytes: int = 80
     dedup_window: int = 1000
+    sample_tokens: int | None = None  # every sample this many tokens (one size, as trace validation needs)
 
     def __post_init__(self) -> None:
         for name in ("samples", "consumers", "max_deliveries", "dedup_window"):
@@ -137,7 +139,7 @@ class QueueMachine(RuleBasedStateMachine):
         super().__init__()
         cfg = self.config
         self.clock = FakeClock()
-        self.trace: list[tuple[str, dict[str, object]]] = []
+        self.trace = TraceRecorder()
         self.store = self.make_store()
         self.queue = self.make_queue(
             self.store,
@@ -147,7 +149,7 @@ class QueueMachine(RuleBasedStateMachine):
             max_deliveries=cfg.max_deliveries,
             dedup_window=cfg.dedup_window,
             clock=self.clock,
-            tracer=self._record,
+            tracer=self.trace,
         )
         self.mirror = SpecMirror(
             SpecConstants(
@@ -170,8 +172,11 @@ class QueueMachine(RuleBasedStateMachine):
         self._resident_check: bool | None = None  # whether the store implements is_resident
 
     # -- plumbing ---------------------------------------------------------------
-    def _record(self, action: str, fields: dict[str, object]) -> None:
-        self.trace.append((action, dict(fields)))
+    def _observe_residency(self) -> None:
+        """Add the store's resident set to the trace, for trace validation (stores with ``is_resident``)."""
+        if self._resident_check is not False and self.samples:
+            if self._is_resident(next(iter(self.samples))) is not None:
+                self.trace.observe_residency(self.store)
 
     def _note(self, invariant: str, message: str) -> None:
         """Remember a violation seen while acting; the named invariant reports it after the step."""
@@ -243,6 +248,7 @@ class QueueMachine(RuleBasedStateMachine):
             self._note("inv10_expired_leases_reclaimed", f"{what} left expired leases live: {', '.join(late)}")
         else:
             raise AssertionError(f"{what} reclaimed {reclaimed} leases, expected the {len(due)} past their deadline")
+        self._observe_residency()
         return result, error, new_dead
 
     # -- actions (each is one spec action) -----------------------------------------
@@ -251,7 +257,7 @@ class QueueMachine(RuleBasedStateMachine):
         if sample_id in self.samples:
             return
         index = self.config.sample_ids.index(sample_id)
-        ref = self.store.put(sample_id, sample_tensors(index), run_id="machine")
+        ref = self.store.put(sample_id, sample_tensors(index, self.config.sample_tokens), run_id="machine")
         self.samples[sample_id] = _Sample(index, ref)
         self.mirror.store_put(sample_id, ref.estimated_bytes)
 
@@ -471,7 +477,7 @@ class QueueMachine(RuleBasedStateMachine):
         return handle
 
     def _compare(self, sample: _Sample, tensors: dict[str, torch.Tensor], invariant: str) -> None:
-        expected = sample_tensors(sample.index)
+        expected = sample_tensors(sample.index, self.config.sample_tokens)
         if list(tensors) != list(expected) or not all(torch.equal(tensors[k], expected[k]) for k in expected):
             self._note(invariant, f"{sample.ref.sample_id!r} materialised with the wrong bytes")
 
@@ -483,6 +489,7 @@ class QueueMachine(RuleBasedStateMachine):
         del self.consumers[consumer].handles[handle.sample_id]
         self.store.release(handle)
         self.mirror.release(consumer, handle.sample_id)
+        self._observe_residency()
 
     def do_crash(self, consumer: str) -> None:
         """Crash: the consumer forgets its leases and handles without settling or releasing them."""
@@ -707,7 +714,7 @@ class QueueMachine(RuleBasedStateMachine):
         if states != (mirror.backpressure_state, mirror.lifecycle_state):
             self._fail(name, f"(backpressure, lifecycle) {states}, the spec's "
                        f"{(mirror.backpressure_state, mirror.lifecycle_state)}")
-        actions = [action for action, _ in self.trace]
+        actions = [action for action, _ in self.trace.events if action != "Resident"]
         spec_actions = [action for action, _ in mirror.events]
         if actions != spec_actions:
             self._fail(name, f"trace {actions[-6:]} differs from the spec's {spec_actions[-6:]}")

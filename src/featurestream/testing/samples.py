@@ -7,15 +7,20 @@ import torch
 __all__ = ["sample_tensors"]
 
 
-def sample_tensors(index: int) -> dict[str, torch.Tensor]:
-    """Tensors of sample ``index``: ``index + 1`` tokens, so every sample has a different byte size.
+def sample_tensors(index: int, tokens: int | None = None) -> dict[str, torch.Tensor]:
+    """Tensors of sample ``index``: ``tokens`` tokens (default ``index + 1``: every sample a different size).
+
+    Each token costs 40 bytes (float32 ``aux_hidden_states`` of width 4 plus three int64 columns).
 
     The values depend on ``index`` so a store that hands back the wrong
     sample's bytes is caught by a content comparison.
     """
     if isinstance(index, bool) or not isinstance(index, int) or index < 0:
         raise ValueError(f"sample index must be an int >= 0, got {index!r}")
-    tokens = index + 1
+    if tokens is None:
+        tokens = index + 1
+    if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1:
+        raise ValueError(f"tokens must be an int >= 1, got {tokens!r}")
     ids = torch.arange(tokens, dtype=torch.int64).reshape(1, tokens) + 100 * index
     return {
         "aux_hidden_states": torch.full((1, tokens, 4), float(index), dtype=torch.float32),
