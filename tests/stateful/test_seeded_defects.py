@@ -43,4 +43,3 @@ def test_state_machine_catches_seeded_defect(defect: str) -> None:
     with pytest.raises(InvariantViolation) as caught:
         run_state_machine_as_test(machine, settings=BUDGET)
     assert caught.value.invariant == invariant, str(caught.value)
-

@@ -107,8 +107,12 @@ def test_reference_contract_store_is_caught_losing_a_queued_sample() -> None:
     """A store without retain frees a leased sample on the consumer's release: reference defect A."""
     machine = make_queue_machine(DictStore, name="ReferenceUserStoreMachine")
     budget = settings(
-        max_examples=200, database=None, report_multiple_bugs=False, phases=[Phase.generate],
-        suppress_health_check=list(HealthCheck), deadline=None,
+        max_examples=200,
+        database=None,
+        report_multiple_bugs=False,
+        phases=[Phase.generate],
+        suppress_health_check=list(HealthCheck),
+        deadline=None,
     )
     with pytest.raises(InvariantViolation) as caught:
         run_state_machine_as_test(machine, settings=budget)

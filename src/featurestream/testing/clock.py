@@ -29,7 +29,8 @@ class FakeClock:
 
     def advance(self, seconds: float) -> float:
         """Move forward by ``seconds`` (finite, >= 0) and return the new time."""
-        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not math.isfinite(seconds) or seconds < 0:
+        number = isinstance(seconds, (int, float)) and not isinstance(seconds, bool)
+        if not number or not math.isfinite(seconds) or seconds < 0:
             raise ValueError(f"FakeClock.advance needs finite seconds >= 0, got {seconds!r}")
         with self._lock:
             self._now += seconds

@@ -371,7 +371,8 @@ class QueueMachine(RuleBasedStateMachine):
         target = forged if forged is not None else lease
         counter = "acked" if op == "ack" else "failed"
         before = getattr(self.queue.stats(), counter)
-        _, error, new_dead = self._reaping_call(f"{op}(lease {lease.lease_id})", lambda: getattr(self.queue, op)(target))
+        call = getattr(self.queue, op)
+        _, error, new_dead = self._reaping_call(f"{op}(lease {lease.lease_id})", lambda: call(target))
         token = (sample.ref.sample_id, -1 if forged is not None else lease.redelivery_count)
         getattr(self.mirror, op)(actor, token)
         if error is not None:
@@ -623,7 +624,8 @@ class QueueMachine(RuleBasedStateMachine):
         if (health.sample_count, health.resident_bytes) != (count, nbytes) or health.resident_bytes < 0:
             self._fail(
                 "inv06_residency_exact",
-                f"health() says {health.sample_count} samples / {health.resident_bytes} B, expected {count} / {nbytes} B",
+                f"health() says {health.sample_count} samples / {health.resident_bytes} B, "
+                f"expected {count} / {nbytes} B",
             )
 
     @invariant()
@@ -712,8 +714,10 @@ class QueueMachine(RuleBasedStateMachine):
             self._fail(name, f"health() {health} vs the spec's {mirror.resident_bytes} B in {mirror.resident()}")
         states = (self.queue.backpressure_state, self.queue.lifecycle_state)
         if states != (mirror.backpressure_state, mirror.lifecycle_state):
-            self._fail(name, f"(backpressure, lifecycle) {states}, the spec's "
-                       f"{(mirror.backpressure_state, mirror.lifecycle_state)}")
+            self._fail(
+                name,
+                f"(backpressure, lifecycle) {states}, the spec's {(mirror.backpressure_state, mirror.lifecycle_state)}",
+            )
         actions = [action for action, _ in self.trace.events if action != "Resident"]
         spec_actions = [action for action, _ in mirror.events]
         if actions != spec_actions:
