@@ -186,17 +186,16 @@ def prompt_batches(
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
     """``count`` seeded prompts ``(input_ids, attention_mask, loss_mask)``, each ``[batch_size, seq_len]`` long.
 
-    Tokens follow a fixed random bigram table (so text has structure the
-    models can pick up); the first quarter of each row is an unsupervised
-    "prompt" (``loss_mask`` 0) and some rows end in padding.
+    Tokens take small random steps from their predecessor (a random walk
+    modulo the vocabulary, so text has local structure the models can pick
+    up); the first quarter of each row is an unsupervised "prompt"
+    (``loss_mask`` 0) and some rows end in padding.
     """
     generator = torch.Generator().manual_seed(seed)
-    bigram = torch.rand(vocab_size, vocab_size, generator=generator).pow(8)
     for _ in range(count):
-        ids = torch.empty(batch_size, seq_len, dtype=torch.long)
-        ids[:, 0] = torch.randint(vocab_size, (batch_size,), generator=generator)
-        for t in range(1, seq_len):
-            ids[:, t] = torch.multinomial(bigram[ids[:, t - 1]], 1, generator=generator).squeeze(1)
+        steps = torch.randint(-4, 5, (batch_size, seq_len), generator=generator)
+        steps[:, 0] = torch.randint(vocab_size, (batch_size,), generator=generator)
+        ids = steps.cumsum(dim=1) % vocab_size
         lengths = torch.randint(seq_len * 3 // 4, seq_len + 1, (batch_size,), generator=generator)
         attention = (torch.arange(seq_len)[None, :] < lengths[:, None]).long()
         loss = attention.clone()

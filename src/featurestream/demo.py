@@ -1,0 +1,364 @@
+"""``featurestream demo``: train a tiny EAGLE-3 draft head on features streamed from a tiny target model.
+
+prompts -> ``AsyncFeaturePipeline`` (target forward on a background thread)
+-> feature store -> ``SampleRefQueue`` -> one ``FeatureDataLoader`` per
+consumer thread -> draft training steps. Consumers fail some steps
+(``--fail-rate``: the lease is failed and redelivered) and crash now and then
+(``--crash-every``: the consumer abandons its lease mid-step and restarts;
+the short visibility timeout reclaims the lease and another consumer gets
+it). The closing summary checks what the run promises: every sample acked
+exactly once, none lost, the store empty, and the draft's loss falling; the
+exit status is 1 if any check fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import random
+import shutil
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections import Counter
+from typing import Any
+
+import torch
+
+from featurestream.async_pipeline import AsyncFeaturePipeline
+from featurestream.lease import VisibilityTimeout
+from featurestream.loader import FeatureDataLoader
+from featurestream.models import TinyConfig, TinyEagle3Draft, TinyTargetModel, prompt_batches
+from featurestream.producer import FeatureProducer
+from featurestream.queue import LeaseLost, SampleRefQueue
+from featurestream.store import FeatureStore
+from featurestream.stores.local import LocalFeatureStore
+from featurestream.stores.shared_dir import DATA_SUFFIX, RETAINED_SUFFIX, SharedDirFeatureStore
+
+BATCH_SIZE = 4
+SEQ_LEN = 32
+MAX_DELIVERIES = 10
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--store", choices=("local", "shared-dir"), default="local", help="feature store (local)")
+    parser.add_argument("--dir", metavar="PATH", help="shared-dir store directory (default: a fresh temporary one)")
+    parser.add_argument("--samples", type=_positive_int, default=300, metavar="N", help="samples to stream (300)")
+    parser.add_argument("--consumers", type=_positive_int, default=2, metavar="K", help="consumer threads (2)")
+    parser.add_argument(
+        "--fail-rate", type=_probability, default=0.05, metavar="P", help="chance a step fails its lease (0.05)"
+    )
+    parser.add_argument(
+        "--crash-every",
+        type=_non_negative_int,
+        default=100,
+        metavar="N",
+        help="every N-th delivery the consumer crashes mid-step, abandoning its lease (100; 0 = never)",
+    )
+    parser.add_argument(
+        "--visibility-timeout", type=float, default=1.0, metavar="S", help="lease visibility timeout in s (1.0)"
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seed for models, prompts and fault injection (0)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+
+
+def make_queue(store: FeatureStore, args: argparse.Namespace, tracer: Any) -> SampleRefQueue:
+    """The demo's queue (the one place a queue backend is chosen)."""
+    return SampleRefQueue(
+        store,
+        VisibilityTimeout(args.visibility_timeout),
+        max_deliveries=MAX_DELIVERIES,
+        tracer=tracer,
+    )
+
+
+def make_store(args: argparse.Namespace, directory: str | None, sample_bytes: int) -> FeatureStore:
+    """A store whose watermarks make backpressure visible: pause at 12 samples, resume at 4."""
+    caps = {
+        "max_samples": None,
+        "max_bytes": 64 * sample_bytes,
+        "high_watermark_bytes": 12 * sample_bytes,
+        "low_watermark_bytes": 4 * sample_bytes,
+    }
+    if args.store == "shared-dir":
+        assert directory is not None
+        return SharedDirFeatureStore(directory, **caps)
+    return LocalFeatureStore(**caps)
+
+
+class _Telemetry:
+    """The queue's tracer: when each sample was put and first leased, and how often it was acked."""
+
+    def __init__(self) -> None:
+        self.put_at: dict[str, float] = {}
+        self.first_lease_at: dict[str, float] = {}
+        self.acks: Counter[str] = Counter()
+
+    def __call__(self, action: str, fields: dict[str, object]) -> None:
+        # Runs under the queue's lock: record and return.
+        sample_id = fields.get("sample_id")
+        if action == "Put":
+            self.put_at[sample_id] = time.perf_counter()  # type: ignore[index]
+        elif action == "Acquire":
+            self.first_lease_at.setdefault(sample_id, time.perf_counter())  # type: ignore[arg-type]
+        elif action == "Ack":
+            self.acks[sample_id] += 1  # type: ignore[index]
+
+
+@dataclasses.dataclass
+class _Trainer:
+    """The draft head, its optimizer, and what the consumers did."""
+
+    draft: TinyEagle3Draft
+    optimizer: torch.optim.Optimizer
+    lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+    losses: list[float] = dataclasses.field(default_factory=list)
+    trained: Counter[str] = dataclasses.field(default_factory=Counter)
+    bytes_read: int = 0
+    sample_bytes: dict[str, int] = dataclasses.field(default_factory=dict)
+    deliveries: int = 0
+    failures: int = 0
+    crashes: int = 0
+    lost_leases: int = 0
+    wakeups: list[float] = dataclasses.field(default_factory=list)
+
+    def step(self, batch: Any) -> float:
+        loss = self.draft.loss(batch)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        self.optimizer.step()
+        return float(loss.detach())
+
+
+def _consume(
+    worker: int,
+    queue: SampleRefQueue,
+    store: FeatureStore,
+    trainer: _Trainer,
+    telemetry: _Telemetry,
+    args: argparse.Namespace,
+    errors: list[BaseException],
+) -> None:
+    rng = random.Random(args.seed * 1000 + worker)
+    try:
+        while True:
+            loader = FeatureDataLoader(queue, store)
+            crashed = False
+            waiting_since = time.perf_counter()
+            for batch in loader:
+                lease = loader.current_lease
+                assert lease is not None
+                sample_id = lease.ref.sample_id
+                with trainer.lock:
+                    trainer.deliveries += 1
+                    trainer.bytes_read += lease.ref.estimated_bytes
+                    trainer.sample_bytes[sample_id] = lease.ref.estimated_bytes
+                    put_at = telemetry.put_at.get(sample_id, 0.0)
+                    if lease.redelivery_count == 0 and put_at > waiting_since:
+                        trainer.wakeups.append(telemetry.first_lease_at[sample_id] - put_at)
+                    crashed = args.crash_every > 0 and trainer.deliveries % args.crash_every == 0
+                    if crashed:
+                        trainer.crashes += 1
+                        break  # abandon the lease and the store handle mid-step, like a killed process
+                    if rng.random() < args.fail_rate:
+                        trainer.failures += 1
+                        loader.fail_current()
+                    else:
+                        try:
+                            queue.extend(lease)  # heartbeat: the step is about to start
+                        except LeaseLost:
+                            trainer.lost_leases += 1  # reclaimed while we waited for the lock: someone else has it
+                        else:
+                            trainer.losses.append(trainer.step(batch))
+                            trainer.trained[sample_id] += 1
+                waiting_since = time.perf_counter()
+            if not crashed:
+                loader.close()
+                return
+    except BaseException as exc:
+        errors.append(exc)
+        queue.close()
+
+
+def _progress(done: int, total: int, trainer: _Trainer, queue: SampleRefQueue) -> str:
+    width = 30
+    filled = width * done // max(total, 1)
+    stats = queue.stats()
+    loss = f"{trainer.losses[-1]:.3f}" if trainer.losses else "-"
+    return (
+        f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} acked  loss {loss}  "
+        f"redeliveries {stats.failed + stats.reclaimed}  pauses {stats.producer_pauses}  "
+    )
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def _ms(values: list[float]) -> str:
+    if not values:
+        return "n/a (no sample arrived while a consumer waited)"
+    return (
+        f"median {statistics.median(values) * 1e3:.2f} ms, p99 {_percentile(values, 0.99) * 1e3:.2f} ms "
+        f"({len(values)} samples)"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.visibility_timeout <= 0:
+        print("featurestream demo: --visibility-timeout must be > 0", file=sys.stderr)
+        return 2
+    torch.set_num_threads(1)  # one core for the producer thread, one for training
+    config = TinyConfig()
+    sample_bytes = BATCH_SIZE * SEQ_LEN * (3 * config.hidden_size * 4 + config.vocab_size * 4 + 3 * 8)
+    temp_dir = tempfile.mkdtemp(prefix="featurestream-demo-") if args.store == "shared-dir" and not args.dir else None
+    directory = args.dir or temp_dir
+    run_id = f"demo{args.seed}-{uuid.uuid4().hex[:8]}"
+    try:
+        store = make_store(args, directory, sample_bytes)
+        telemetry = _Telemetry()
+        queue = make_queue(store, args, telemetry)
+        target = TinyTargetModel(config, seed=args.seed)
+        draft = TinyEagle3Draft(config, seed=args.seed + 1)
+        trainer = _Trainer(draft, torch.optim.AdamW(draft.parameters(), lr=3e-3))
+        producer = FeatureProducer(target, store, run_id=run_id, target_model_version=f"tiny-seed{args.seed}")
+        prompts = prompt_batches(
+            args.samples, batch_size=BATCH_SIZE, seq_len=SEQ_LEN, vocab_size=config.vocab_size, seed=args.seed
+        )
+        errors: list[BaseException] = []
+        consumers = [
+            threading.Thread(
+                target=_consume, args=(i, queue, store, trainer, telemetry, args, errors), name=f"consumer-{i}"
+            )
+            for i in range(args.consumers)
+        ]
+        started = time.perf_counter()
+        pipeline = AsyncFeaturePipeline(producer, queue, prompts).start()
+        for thread in consumers:
+            thread.start()
+        # A terminal gets a live bar; a log gets one line every few seconds.
+        live = sys.stderr.isatty()
+        while any(thread.is_alive() for thread in consumers):
+            if not args.no_progress:
+                line = _progress(queue.stats().acked, args.samples, trainer, queue)
+                sys.stderr.write(line if live else line[1:] + "\n")
+                sys.stderr.flush()
+            consumers[0].join(0.2 if live else 3.0)
+        for thread in consumers:
+            thread.join()
+        elapsed = time.perf_counter() - started
+        try:
+            pipeline.stop()
+        except BaseException as exc:
+            errors.append(exc)
+        if not args.no_progress:
+            sys.stderr.write(_progress(queue.stats().acked, args.samples, trainer, queue)[0 if live else 1 :] + "\n")
+        leftovers = _leftover_files(directory, run_id) if directory else []
+        residual = store.health()
+        store.close()
+        return _summary(args, store, queue, trainer, telemetry, elapsed, errors, residual, leftovers)
+    finally:
+        if temp_dir is not None:
+            shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def _leftover_files(directory: str, run_id: str) -> list[str]:
+    prefixes = (f"sample-{run_id}-", f".sample-{run_id}-")
+    suffixes = (DATA_SUFFIX, RETAINED_SUFFIX, ".tmp")
+    return sorted(name for name in os.listdir(directory) if name.startswith(prefixes) and name.endswith(suffixes))
+
+
+def _summary(
+    args: argparse.Namespace,
+    store: FeatureStore,
+    queue: SampleRefQueue,
+    trainer: _Trainer,
+    telemetry: _Telemetry,
+    elapsed: float,
+    errors: list[BaseException],
+    residual: Any,
+    leftovers: list[str],
+) -> int:
+    stats = queue.stats()
+    put_ids = set(telemetry.put_at)
+    latencies = [telemetry.first_lease_at[s] - telemetry.put_at[s] for s in put_ids if s in telemetry.first_lease_at]
+    acked_twice = sorted(s for s, n in telemetry.acks.items() if n > 1)
+    never_acked = sorted(put_ids - set(telemetry.acks) - {d.ref.sample_id for d in queue.dead_letters()})
+    untrained = sorted(put_ids - set(trainer.trained) - {d.ref.sample_id for d in queue.dead_letters()})
+    steps = len(trainer.losses)
+    head = trainer.losses[: min(10, steps)]
+    tail = trainer.losses[-min(10, steps) :]
+    first_loss = statistics.fmean(head) if head else float("nan")
+    last_loss = statistics.fmean(tail) if tail else float("nan")
+    checks = {
+        "every sample put was acked exactly once": not acked_twice and not never_acked and stats.acked == len(put_ids),
+        f"all {args.samples} samples were streamed": len(put_ids) == args.samples,
+        "every acked sample was trained on": not untrained,
+        "nothing pending, leased or resident at the end": stats.pending == 0
+        and stats.outstanding == 0
+        and residual.sample_count == 0
+        and residual.resident_bytes == 0
+        and not leftovers,
+        "the draft's loss fell": steps >= 2 and last_loss < first_loss,
+        "no consumer or producer error": not errors,
+    }
+    lines = [
+        f"featurestream demo: {args.samples} samples -> {store.store_uri}, {args.consumers} consumers, "
+        f"fail-rate {args.fail_rate}, crash-every {args.crash_every}, visibility {args.visibility_timeout} s, "
+        f"seed {args.seed}",
+        f"  training steps        {steps} in {elapsed:.2f} s ({stats.acked / elapsed:.1f} samples/s acked)",
+        f"  bytes moved           {_mb(sum(trainer.sample_bytes.values()))} through the store, "
+        f"{_mb(trainer.bytes_read)} materialised by consumers",
+        f"  put-to-lease          {_ms(latencies)}  (includes time queued behind other samples)",
+        f"  wake-up latency       {_ms(trainer.wakeups)}  (put -> lease of a consumer already waiting)",
+        f"  redeliveries          {stats.failed + stats.reclaimed}  ({stats.failed} failed steps, "
+        f"{stats.reclaimed} leases reclaimed after {trainer.crashes} consumer crashes, "
+        f"{trainer.lost_leases} lost before their step)",
+        f"  dead letters          {stats.dead_lettered}",
+        f"  producer pauses       {stats.producer_pauses}  (backpressure: pause at 12 samples resident, resume at 4)",
+        f"  draft loss            first {first_loss:.4f} -> last {last_loss:.4f}  (mean of the first/last 10 steps)",
+        f"  queue stats           put {stats.put}, leased {stats.leased}, acked {stats.acked}, "
+        f"stale ops rejected {stats.stale_rejected}",
+    ]
+    for name, ok in checks.items():
+        lines.append(f"  [{'ok' if ok else 'FAILED'}] {name}")
+    if acked_twice:
+        lines.append(f"  acked twice: {acked_twice[:5]}")
+    if never_acked:
+        lines.append(f"  never acked: {never_acked[:5]}")
+    if leftovers:
+        lines.append(f"  left on disk: {leftovers[:5]}")
+    for error in errors:
+        lines.append(f"  error: {type(error).__name__}: {error}")
+    print("\n".join(lines))
+    return 0 if all(checks.values()) else 1
+
+
+def _mb(nbytes: int) -> str:
+    return f"{nbytes / 1e6:.1f} MB"
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def _probability(text: str) -> float:
+    value = float(text)
+    if not 0.0 <= value < 1.0:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1), got {value}")
+    return value
