@@ -67,6 +67,7 @@ __all__ = [
     "SpecState",
     "check_state",
     "check_step",
+    "constants_from_config",
     "initial_state",
     "reachable_states",
     "successors",
@@ -758,3 +759,35 @@ class SpecMirror:
         """Raise ``AssertionError`` naming the first broken invariant (state, and the last step's properties)."""
         check_state(self.constants, self.state, self._sizes)
         check_step(self.constants, self._previous, self.state)
+
+
+_BUG_SWITCHES = {
+    "BugStaleRelease": "A",
+    "BugNoScrub": "B",
+    "BugNoDedup": "C",
+    "BugNoDeliveryLimit": "D",
+    "BugNoReaper": "E",
+}
+
+
+def constants_from_config(text: str) -> SpecConstants:
+    """The ``SpecConstants`` of a TLC model config's ``CONSTANTS`` (model values become their names)."""
+    values: dict[str, str] = {}
+    for line in text.splitlines():
+        name, sep, value = line.split("\\*", 1)[0].partition("=")
+        if sep and name.strip().isidentifier():
+            values[name.strip()] = value.strip()
+
+    def names(key: str) -> tuple[str, ...]:
+        return tuple(v.strip() for v in values[key].strip("{}").split(",") if v.strip())
+
+    return SpecConstants(
+        samples=names("Samples"),
+        consumers=names("Consumers"),
+        max_deliveries=int(values["MaxDeliveries"]),
+        high_watermark=int(values["HighWatermark"]),
+        low_watermark=int(values["LowWatermark"]),
+        max_held=int(values["MaxHeld"]),
+        sample_bytes=int(values["SampleBytes"]),
+        bugs=frozenset(bug for switch, bug in _BUG_SWITCHES.items() if values.get(switch) == "TRUE"),
+    )

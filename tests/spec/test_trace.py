@@ -1,0 +1,192 @@
+"""Trace validation: TLC admits the implementation's traces and rejects those of seeded-defect variants."""
+
+from __future__ import annotations
+
+import random
+import threading
+from collections.abc import Callable
+
+import pytest
+
+from core.samples import FakeClock, put_sample
+from featurestream import LocalFeatureStore, SampleRefQueue, VisibilityTimeout
+from featurestream.queue import _Record
+from featurestream.spec.trace import TraceConstants, TraceRecorder, TraceResult, validate_trace, validate_traces
+from stateful.defects import NoDedupQueue, NoDeliveryLimitQueue, RetainIgnoringStore, UnretainingScrubStore
+
+pytestmark = pytest.mark.timeout(600)
+
+MAX_DELIVERIES = 2
+Scenario = Callable[[], list[tuple[str, dict[str, object]]]]
+
+
+def _queue(
+    queue_class: type[SampleRefQueue] = SampleRefQueue, store: LocalFeatureStore | None = None
+) -> tuple[SampleRefQueue, LocalFeatureStore, FakeClock, TraceRecorder]:
+    store = store if store is not None else LocalFeatureStore()
+    clock, recorder = FakeClock(), TraceRecorder()
+    queue = queue_class(store, VisibilityTimeout(10), max_deliveries=MAX_DELIVERIES, clock=clock, tracer=recorder)
+    return queue, store, clock, recorder
+
+
+def correct_run() -> list[tuple[str, dict[str, object]]]:
+    """Every traced action: puts, FIFO, fail, reclaim, stale ack, extend, dead letter, dedup, close, drain."""
+    queue, store, clock, recorder = _queue()
+    refs = [put_sample(store, f"x{i}") for i in range(3)]
+    for ref in refs:
+        queue.put(ref)
+    recorder.observe_residency(store)
+    first, second = queue.acquire(), queue.acquire()
+    assert first is not None and second is not None
+    _, handle = store.get(second.ref)
+    queue.extend(first)
+    queue.fail(first)
+    clock.advance(11)
+    assert queue.reclaim_expired() == 1
+    store.release(handle)  # a stale consumer's release must not free the redelivered sample
+    queue.ack(second)  # stale: rejected
+    recorder.observe_residency(store)
+    third = queue.acquire()
+    assert third is not None
+    queue.ack(third)
+    recorder.observe_residency(store)
+    with pytest.raises(ValueError, match="already"):
+        queue.put(refs[2])
+    again = queue.acquire()
+    assert again is not None
+    queue.fail(again)  # x0's second delivery: dead-lettered
+    queue.close()
+    while (lease := queue.acquire(timeout=0)) is not None:
+        queue.ack(lease)
+    recorder.observe_residency(store)
+    assert queue.lifecycle_state == "drained" and [d.ref.sample_id for d in queue.dead_letters()] == ["x0"]
+    return recorder.events
+
+
+def redelivered_after_ack() -> list[tuple[str, dict[str, object]]]:
+    """A patched queue that hands an acked sample out again."""
+
+    class RedeliveringQueue(SampleRefQueue):
+        def ack(self, lease: object) -> None:
+            super().ack(lease)  # type: ignore[arg-type]
+            with self._lock:
+                self._push_pending(_Record(lease.ref, 0))  # type: ignore[attr-defined]
+
+    queue, store, _, recorder = _queue(RedeliveringQueue)
+    queue.put(put_sample(store, "x0"))
+    queue.ack(queue.acquire())  # type: ignore[arg-type]
+    queue.acquire()
+    return recorder.events
+
+
+def dedup_accepted() -> list[tuple[str, dict[str, object]]]:
+    """C: a re-put of an acked id is accepted."""
+    queue, store, _, recorder = _queue(NoDedupQueue)
+    ref = put_sample(store, "x0")
+    queue.put(ref)
+    queue.ack(queue.acquire())  # type: ignore[arg-type]
+    queue.put(ref)
+    return recorder.events
+
+
+def no_delivery_limit() -> list[tuple[str, dict[str, object]]]:
+    """D: a poison sample failed past max_deliveries is redelivered instead of dead-lettered."""
+    queue, store, _, recorder = _queue(NoDeliveryLimitQueue)
+    queue.put(put_sample(store, "x0"))
+    for _ in range(MAX_DELIVERIES + 1):
+        queue.fail(queue.acquire())  # type: ignore[arg-type]
+    return recorder.events
+
+
+def stale_release_frees() -> list[tuple[str, dict[str, object]]]:
+    """A: the store ignores retain, so a stale consumer's release frees the redelivered sample."""
+    queue, store, clock, recorder = _queue(store=RetainIgnoringStore())
+    queue.put(put_sample(store, "x0"))
+    lease = queue.acquire()
+    assert lease is not None
+    _, handle = store.get(lease.ref)
+    clock.advance(11)
+    queue.reclaim_expired()
+    store.release(handle)
+    recorder.observe_residency(store)
+    return recorder.events
+
+
+def scrub_skipped() -> list[tuple[str, dict[str, object]]]:
+    """B: a settled sample is only un-retained; the crashed consumer's handle keeps its bytes."""
+    queue, store, _, recorder = _queue(store=UnretainingScrubStore())
+    queue.put(put_sample(store, "x0"))
+    lease = queue.acquire()
+    assert lease is not None
+    store.get(lease.ref)  # the consumer crashes holding this handle
+    queue.ack(lease)
+    recorder.observe_residency(store)
+    return recorder.events
+
+
+DEFECTS: dict[str, tuple[Scenario, str]] = {
+    "redelivered after ack": (redelivered_after_ack, "Acquire"),
+    "C: dedup re-put accepted": (dedup_accepted, "Put"),
+    "D: no delivery limit": (no_delivery_limit, "Fail"),
+    "A: stale release frees a queued sample": (stale_release_frees, "Resident"),
+    "B: scrub skipped": (scrub_skipped, "Resident"),
+}
+
+
+def test_correct_trace_is_admitted_and_defect_traces_are_rejected(tlc_available: None) -> None:
+    traces = [correct_run()] + [scenario() for scenario, _ in DEFECTS.values()]
+    results = validate_traces(traces, TraceConstants(max_deliveries=MAX_DELIVERIES))
+    print(f"one TLC run for {len(traces)} traces: {results[0].tlc.seconds:.1f} s")
+    assert results[0].admitted, results[0].explain()
+    assert results[0].total_steps >= 20
+    for (name, (_, stuck_action)), result in zip(DEFECTS.items(), results[1:], strict=True):
+        print(f"{name}: {result.explain()}")
+        assert not result.admitted, name
+        assert result.stuck_at is not None and result.stuck_at["action"] == stuck_action, (name, result.explain())
+
+
+def test_thread_stress_trace_is_admitted(tlc_available: None) -> None:
+    """Real threads, a real clock and the reaper: whatever interleaving happened, the spec admits it."""
+    store = LocalFeatureStore(max_samples=None)
+    recorder = TraceRecorder()
+    queue = SampleRefQueue(store, VisibilityTimeout(0.02), max_deliveries=3, reaper_interval=0.005, tracer=recorder)
+    samples = 60
+
+    def produce(offset: int) -> None:
+        for i in range(offset, samples, 2):
+            queue.put(put_sample(store, f"t{i}"))
+
+    def consume(seed: int) -> None:
+        rng = random.Random(seed)
+        while (lease := queue.acquire(timeout=1.0)) is not None:
+            roll = rng.random()
+            if roll < 0.6:
+                queue.ack(lease)
+            elif roll < 0.8:
+                queue.fail(lease)
+            elif roll < 0.9:
+                try:
+                    queue.extend(lease)
+                    queue.ack(lease)
+                except Exception:  # LeaseLost: the reaper was faster
+                    queue.ack(lease)
+            # else: this consumer "crashes" on the lease and the reaper reclaims it
+
+    producers = [threading.Thread(target=produce, args=(k,)) for k in range(2)]
+    consumers = [threading.Thread(target=consume, args=(k,)) for k in range(3)]
+    for thread in producers + consumers:
+        thread.start()
+    for thread in producers:
+        thread.join()
+    queue.close()
+    for thread in consumers:
+        thread.join(timeout=30)
+    assert queue.lifecycle_state == "drained"
+    result: TraceResult = validate_trace(recorder.events, TraceConstants(max_deliveries=3))
+    print(f"{len(recorder.events)} events: {result.explain()} ({result.tlc.seconds:.1f} s)")
+    assert result.admitted, result.explain()
+
+
+def test_unknown_events_are_refused_by_name() -> None:
+    with pytest.raises(ValueError, match="Teleport"):
+        validate_traces([[("Teleport", {})]], TraceConstants(max_deliveries=1))
