@@ -164,6 +164,9 @@ def _graph(
         raise GraphvizMissing(INSTALL_PYTHON_GRAPHVIZ) from error
     from transitions.extensions import GraphMachine
 
+    edges = _live_edges(table, machine)
+    # Terminal as the machine runs it: no edge leaves the state (the test checks this equals table.terminal).
+    terminal = set(machine.states) - {row.source for row in edges}
     states = []
     for name in machine.states:
         state = State(name)
@@ -175,8 +178,7 @@ def _graph(
         states=states,
         initial=machine.initial,
         transitions=[
-            {"trigger": row.trigger, "source": row.source, "dest": row.dest, "label": _edge_label(row)}
-            for row in _live_edges(table, machine)
+            {"trigger": row.trigger, "source": row.source, "dest": row.dest, "label": _edge_label(row)} for row in edges
         ],
         auto_transitions=False,
         graph_engine="graphviz",
@@ -187,10 +189,9 @@ def _graph(
     styling = drawer.model_graphs[id(model)]
     styling.reset_styling()  # drop GraphMachine's own "active" mark on the initial state
     for name in machine.states:
-        terminal = name in table.terminal
         if name in current:
-            styling.set_node_style(name, "current_terminal" if terminal else "current")
-        elif terminal:
+            styling.set_node_style(name, "current_terminal" if name in terminal else "current")
+        elif name in terminal:
             styling.set_node_style(name, "terminal")
     graph = model.get_graph(title=title)
     graph.name = table.name  # GraphMachine names the graph after its title; an id reads better
