@@ -188,7 +188,7 @@ class LedgerFeatureStore(FeatureStore):
         try:
             tensors = self._load(ref, device, copy)
         except BaseException:
-            self.release(StoreHandle(self, ref.sample_id, ref, handle_id))
+            self._abandon_handle(handle_id)
             raise
         return tensors, StoreHandle(self, ref.sample_id, ref, handle_id)
 
@@ -301,6 +301,17 @@ class LedgerFeatureStore(FeatureStore):
             self._resident_bytes -= entry.nbytes
         else:
             self._foreign.pop(sample_id, None)
+
+    def _abandon_handle(self, handle_id: int) -> None:
+        """Forget the handle of a failed ``get``: a read that failed must never free the sample."""
+        with self._lock:
+            sample_id = self._handles.pop(handle_id, None)
+            entry = self._resident.get(sample_id) or self._foreign.get(sample_id) if sample_id is not None else None
+            if entry is None:
+                return
+            entry.handles.discard(handle_id)
+            if sample_id in self._foreign and not entry.handles and not entry.retained:
+                del self._foreign[sample_id]  # bookkeeping only: the bytes are left to whoever holds them
 
     def _open_handle(self, ref: SampleRef) -> int:
         with self._lock:

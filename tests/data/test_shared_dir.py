@@ -1,0 +1,283 @@
+"""SharedDirFeatureStore: the reference behaviours, queue residency across instances, and I/O failures."""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+
+from featurestream import (
+    CorruptSampleError,
+    FeatureDataLoader,
+    SampleRefQueue,
+    SharedDirFeatureStore,
+    VisibilityTimeout,
+)
+from featurestream.stores import shared_dir
+from featurestream.testing import FakeClock
+
+from .helpers import assert_is_sample, eagle3_sample, put_eagle3
+
+
+def files(directory: Path) -> list[str]:
+    return sorted(os.listdir(directory))
+
+
+def test_put_writes_one_standard_safetensors_file(tmp_path: Path) -> None:
+    store = SharedDirFeatureStore(tmp_path / "store")
+    assert store.store_uri == f"file://{tmp_path / 'store'}"
+    ref = put_eagle3(store, 1)
+    assert files(tmp_path / "store") == ["s1.safetensors"]
+    assert ref.estimated_bytes == sum(t.numel() * t.element_size() for t in eagle3_sample(1).values())
+    with safe_open(str(tmp_path / "store" / "s1.safetensors"), framework="pt") as file:
+        assert sorted(file.keys()) == sorted(eagle3_sample(1))
+        assert torch.equal(file.get_tensor("logits"), eagle3_sample(1)["logits"])
+    got, handle = store.get(ref)
+    assert_is_sample(got, 1)
+    got["logits"].fill_(-1)
+    again, _ = store.get(ref)
+    assert_is_sample(again, 1)  # what get returns is the caller's to mutate
+    assert store.health().resident_bytes == ref.estimated_bytes and store.health().sample_count == 1
+
+
+def test_reads_files_written_by_the_safetensors_library(tmp_path: Path) -> None:
+    from safetensors.torch import save_file
+
+    writer = SharedDirFeatureStore(tmp_path)
+    ref = put_eagle3(writer, 2)
+    os.unlink(tmp_path / "s2.safetensors")
+    save_file(eagle3_sample(2), str(tmp_path / "s2.safetensors"))  # its own layout, possibly misaligned
+    got, _ = SharedDirFeatureStore(tmp_path).get(ref)
+    assert_is_sample(got, 2)
+
+
+@pytest.mark.parametrize("sample_id", ["a/b", "..", "x..y", "../escape", "nul\0byte"])
+def test_ids_that_could_escape_the_directory_are_refused(tmp_path: Path, sample_id: str) -> None:
+    store = SharedDirFeatureStore(tmp_path / "store")
+    with pytest.raises(ValueError, match="may not contain"):
+        store.put(sample_id, eagle3_sample(0))
+    assert files(tmp_path) == ["store"] and files(tmp_path / "store") == []
+    assert store.health().sample_count == 0
+
+
+def test_health_is_counters_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = SharedDirFeatureStore(tmp_path, max_bytes=10_000, high_watermark_bytes=400, low_watermark_bytes=100)
+    refs = [put_eagle3(store, i) for i in range(3)]
+
+    def no_disk(*args: object, **kwargs: object) -> None:
+        raise AssertionError("health() touched the disk")
+
+    for name in ("listdir", "scandir", "stat", "lstat"):
+        monkeypatch.setattr(os, name, no_disk)
+    health = store.health()
+    assert health.resident_bytes == sum(r.estimated_bytes for r in refs) and health.sample_count == 3
+    assert health.high_watermark_hit and not health.low_watermark_hit and health.capacity_bytes == 10_000
+
+
+def test_caps_and_config_errors_match_the_local_store(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="both be None"):
+        SharedDirFeatureStore(tmp_path, max_samples=None, max_bytes=None)
+    with pytest.raises(ValueError, match="below"):
+        SharedDirFeatureStore(tmp_path, high_watermark_bytes=5, low_watermark_bytes=5)
+    store = SharedDirFeatureStore(tmp_path, max_samples=1)
+    put_eagle3(store, 0)
+    with pytest.raises(MemoryError, match="max_samples"):
+        put_eagle3(store, 1)
+    with pytest.raises(ValueError, match="already"):
+        put_eagle3(store, 0)
+    assert files(tmp_path) == ["s0.safetensors"]
+    (tmp_path / "plain-file").write_text("x")
+    with pytest.raises(NotADirectoryError, match="not a directory"):
+        SharedDirFeatureStore(tmp_path / "plain-file")
+
+
+def test_another_instance_gets_and_releases_and_the_last_release_unlinks(tmp_path: Path) -> None:
+    writer, reader = SharedDirFeatureStore(tmp_path), SharedDirFeatureStore(tmp_path)
+    ref = put_eagle3(writer, 3)
+    first, handle_a = reader.get(ref)
+    _, handle_b = reader.get(ref)
+    assert_is_sample(first, 3)
+    assert reader.health().sample_count == 0, "residency counts only what this instance wrote"
+    reader.release(handle_a)
+    assert files(tmp_path) == ["s3.safetensors"]
+    reader.release(handle_b)
+    reader.release(handle_b)  # idempotent
+    assert files(tmp_path) == []
+    with pytest.raises(KeyError, match="not resident"):
+        reader.get(ref)
+    with pytest.raises(ValueError, match="another store"):
+        writer.release(handle_a)
+
+
+def test_a_second_writer_of_the_same_id_is_refused_not_clobbering(tmp_path: Path) -> None:
+    first, second = SharedDirFeatureStore(tmp_path), SharedDirFeatureStore(tmp_path)
+    ref = put_eagle3(first, 4)
+    with pytest.raises(ValueError, match="already in"):
+        second.put("s4", eagle3_sample(5))
+    assert second.health().sample_count == 0 and files(tmp_path) == ["s4.safetensors"]
+    got, _ = second.get(ref)
+    assert_is_sample(got, 4)
+
+
+def test_close_unlinks_owned_files_even_with_handles_out(tmp_path: Path) -> None:
+    mine, theirs = SharedDirFeatureStore(tmp_path), SharedDirFeatureStore(tmp_path)
+    ref = put_eagle3(mine, 0)
+    put_eagle3(theirs, 1)
+    _, handle = mine.get(ref)
+    mine.close()
+    mine.close()
+    assert files(tmp_path) == ["s1.safetensors"]
+    mine.release(handle)  # a handle outliving close is a no-op
+    with pytest.raises(RuntimeError, match="closed"):
+        mine.get(ref)
+    with pytest.raises(RuntimeError, match="closed"):
+        put_eagle3(mine, 2)
+
+
+def test_a_failed_write_leaves_no_file_and_stores_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = SharedDirFeatureStore(tmp_path)
+    real_write_all = shared_dir._write_all
+    calls = []
+
+    def disk_fills_up(file: object, view: memoryview) -> None:
+        calls.append(view.nbytes)
+        if len(calls) == 2:  # the header went out; the first tensor does not fit
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real_write_all(file, view)
+
+    monkeypatch.setattr(shared_dir, "_write_all", disk_fills_up)
+    with pytest.raises(OSError, match="disk holding .* is full") as info:
+        put_eagle3(store, 0)
+    assert info.value.errno == errno.ENOSPC and "s0" in str(info.value)
+    assert files(tmp_path) == [] and store.health().sample_count == 0 and not store.is_resident("s0")
+    monkeypatch.setattr(shared_dir, "_write_all", real_write_all)
+    assert_is_sample(store.get(put_eagle3(store, 0))[0], 0)  # the id is free to retry
+
+
+def test_permission_errors_name_the_sample(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = SharedDirFeatureStore(tmp_path)
+    ref = put_eagle3(store, 0)
+
+    def denied(*args: object, **kwargs: object) -> None:
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
+
+    monkeypatch.setattr(shared_dir.tempfile, "mkstemp", denied)
+    with pytest.raises(PermissionError, match="cannot write sample 's1'"):
+        put_eagle3(store, 1)
+    monkeypatch.setattr(shared_dir, "open", denied, raising=False)
+    with pytest.raises(PermissionError, match="cannot read sample 's0'"):
+        store.get(ref)
+    assert store.health().sample_count == 1 and files(tmp_path) == ["s0.safetensors"]
+
+
+def test_a_missing_directory_is_reported_as_such(tmp_path: Path) -> None:
+    store = SharedDirFeatureStore(tmp_path / "store")
+    ref = put_eagle3(store, 0)
+    shutil.rmtree(tmp_path / "store")
+    with pytest.raises(FileNotFoundError, match="store directory .* is missing"):
+        store.get(ref)
+    with pytest.raises(FileNotFoundError, match="store directory .* is missing"):
+        put_eagle3(store, 1)
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        pytest.param(lambda data: data[: len(data) // 2], id="truncated"),
+        pytest.param(lambda data: data[:5], id="no-header"),
+        pytest.param(lambda data: data[:8] + b"{not json" + data[17:], id="garbled-header"),
+        pytest.param(lambda data: (10**9).to_bytes(8, "little") + data[8:], id="huge-header-length"),
+    ],
+)
+def test_a_corrupt_file_raises_and_its_lease_is_failed_not_lost(tmp_path: Path, damage: object) -> None:
+    store = SharedDirFeatureStore(tmp_path)
+    clock = FakeClock()
+    queue = SampleRefQueue(store, max_deliveries=2, clock=clock)
+    ref = put_eagle3(store, 0)
+    queue.put(ref)
+    path = tmp_path / "s0.safetensors"
+    path.write_bytes(damage(path.read_bytes()))  # type: ignore[operator]
+    loader = FeatureDataLoader(queue, SharedDirFeatureStore(tmp_path), acquire_poll_interval=0)
+    with pytest.raises(CorruptSampleError, match="s0"):
+        next(loader)
+    assert queue.stats().failed == 1 and queue.pending_count() == 1, "the lease was failed, so it is redelivered"
+    assert path.exists(), "a failed get must not delete the queued sample"
+    with pytest.raises(CorruptSampleError):
+        next(loader)
+    assert [d.ref.sample_id for d in queue.dead_letters()] == ["s0"]
+    assert files(tmp_path) == [], "a dead sample is scrubbed with its marker"
+
+
+def test_a_file_that_disagrees_with_its_ref_is_corrupt(tmp_path: Path) -> None:
+    from safetensors.torch import save_file
+
+    store = SharedDirFeatureStore(tmp_path)
+    ref = put_eagle3(store, 0)
+    renamed = {("other" if name == "logits" else name): t for name, t in eagle3_sample(0).items()}
+    save_file(renamed, str(tmp_path / "s0.safetensors"))
+    with pytest.raises(CorruptSampleError, match="'logits'.*missing"):
+        store.get(ref)
+    wrong_shape = eagle3_sample(0, tokens=5)
+    save_file(wrong_shape, str(tmp_path / "s0.safetensors"))
+    with pytest.raises(RuntimeError, match="the ref says"):
+        store.get(ref)
+
+
+class TestQueueResidencyAcrossInstances:
+    """The queue lives with the writer; consumers use their own instances (as in other processes)."""
+
+    def setup_queue(self, directory: Path) -> tuple[SharedDirFeatureStore, SampleRefQueue, FakeClock]:
+        writer = SharedDirFeatureStore(directory)
+        clock = FakeClock()
+        return writer, SampleRefQueue(writer, VisibilityTimeout(5.0), clock=clock), clock
+
+    def test_a_stale_release_elsewhere_never_unlinks_a_queued_sample(self, tmp_path: Path) -> None:
+        writer, queue, clock = self.setup_queue(tmp_path)
+        slow, fresh = SharedDirFeatureStore(tmp_path), SharedDirFeatureStore(tmp_path)
+        queue.put(put_eagle3(writer, 0))
+        assert files(tmp_path) == ["s0.retained", "s0.safetensors"]
+        first = queue.acquire(timeout=0)
+        assert first is not None
+        _, stale_handle = slow.get(first.ref)
+        clock.advance(6.0)
+        second = queue.acquire(timeout=0)  # reclaimed and redelivered
+        assert second is not None and second.redelivery_count == 1
+        slow.release(stale_handle)  # defect A across processes: must not delete the redelivered sample
+        got, handle = fresh.get(second.ref)
+        assert_is_sample(got, 0)
+        fresh.release(handle)
+        assert "s0.safetensors" in files(tmp_path)
+        queue.ack(second)
+        assert files(tmp_path) == [] and writer.health().sample_count == 0
+
+    def test_a_crashed_consumer_leaks_nothing(self, tmp_path: Path) -> None:
+        writer, queue, clock = self.setup_queue(tmp_path)
+        crashed, survivor = SharedDirFeatureStore(tmp_path), SharedDirFeatureStore(tmp_path)
+        queue.put(put_eagle3(writer, 0))
+        lease = queue.acquire(timeout=0)
+        assert lease is not None
+        crashed.get(lease.ref)  # never released: the process died
+        clock.advance(6.0)
+        again = queue.acquire(timeout=0)
+        assert again is not None
+        survivor.release(survivor.get(again.ref)[1])
+        queue.ack(again)
+        assert files(tmp_path) == [] and writer.health().resident_bytes == 0
+
+    def test_a_queue_whose_instance_did_not_write_the_sample_still_scrubs_it(self, tmp_path: Path) -> None:
+        writer = SharedDirFeatureStore(tmp_path)
+        coordinator = SharedDirFeatureStore(tmp_path)
+        queue = SampleRefQueue(coordinator)
+        queue.put(put_eagle3(writer, 0))
+        lease = queue.acquire(timeout=0)
+        assert lease is not None
+        reader = SharedDirFeatureStore(tmp_path)
+        reader.release(reader.get(lease.ref)[1])
+        assert "s0.safetensors" in files(tmp_path), "the marker protects it from the reader's last release"
+        queue.ack(lease)
+        assert files(tmp_path) == []
