@@ -138,10 +138,10 @@ class AsyncFeaturePipeline:
                 ref = self.producer.produce(**_prompt_kwargs(prompt))
                 try:
                     self.queue.put_blocks_until_below(ref, abort_when=self.stop_requested)
-                except BaseException:
+                except BaseException as exc:
                     self.producer.discard(ref)
-                    if self._stop.is_set() or self.queue.is_closed:
-                        return  # an ordered stop (or someone closed the queue): not an error
+                    if isinstance(exc, RuntimeError) and (self._stop.is_set() or self.queue.is_closed):
+                        return  # the put was aborted by stop() (or someone closed the queue): not an error
                     raise
                 self.produced += 1
         except BaseException as exc:

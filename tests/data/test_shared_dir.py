@@ -37,7 +37,7 @@ def test_put_writes_one_standard_safetensors_file(tmp_path: Path) -> None:
     with safe_open(str(tmp_path / "store" / "s1.safetensors"), framework="pt") as file:
         assert sorted(file.keys()) == sorted(eagle3_sample(1))
         assert torch.equal(file.get_tensor("logits"), eagle3_sample(1)["logits"])
-    got, handle = store.get(ref)
+    got, _ = store.get(ref)
     assert_is_sample(got, 1)
     got["logits"].fill_(-1)
     again, _ = store.get(ref)
@@ -59,7 +59,7 @@ def test_reads_files_written_by_the_safetensors_library(tmp_path: Path) -> None:
 @pytest.mark.parametrize("sample_id", ["a/b", "..", "x..y", "../escape", "nul\0byte"])
 def test_ids_that_could_escape_the_directory_are_refused(tmp_path: Path, sample_id: str) -> None:
     store = SharedDirFeatureStore(tmp_path / "store")
-    with pytest.raises(ValueError, match="may not contain"):
+    with pytest.raises(ValueError, match=r"may not contain"):
         store.put(sample_id, eagle3_sample(0))
     assert files(tmp_path) == ["store"] and files(tmp_path / "store") == []
     assert store.health().sample_count == 0
@@ -80,19 +80,19 @@ def test_health_is_counters_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 
 
 def test_caps_and_config_errors_match_the_local_store(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="both be None"):
+    with pytest.raises(ValueError, match=r"both be None"):
         SharedDirFeatureStore(tmp_path, max_samples=None, max_bytes=None)
-    with pytest.raises(ValueError, match="below"):
+    with pytest.raises(ValueError, match=r"below"):
         SharedDirFeatureStore(tmp_path, high_watermark_bytes=5, low_watermark_bytes=5)
     store = SharedDirFeatureStore(tmp_path, max_samples=1)
     put_eagle3(store, 0)
-    with pytest.raises(MemoryError, match="max_samples"):
+    with pytest.raises(MemoryError, match=r"max_samples"):
         put_eagle3(store, 1)
-    with pytest.raises(ValueError, match="already"):
+    with pytest.raises(ValueError, match=r"already"):
         put_eagle3(store, 0)
     assert files(tmp_path) == ["s0.safetensors"]
     (tmp_path / "plain-file").write_text("x")
-    with pytest.raises(NotADirectoryError, match="not a directory"):
+    with pytest.raises(NotADirectoryError, match=r"not a directory"):
         SharedDirFeatureStore(tmp_path / "plain-file")
 
 
@@ -108,16 +108,16 @@ def test_another_instance_gets_and_releases_and_the_last_release_unlinks(tmp_pat
     reader.release(handle_b)
     reader.release(handle_b)  # idempotent
     assert files(tmp_path) == []
-    with pytest.raises(KeyError, match="not resident"):
+    with pytest.raises(KeyError, match=r"not resident"):
         reader.get(ref)
-    with pytest.raises(ValueError, match="another store"):
+    with pytest.raises(ValueError, match=r"another store"):
         writer.release(handle_a)
 
 
 def test_a_second_writer_of_the_same_id_is_refused_not_clobbering(tmp_path: Path) -> None:
     first, second = SharedDirFeatureStore(tmp_path), SharedDirFeatureStore(tmp_path)
     ref = put_eagle3(first, 4)
-    with pytest.raises(ValueError, match="already in"):
+    with pytest.raises(ValueError, match=r"already in"):
         second.put("s4", eagle3_sample(5))
     assert second.health().sample_count == 0 and files(tmp_path) == ["s4.safetensors"]
     got, _ = second.get(ref)
@@ -133,9 +133,9 @@ def test_close_unlinks_owned_files_even_with_handles_out(tmp_path: Path) -> None
     mine.close()
     assert files(tmp_path) == ["s1.safetensors"]
     mine.release(handle)  # a handle outliving close is a no-op
-    with pytest.raises(RuntimeError, match="closed"):
+    with pytest.raises(RuntimeError, match=r"closed"):
         mine.get(ref)
-    with pytest.raises(RuntimeError, match="closed"):
+    with pytest.raises(RuntimeError, match=r"closed"):
         put_eagle3(mine, 2)
 
 
@@ -151,7 +151,7 @@ def test_a_failed_write_leaves_no_file_and_stores_nothing(tmp_path: Path, monkey
         real_write_all(file, view)
 
     monkeypatch.setattr(shared_dir, "_write_all", disk_fills_up)
-    with pytest.raises(OSError, match="disk holding .* is full") as info:
+    with pytest.raises(OSError, match=r"disk holding .* is full") as info:
         put_eagle3(store, 0)
     assert info.value.errno == errno.ENOSPC and "s0" in str(info.value)
     assert files(tmp_path) == [] and store.health().sample_count == 0 and not store.is_resident("s0")
@@ -167,10 +167,10 @@ def test_permission_errors_name_the_sample(tmp_path: Path, monkeypatch: pytest.M
         raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
 
     monkeypatch.setattr(shared_dir.tempfile, "mkstemp", denied)
-    with pytest.raises(PermissionError, match="cannot write sample 's1'"):
+    with pytest.raises(PermissionError, match=r"cannot write sample 's1'"):
         put_eagle3(store, 1)
     monkeypatch.setattr(shared_dir, "open", denied, raising=False)
-    with pytest.raises(PermissionError, match="cannot read sample 's0'"):
+    with pytest.raises(PermissionError, match=r"cannot read sample 's0'"):
         store.get(ref)
     assert store.health().sample_count == 1 and files(tmp_path) == ["s0.safetensors"]
 
@@ -179,9 +179,9 @@ def test_a_missing_directory_is_reported_as_such(tmp_path: Path) -> None:
     store = SharedDirFeatureStore(tmp_path / "store")
     ref = put_eagle3(store, 0)
     shutil.rmtree(tmp_path / "store")
-    with pytest.raises(FileNotFoundError, match="store directory .* is missing"):
+    with pytest.raises(FileNotFoundError, match=r"store directory .* is missing"):
         store.get(ref)
-    with pytest.raises(FileNotFoundError, match="store directory .* is missing"):
+    with pytest.raises(FileNotFoundError, match=r"store directory .* is missing"):
         put_eagle3(store, 1)
 
 
@@ -203,7 +203,7 @@ def test_a_corrupt_file_raises_and_its_lease_is_failed_not_lost(tmp_path: Path, 
     path = tmp_path / "s0.safetensors"
     path.write_bytes(damage(path.read_bytes()))  # type: ignore[operator]
     loader = FeatureDataLoader(queue, SharedDirFeatureStore(tmp_path), acquire_poll_interval=0)
-    with pytest.raises(CorruptSampleError, match="s0"):
+    with pytest.raises(CorruptSampleError, match=r"s0"):
         next(loader)
     assert queue.stats().failed == 1 and queue.pending_count() == 1, "the lease was failed, so it is redelivered"
     assert path.exists(), "a failed get must not delete the queued sample"
@@ -220,11 +220,11 @@ def test_a_file_that_disagrees_with_its_ref_is_corrupt(tmp_path: Path) -> None:
     ref = put_eagle3(store, 0)
     renamed = {("other" if name == "logits" else name): t for name, t in eagle3_sample(0).items()}
     save_file(renamed, str(tmp_path / "s0.safetensors"))
-    with pytest.raises(CorruptSampleError, match="'logits'.*missing"):
+    with pytest.raises(CorruptSampleError, match=r"'logits'.*missing"):
         store.get(ref)
     wrong_shape = eagle3_sample(0, tokens=5)
     save_file(wrong_shape, str(tmp_path / "s0.safetensors"))
-    with pytest.raises(RuntimeError, match="the ref says"):
+    with pytest.raises(RuntimeError, match=r"the ref says"):
         store.get(ref)
 
 
