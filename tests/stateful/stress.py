@@ -67,16 +67,26 @@ def _consumer(queue: SampleRefQueue, store: LocalFeatureStore, seed: int, stop: 
             queue.ack(lease)
 
 
-def run_stress(seed: int, producers: int = 3, consumers: int = 4, per_producer: int = 60) -> StressRun:
-    """Run the threads to completion (or ``JOIN_TIMEOUT``) and return what to check."""
+def run_stress(
+    seed: int,
+    producers: int = 3,
+    consumers: int = 4,
+    per_producer: int = 60,
+    watermarks: tuple[int, int] = (20 * SAMPLE_BYTES, 5 * SAMPLE_BYTES),
+    max_deliveries: int = 3,
+) -> StressRun:
+    """Run the threads to completion (or ``JOIN_TIMEOUT``) and return what to check.
+
+    ``watermarks`` are the queue's (high, low) in bytes.
+    """
     recorder = TraceRecorder()
     store = LocalFeatureStore(max_samples=10_000, max_bytes=None, high_watermark_bytes=None, low_watermark_bytes=None)
     queue = SampleRefQueue(
         store,
         VisibilityTimeout(VISIBILITY),
-        high_watermark_bytes=20 * SAMPLE_BYTES,
-        low_watermark_bytes=5 * SAMPLE_BYTES,
-        max_deliveries=3,
+        high_watermark_bytes=watermarks[0],
+        low_watermark_bytes=watermarks[1],
+        max_deliveries=max_deliveries,
         reaper_interval=0.01,
         tracer=recorder,
     )

