@@ -142,13 +142,10 @@ def test_close_unlinks_owned_files_even_with_handles_out(tmp_path: Path) -> None
 def test_a_failed_write_leaves_no_file_and_stores_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     store = SharedDirFeatureStore(tmp_path)
     real_write_all = shared_dir._write_all
-    calls = []
 
-    def disk_fills_up(file: object, view: memoryview) -> None:
-        calls.append(view.nbytes)
-        if len(calls) == 2:  # the header went out; the first tensor does not fit
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        real_write_all(file, view)
+    def disk_fills_up(fd: int, views: list[memoryview]) -> None:
+        real_write_all(fd, views[:2])  # the header and the first tensor fit; the rest does not
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
     monkeypatch.setattr(shared_dir, "_write_all", disk_fills_up)
     with pytest.raises(OSError, match=r"disk holding .* is full") as info:

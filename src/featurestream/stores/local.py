@@ -54,8 +54,11 @@ class LocalFeatureStore(LedgerFeatureStore):
         self, sample_id: str, ref: SampleRef, tensors: Mapping[str, torch.Tensor], take_ownership: bool
     ) -> None:
         if take_ownership:
-            # ``contiguous`` copies only a strided view; a dense tensor is kept as it is.
-            kept = {name: t.detach().contiguous() for name, t in tensors.items()}
+            # A dense tensor outside autograd is kept as it is; ``contiguous`` copies only a strided one.
+            kept = {
+                name: t if t.is_contiguous() and not t.requires_grad else t.detach().contiguous()
+                for name, t in tensors.items()
+            }
         else:
             kept = {name: t.detach().clone(memory_format=torch.contiguous_format) for name, t in tensors.items()}
         with self._data_lock:

@@ -77,11 +77,15 @@ class CorruptSampleError(RuntimeError):
     """A sample file exists but cannot be decoded (truncated, garbled, or not what its ref describes)."""
 
 
-def _write_all(file: object, view: memoryview) -> None:
-    """Write every byte of ``view`` (raw file writes may be partial)."""
-    while view.nbytes:
-        written = file.write(view)  # type: ignore[attr-defined]
-        view = view[written:]
+def _write_all(fd: int, views: list[memoryview]) -> None:
+    """Write every byte of ``views`` in order, gathered into as few syscalls as the kernel allows."""
+    views = [view for view in views if view.nbytes]
+    while views:
+        written = os.writev(fd, views)
+        while views and written >= views[0].nbytes:
+            written -= views.pop(0).nbytes
+        if written:
+            views[0] = views[0][written:]
 
 
 def _readinto_all(file: object, view: memoryview) -> int:
@@ -123,24 +127,24 @@ def _encode_header(tensors: Mapping[str, torch.Tensor]) -> tuple[bytes, list[str
 
 
 def _decode(path: str, ref: SampleRef) -> dict[str, torch.Tensor]:
-    """Read ``path`` into one fresh buffer and return ``ref``'s features as views of it."""
+    """Read ``path`` into one fresh buffer (one read) and return ``ref``'s features as views of it."""
     with open(path, "rb", buffering=0) as file:
         size = os.fstat(file.fileno()).st_size
-        prefix = file.read(8)
-        if len(prefix) < 8:
-            raise CorruptSampleError(f"sample {ref.sample_id!r}: {path} is truncated ({size} bytes, no header)")
-        (header_len,) = struct.unpack("<Q", prefix)
-        if header_len > min(size - 8, _HEADER_LIMIT):
-            raise CorruptSampleError(
-                f"sample {ref.sample_id!r}: {path} announces a {header_len}-byte header but holds {size} bytes"
-            )
-        raw_header = file.read(header_len)
-        data = torch.empty(size - 8 - header_len, dtype=torch.uint8)
-        got = len(raw_header) + _readinto_all(file, memoryview(data.numpy()))
-    if got != size - 8:
+        buffer = torch.empty(size, dtype=torch.uint8)
+        raw = memoryview(buffer.numpy())
+        got = _readinto_all(file, raw)
+    if got != size:
         raise CorruptSampleError(f"sample {ref.sample_id!r}: {path} shrank while being read (truncated)")
+    if size < 8:
+        raise CorruptSampleError(f"sample {ref.sample_id!r}: {path} is truncated ({size} bytes, no header)")
+    (header_len,) = struct.unpack_from("<Q", raw)
+    if header_len > min(size - 8, _HEADER_LIMIT):
+        raise CorruptSampleError(
+            f"sample {ref.sample_id!r}: {path} announces a {header_len}-byte header but holds {size} bytes"
+        )
+    data = buffer[8 + header_len :]
     try:
-        header = json.loads(raw_header)
+        header = json.loads(raw[8 : 8 + header_len].tobytes())
         if not isinstance(header, dict):
             raise ValueError("the header is not a JSON object")
     except ValueError as exc:
@@ -177,7 +181,7 @@ def _tensor_from(entry: object, data: torch.Tensor, ref: SampleRef, name: str, p
             f"within {data.numel()} payload bytes (truncated?)"
         )
     chunk = data[begin:end]
-    if begin % dtype.itemsize:
+    if chunk.storage_offset() % dtype.itemsize:
         chunk = chunk.clone()  # only files from other writers can be misaligned
     return chunk.view(dtype).reshape(shape)
 
@@ -261,10 +265,10 @@ class SharedDirFeatureStore(LedgerFeatureStore):
             raise self._io_error(exc, action, self.directory) from exc
         try:
             try:
-                with open(fd, "wb", buffering=0) as file:
-                    _write_all(file, memoryview(prefix))
-                    for name in order:
-                        _write_all(file, _byte_view(dense[name]))
+                try:
+                    _write_all(fd, [memoryview(prefix), *(_byte_view(dense[name]) for name in order)])
+                finally:
+                    os.close(fd)
                 os.link(temp, final)
             except FileExistsError:
                 raise ValueError(f"sample {sample_id!r} is already in {self.store_uri} (written elsewhere)") from None

@@ -1,0 +1,165 @@
+"""Data-plane benchmark: GB/s of put + get + release per store path, against copy baselines from the same run.
+
+    python benchmarks/bench_copies.py [--sizes 1,16,64] [--repeats 15] [--dir PATH]
+
+For each sample size (MiB of EAGLE-3 features, almost all in
+``aux_hidden_states``) every variant runs ``--repeats`` times, in blocks over
+three rounds (see ``measure``), and the median is reported:
+
+- baselines: one ``clone`` of the sample's tensors, two ``clone``s, and a plain
+  write + read of the same bytes to a file in the shared-dir directory;
+- ``local default``: ``put`` + ``get`` + ``release`` (two copies, the reference's count);
+- ``local pipeline``: ``put(take_ownership=True)`` + ``get`` (the producer hands
+  its fresh tensors over: one copy);
+- ``local zero-copy``: ``put(take_ownership=True)`` + ``get(copy=False)`` (no copy);
+- ``shared-dir``: ``put`` + ``get`` + ``release`` through ``SharedDirFeatureStore``.
+
+Targets (from the data-plane issue): pipeline >= 0.9x one clone; default >=
+0.9x two clones; zero-copy time independent of size; shared-dir >= 0.8x the
+raw file baseline.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from functools import partial
+
+import torch
+
+from featurestream import LocalFeatureStore, SharedDirFeatureStore
+
+MiB = 1024 * 1024
+TOKENS = 16
+
+
+def sample(size_mib: int) -> dict[str, torch.Tensor]:
+    small = 3 * TOKENS * 8
+    return {
+        "aux_hidden_states": torch.rand((size_mib * MiB - small) // 4),
+        "input_ids": torch.arange(TOKENS),
+        "attention_mask": torch.ones(TOKENS, dtype=torch.long),
+        "loss_mask": torch.ones(TOKENS, dtype=torch.long),
+    }
+
+
+def clones(tensors: dict[str, torch.Tensor], count: int) -> None:
+    """The baseline: ``count`` successive ``clone``s of the sample's tensors."""
+    for _ in range(count):
+        tensors = {name: tensor.clone() for name, tensor in tensors.items()}
+
+
+def raw_file_round_trip(tensors: dict[str, torch.Tensor], path: str) -> None:
+    """What a shared-dir store cannot beat: write the bytes, read them back into fresh memory, unlink."""
+    with open(path, "wb", buffering=0) as file:
+        for tensor in tensors.values():
+            file.write(memoryview(tensor.view(torch.uint8).numpy()))
+    size = os.path.getsize(path)
+    buffer = torch.empty(size, dtype=torch.uint8)
+    with open(path, "rb", buffering=0) as file:
+        view, done = memoryview(buffer.numpy()), 0
+        while done < size:
+            done += file.readinto(view[done:])
+    os.unlink(path)
+
+
+def store_round_trip(store: object, ids: itertools.count, tensors: dict[str, torch.Tensor], **options: bool) -> None:
+    put_options = {"take_ownership": True} if options.get("take_ownership") else {}
+    ref = store.put(f"b{next(ids)}", tensors, **put_options)  # type: ignore[attr-defined]
+    _, handle = store.get(ref, copy=options.get("copy", True))  # type: ignore[attr-defined]
+    store.release(handle)  # type: ignore[attr-defined]
+
+
+def measure(variants: dict[str, Callable[[], None]], repeats: int, rounds: int = 3) -> dict[str, float]:
+    """Median seconds per call of each variant.
+
+    Each round runs every variant as a block of calls after one warm-up call,
+    so each is timed with the allocator in its own steady state (a 64 MiB
+    ``clone`` costs page faults or not depending on what ran just before),
+    while the rounds spread machine noise over all variants alike.
+    """
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    block = max(1, repeats // rounds)
+    for _ in range(rounds):
+        for name, run in variants.items():
+            run()
+            for _ in range(block):
+                start = time.perf_counter()
+                run()
+                times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="1,16,64", help="sample sizes in MiB (1,16,64)")
+    parser.add_argument("--repeats", type=int, default=15, help="timed runs per variant and size (15)")
+    parser.add_argument("--dir", help="directory for the shared-dir store and the raw file baseline (a temp dir)")
+    args = parser.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",")]
+    torch.set_num_threads(1)
+    with tempfile.TemporaryDirectory(prefix="featurestream-bench-", dir=args.dir) as directory:
+        local = LocalFeatureStore(max_samples=None, max_bytes=1 << 40, high_watermark_bytes=None)
+        shared = SharedDirFeatureStore(directory, max_samples=None, max_bytes=1 << 40, high_watermark_bytes=None)
+        ids = itertools.count()
+        print(f"torch {torch.__version__}, {torch.get_num_threads()} thread, shared-dir in {directory}")
+        print("GB/s of put+get+release (sample bytes / median time); ratios against baselines of the same run\n")
+        header = f"{'size':>6} | {'1 clone':>8} {'2 clones':>8} {'raw file':>8} | {'default':>8} {'pipeline':>8}"
+        header += f" {'zero-copy':>10} {'shared':>8} | {'default/2cl':>11} {'pipe/1cl':>9} {'shared/raw':>10}"
+        print(header)
+        print("-" * len(header))
+        zero_copy_us = {}
+        verdicts = []
+        for size in sizes:
+            tensors = sample(size)
+            nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
+            path = os.path.join(directory, "raw.bin")
+            seconds = measure(
+                {
+                    "clone1": partial(clones, tensors, 1),
+                    "clone2": partial(clones, tensors, 2),
+                    "raw": partial(raw_file_round_trip, tensors, path),
+                    "default": partial(store_round_trip, local, ids, tensors),
+                    "pipeline": partial(store_round_trip, local, ids, tensors, take_ownership=True),
+                    "zero": partial(store_round_trip, local, ids, tensors, take_ownership=True, copy=False),
+                    "shared": partial(store_round_trip, shared, ids, tensors),
+                },
+                args.repeats,
+            )
+            gbps = {name: nbytes / s / 1e9 for name, s in seconds.items()}
+            ratios = (
+                gbps["default"] / gbps["clone2"],
+                gbps["pipeline"] / gbps["clone1"],
+                gbps["shared"] / gbps["raw"],
+            )
+            zero_copy_us[size] = seconds["zero"] * 1e6
+            verdicts.append((size, ratios))
+            print(
+                f"{size:>3} MiB | {gbps['clone1']:>8.2f} {gbps['clone2']:>8.2f} {gbps['raw']:>8.2f} | "
+                f"{gbps['default']:>8.2f} {gbps['pipeline']:>8.2f} {gbps['zero']:>10.1f} {gbps['shared']:>8.2f} | "
+                f"{ratios[0]:>10.2f}x {ratios[1]:>8.2f}x {ratios[2]:>9.2f}x"
+            )
+        print()
+        print("zero-copy put+get+release: " + ", ".join(f"{s} MiB {us:.1f} us" for s, us in zero_copy_us.items()))
+        spread = max(zero_copy_us.values()) / min(zero_copy_us.values())
+        print(f"  largest/smallest time: {spread:.2f}x (independent of size when close to 1)")
+        print()
+        for size, (default, pipeline, shared_ratio) in verdicts:
+            checks = [
+                ("default >= 0.9x two clones", default >= 0.9),
+                ("pipeline >= 0.9x one clone", pipeline >= 0.9),
+                ("shared-dir >= 0.8x raw file", shared_ratio >= 0.8),
+            ]
+            print(f"{size:>3} MiB: " + "; ".join(f"{name}: {'met' if ok else 'MISSED'}" for name, ok in checks))
+        print(f"zero-copy independent of size (spread <= 2x): {'met' if spread <= 2 else 'MISSED'}")
+        shared.close()
+        local.close()
+
+
+if __name__ == "__main__":
+    main()
