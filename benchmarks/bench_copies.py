@@ -16,7 +16,9 @@ three rounds (see ``measure``), and the median is reported:
 
 Targets (from the data-plane issue): pipeline >= 0.9x one clone; default >=
 0.9x two clones; zero-copy time independent of size; shared-dir >= 0.8x the
-raw file baseline.
+raw file baseline. GB/s columns use the median time; the zero-copy size check
+uses the best time (a ~30 us operation is dominated by scheduling noise on a
+busy machine).
 """
 
 from __future__ import annotations
@@ -75,8 +77,8 @@ def store_round_trip(store: object, ids: itertools.count, tensors: dict[str, tor
     store.release(handle)  # type: ignore[attr-defined]
 
 
-def measure(variants: dict[str, Callable[[], None]], repeats: int, rounds: int = 3) -> dict[str, float]:
-    """Median seconds per call of each variant.
+def measure(variants: dict[str, Callable[[], None]], repeats: int, rounds: int = 3) -> dict[str, list[float]]:
+    """Seconds per call of each variant, ``repeats`` samples each.
 
     Each round runs every variant as a block of calls after one warm-up call,
     so each is timed with the allocator in its own steady state (a 64 MiB
@@ -92,7 +94,7 @@ def measure(variants: dict[str, Callable[[], None]], repeats: int, rounds: int =
                 start = time.perf_counter()
                 run()
                 times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(values) for name, values in times.items()}
+    return times
 
 
 def main() -> None:
@@ -119,7 +121,7 @@ def main() -> None:
             tensors = sample(size)
             nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
             path = os.path.join(directory, "raw.bin")
-            seconds = measure(
+            samples = measure(
                 {
                     "clone1": partial(clones, tensors, 1),
                     "clone2": partial(clones, tensors, 2),
@@ -131,13 +133,15 @@ def main() -> None:
                 },
                 args.repeats,
             )
+            seconds = {name: statistics.median(values) for name, values in samples.items()}
             gbps = {name: nbytes / s / 1e9 for name, s in seconds.items()}
             ratios = (
                 gbps["default"] / gbps["clone2"],
                 gbps["pipeline"] / gbps["clone1"],
                 gbps["shared"] / gbps["raw"],
             )
-            zero_copy_us[size] = seconds["zero"] * 1e6
+            # A ~30 us operation: its best time, not its median, is what noise from other processes leaves alone.
+            zero_copy_us[size] = min(samples["zero"]) * 1e6
             verdicts.append((size, ratios))
             print(
                 f"{size:>3} MiB | {gbps['clone1']:>8.2f} {gbps['clone2']:>8.2f} {gbps['raw']:>8.2f} | "
@@ -145,7 +149,8 @@ def main() -> None:
                 f"{ratios[0]:>10.2f}x {ratios[1]:>8.2f}x {ratios[2]:>9.2f}x"
             )
         print()
-        print("zero-copy put+get+release: " + ", ".join(f"{s} MiB {us:.1f} us" for s, us in zero_copy_us.items()))
+        best = ", ".join(f"{size} MiB {us:.1f} us" for size, us in zero_copy_us.items())
+        print(f"zero-copy put+get+release, best of each: {best}")
         spread = max(zero_copy_us.values()) / min(zero_copy_us.values())
         print(f"  largest/smallest time: {spread:.2f}x (independent of size when close to 1)")
         print()
