@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import heapq
 import logging
@@ -11,7 +12,7 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from featurestream.lease import DeadLetter, Lease, VisibilityTimeout, _lease_id_counter, _next_lease_id
 from featurestream.machines import BACKPRESSURE, LEASE, LIFECYCLE, build_machine, fire
@@ -68,13 +69,15 @@ class QueueStats:
 class _Record:
     """One lease's state-machine model; ``lease`` is set when it is handed out."""
 
-    __slots__ = ("lease", "redelivery_count", "ref", "state")
+    __slots__ = ("deadline", "lease", "redelivery_count", "ref", "state")
 
     def __init__(self, ref: SampleRef, redelivery_count: int) -> None:
         self.state = LEASE.initial
         self.ref = ref
         self.redelivery_count = redelivery_count
         self.lease: Lease | None = None
+        # The queue's own copy: a consumer mutating ``lease.deadline`` cannot make its lease immortal.
+        self.deadline = math.inf
 
 
 class _Flag:
@@ -179,11 +182,9 @@ class SampleRefQueue:
         once closed. A refused put changes nothing.
         """
         self._check_ref(ref)
-        with self._lock:
+        with self._operation():
             self._reap_due()
             self._enqueue_new(ref)
-            outbox = self._take_outbox()
-        self._after(outbox)
 
     def put_blocks_until_below(
         self,
@@ -197,28 +198,28 @@ class SampleRefQueue:
         keeps its state inside the band. Wakes on every ack/scrub and at least
         every ``poll_interval`` seconds to re-check the store and ``abort_when``.
         Raises ``RuntimeError`` when the queue is closed or ``abort_when()`` is true.
+
+        The producer's own sample is already in the store and counts towards
+        ``resident_bytes``: keep the low watermark above what all producers hold
+        at once, or every producer can stay paused for good.
         """
         self._check_ref(ref)
         _check_seconds("poll_interval", poll_interval)
         while True:
             if abort_when is not None and abort_when():
                 raise RuntimeError(f"put of sample {ref.sample_id!r} aborted: abort_when() returned True")
-            with self._lock:
+            with self._operation():
                 self._reap_due()
                 self._require_open(ref)
                 health = self._store.health()
                 callback = self._update_backpressure(health)
-                if callback is None and self._backpressure.state == "flowing":
+                if callback is not None:
+                    self._outbox.append((callback, health))
+                    continue
+                if self._backpressure.state == "flowing":
                     self._enqueue_new(ref)
-                    outbox = self._take_outbox()
-                    break
-                if callback is None:
-                    self._not_full.wait(poll_interval)
-                outbox = self._take_outbox()
-            if callback is not None:
-                outbox.append((callback, health))
-            self._after(outbox)
-        self._after(outbox)
+                    return
+                self._not_full.wait(poll_interval)
 
     # -- consumer side ----------------------------------------------------
     def acquire(self, poll_interval: float = 0.05, *, timeout: float | None = None) -> Lease | None:
@@ -231,25 +232,19 @@ class SampleRefQueue:
         wait = poll_interval if timeout is None else timeout
         _check_seconds("timeout" if timeout is not None else "poll_interval", wait)
         give_up = time.monotonic() + wait
-        with self._lock:
+        with self._operation():
             while True:
                 self._reap_due()
                 if self._pending:
-                    lease = self._lease_head()
-                    break
+                    return self._lease_head()
                 if self._lifecycle.state == "drained":
-                    lease = None
-                    break
+                    return None
                 remaining = give_up - time.monotonic()
                 if remaining <= 0:
-                    lease = None
-                    break
+                    return None
                 if self._deadlines:
                     remaining = min(remaining, max(self._deadlines[0][0] - self._clock(), 0.0))
                 self._not_empty.wait(remaining)
-            outbox = self._take_outbox()
-        self._after(outbox)
-        return lease
 
     def ack(self, lease: Lease) -> None:
         """Mark ``lease``'s sample consumed: it is never delivered again and its store scrubs it.
@@ -257,28 +252,24 @@ class SampleRefQueue:
         A stale lease (reclaimed, already settled, copied, or from another
         queue) is rejected and changes nothing.
         """
-        with self._lock:
+        with self._operation():
             self._reap_due()
             record = self._settle(lease, "ack")
             if record is not None:
                 self._counts["acked"] += 1
                 self._retire(record.ref, "acked")
-            outbox = self._take_outbox()
-        self._after(outbox)
 
     def fail(self, lease: Lease) -> None:
         """Give ``lease``'s sample back: redelivered from the tail, or dead once deliveries are spent.
 
         A stale lease is rejected and changes nothing.
         """
-        with self._lock:
+        with self._operation():
             self._reap_due()
             record = self._settle(lease, "fail")
             if record is not None:
                 self._counts["failed"] += 1
                 self._redeliver(record, "failed")
-            outbox = self._take_outbox()
-        self._after(outbox)
 
     def extend(self, lease: Lease, seconds: float | None = None) -> None:
         """Push ``lease.deadline`` to now + ``seconds`` (default: the visibility timeout).
@@ -290,34 +281,23 @@ class SampleRefQueue:
         _check_seconds("seconds", extra)
         if extra == 0:
             raise ValueError("seconds must be > 0 to extend a lease, got 0")
-        with self._lock:
+        with self._operation():
             self._reap_due()
             record = self._live_record(lease, "extend")
             if record is None:
-                outbox = self._take_outbox()
-                lost = True
-            else:
-                fire(_LEASE_MACHINE, "extend", record)
-                lease.deadline = self._clock() + extra
-                self._push_deadline(lease)
-                self._counts["extended"] += 1
-                self._trace("Extend", sample_id=lease.ref.sample_id, lease_id=lease.lease_id)
-                outbox = self._take_outbox()
-                lost = False
-        self._after(outbox)
-        if lost:
-            raise LeaseLost(
-                f"lease {lease.lease_id} of sample {lease.ref.sample_id!r} is not live; "
-                "stop working on it (it was settled or reclaimed)"
-            )
+                raise LeaseLost(
+                    f"lease {getattr(lease, 'lease_id', lease)!r} is not live; "
+                    "stop working on it (it was settled or reclaimed)"
+                )
+            fire(_LEASE_MACHINE, "extend", record)
+            self._set_deadline(record, self._clock() + extra)
+            self._counts["extended"] += 1
+            self._trace("Extend", sample_id=lease.ref.sample_id, lease_id=lease.lease_id)
 
     def reclaim_expired(self) -> int:
         """Redeliver (or dead-letter) every lease past its deadline; return how many."""
-        with self._lock:
-            count = self._reap_due()
-            outbox = self._take_outbox()
-        self._after(outbox)
-        return count
+        with self._operation():
+            return self._reap_due()
 
     # -- lifecycle and introspection -----------------------------------------
     def close(self) -> None:
@@ -434,22 +414,23 @@ class SampleRefQueue:
         )
         record.lease = lease
         self._live[lease.lease_id] = record
-        self._push_deadline(lease)
+        self._set_deadline(record, lease.deadline)
         self._counts["leased"] += 1
         self._trace("Acquire", sample_id=record.ref.sample_id, lease_id=lease.lease_id)
         return lease
 
-    def _push_deadline(self, lease: Lease) -> None:
-        heapq.heappush(self._deadlines, (lease.deadline, lease.lease_id))
+    def _set_deadline(self, record: _Record, deadline: float) -> None:
+        assert record.lease is not None
+        record.deadline = record.lease.deadline = deadline
+        heapq.heappush(self._deadlines, (deadline, record.lease.lease_id))
         # Extends and settles leave dead heap entries; rebuild before they dominate.
         if len(self._deadlines) > 2 * len(self._live) + 1024:
-            self._deadlines = [
-                (record.lease.deadline, lease_id) for lease_id, record in self._live.items() if record.lease is not None
-            ]
+            self._deadlines = [(live.deadline, lease_id) for lease_id, live in self._live.items()]
             heapq.heapify(self._deadlines)
 
     def _live_record(self, lease: object, action: str) -> _Record | None:
-        record = self._live.get(getattr(lease, "lease_id", None))  # type: ignore[arg-type]
+        lease_id = getattr(lease, "lease_id", None)
+        record = self._live.get(lease_id) if isinstance(lease_id, int) else None
         if record is None or record.lease is not lease:
             self._counts["stale_rejected"] += 1
             logger.debug("rejected stale %s of lease %r", action, getattr(lease, "lease_id", lease))
@@ -476,7 +457,7 @@ class SampleRefQueue:
         while heap and heap[0][0] <= now:
             deadline, lease_id = heapq.heappop(heap)
             record = self._live.get(lease_id)
-            if record is None or record.lease is None or record.lease.deadline != deadline:
+            if record is None or record.lease is None or record.deadline != deadline:
                 continue
             self._settle(record.lease, "reclaim")
             self._counts["reclaimed"] += 1
@@ -546,11 +527,20 @@ class SampleRefQueue:
         if self._tracer is not None:
             self._tracer(action, fields)
 
-    def _take_outbox(self) -> list[tuple[Callable[..., None], object]]:
-        outbox, self._outbox = self._outbox, []
-        return outbox
+    # -- around the lock ----------------------------------------------------------
+    @contextlib.contextmanager
+    def _operation(self) -> Iterator[None]:
+        """Hold the lock for the body; then, even if it raised, run queued callbacks and the store's gc."""
+        outbox: list[tuple[Callable[..., None], object]] = []
+        try:
+            with self._lock:
+                try:
+                    yield
+                finally:
+                    outbox, self._outbox = self._outbox, []
+        finally:
+            self._after(outbox)
 
-    # -- outside the lock --------------------------------------------------------
     def _after(self, outbox: list[tuple[Callable[..., None], object]]) -> None:
         for callback, argument in outbox:
             try:

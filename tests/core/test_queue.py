@@ -401,3 +401,34 @@ def test_reaper_thread_reclaims_for_a_queue_nobody_polls() -> None:
         time.sleep(0.01)
     stats = queue.stats()
     assert (stats.reclaimed, stats.pending, stats.outstanding) == (1, 1, 0)
+
+
+def test_a_consumer_cannot_make_its_lease_immortal() -> None:
+    store, queue, clock = make_queue()
+    queue.put(put_sample(store, "s0"))
+    lease = queue.acquire(poll_interval=0)
+    assert lease is not None
+    lease.deadline = math.inf
+    clock.advance(10.0)
+    assert queue.reclaim_expired() == 1
+
+
+def test_a_forged_lease_with_an_unhashable_id_is_stale() -> None:
+    store, queue, _ = make_queue()
+    queue.put(put_sample(store, "s0"))
+    lease = queue.acquire(poll_interval=0)
+    assert lease is not None
+    queue.ack(dataclasses.replace(lease, lease_id=[lease.lease_id]))  # type: ignore[arg-type]
+    assert queue.stats().stale_rejected == 1 and queue.outstanding_count() == 1
+
+
+def test_callbacks_run_even_when_the_call_that_reaped_raises() -> None:
+    dead: list[object] = []
+    store, queue, clock = make_queue(max_deliveries=1, on_dead_letter=dead.append)
+    queue.put(put_sample(store, "s0"))
+    assert queue.acquire(poll_interval=0) is not None
+    queue.close()
+    clock.advance(10.0)
+    with pytest.raises(RuntimeError, match="closed"):
+        queue.put(put_sample(store, "s1"))  # reaps s0 into the dead letters, then refuses
+    assert [letter.ref.sample_id for letter in dead] == ["s0"]  # type: ignore[attr-defined]
