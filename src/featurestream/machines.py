@@ -76,7 +76,9 @@ LIFECYCLE = MachineTable(
     terminal=("drained",),
     transitions=(
         Transition("close", "open", "draining", "close()", "always", "Close"),
-        Transition("drain", "draining", "drained", "ack() / fail() / reclaim", "nothing pending or leased", "Drain"),
+        Transition(
+            "drain", "draining", "drained", "close() / ack() / fail() / reclaim", "nothing pending or leased", "Drain"
+        ),
     ),
 )
 
