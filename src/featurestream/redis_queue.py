@@ -190,24 +190,8 @@ class RedisSampleRefQueue(SampleRefQueue):
         reply was lost is not refused as its own duplicate).
         """
         self._check_ref(ref)
-        wire = ref_to_json(ref)
-        put_token = secrets.token_hex(8)
-        with self._lock:
-            status, events, *rest = self._run("put", ref.sample_id, wire, put_token)
-            outbox = self._apply(events)
-            status = _text(status)
-            if status == "ok":
-                self._store.retain(ref)
-        self._after(outbox)
-        if status == "closed":
-            raise RuntimeError(f"cannot put sample {ref.sample_id!r}: the queue is closed")
-        if status == "held":
-            raise ValueError(f"sample {ref.sample_id!r} is already queued; ids must be unique")
-        if status == "dedup":
-            raise ValueError(
-                f"sample {ref.sample_id!r} was already {_text(rest[0])}; re-puts of settled samples are refused "
-                "(discard the duplicate from the store)"
-            )
+        with self._operation():
+            self._put_locked(ref)
 
     def put_blocks_until_below(
         self,
@@ -228,29 +212,24 @@ class RedisSampleRefQueue(SampleRefQueue):
         while True:
             if abort_when is not None and abort_when():
                 raise RuntimeError(f"put of sample {ref.sample_id!r} aborted: abort_when() returned True")
-            with self._lock:
-                # Flowing and staying so: the put script itself reaps and checks the lifecycle (one round trip).
-                fast = self._backpressure.state == "flowing" and not self._should_pause(self._store.health())
-                if not fast:
-                    # Like the in-process queue: reap, refuse once closed, and only then move the hysteresis.
-                    _, events, _, state = self._run("reclaim")
-                    outbox = self._apply(events)
-                    if _text(state) != "open":
-                        self._after(outbox)
-                        raise RuntimeError(f"cannot put sample {ref.sample_id!r}: the queue is closed")
-                    health = self._store.health()
-                    callback = self._update_backpressure(health)
-                    if callback is not None and self._backpressure.state == "paused":
+            with self._operation():
+                if self._backpressure.state == "flowing" and not self._should_pause(self._store.health()):
+                    # Flowing and staying so: the put script itself reaps and checks the lifecycle.
+                    self._put_locked(ref)
+                    return
+                # Like the in-process queue: reap, refuse once closed, and only then move the hysteresis.
+                _, events, _, state = self._run("reclaim")
+                self._apply(events)
+                if _text(state) != "open":
+                    raise RuntimeError(f"cannot put sample {ref.sample_id!r}: the queue is closed")
+                health = self._store.health()
+                callback = self._update_backpressure(health)
+                if callback is not None:
+                    if self._backpressure.state == "paused":
                         self._retrying(self._redis.hincrby, self._key["stats"], "producer_pauses", 1)
-                    if callback is None:
-                        self._not_full.wait(poll_interval)
-                    else:
-                        self._outbox.append((callback, health))
-                    outbox += self._take_outbox()
-            if fast:
-                self.put(ref)
-                return
-            self._after(outbox)
+                    self._outbox.append((callback, health))
+                    continue
+                self._not_full.wait(poll_interval)
 
     # -- consumer side ----------------------------------------------------
     def acquire(self, poll_interval: float = 0.05, *, timeout: float | None = None) -> RedisLease | None:
@@ -267,14 +246,14 @@ class RedisSampleRefQueue(SampleRefQueue):
         give_up = time.monotonic() + wait
         while True:
             token = secrets.token_hex(8)
-            with self._lock:
+            with self._operation():
                 status, events, *rest = self._run("acquire", repr(float(self._vt.seconds)), token)
-                outbox = self._apply(events)
+                self._apply(events)
                 status = _text(status)
-                lease = self._issue(rest, token) if status == "ok" else None
-            self._after(outbox)
-            if lease is not None or status == "drained":
-                return lease
+                if status == "ok":
+                    return self._issue(rest, token)
+                if status == "drained":
+                    return None
             remaining = give_up - time.monotonic()
             if remaining <= 0:
                 return None
@@ -316,14 +295,12 @@ class RedisSampleRefQueue(SampleRefQueue):
         if extra == 0:
             raise ValueError("seconds must be > 0 to extend a lease, got 0")
         key, token, _ = self._proof(lease)
-        with self._lock:
+        with self._operation():
             status, events, *rest = self._run("extend", key, token, repr(float(extra)))
-            outbox = self._apply(events)
-            lost = _text(status) != "ok"
-            if not lost:
+            self._apply(events)
+            if _text(status) == "ok":
                 lease.deadline = self._local_deadline(rest[0], rest[1])
-        self._after(outbox)
-        if lost:
+                return
             sample_id = getattr(getattr(lease, "ref", None), "sample_id", None)
             raise LeaseLost(
                 f"lease {getattr(lease, 'lease_id', lease)} of sample {sample_id!r} is not live; "
@@ -334,10 +311,9 @@ class RedisSampleRefQueue(SampleRefQueue):
         """Redeliver (or dead-letter) every lease past its deadline, whoever held it; return how many."""
         total = 0
         while True:
-            with self._lock:
+            with self._operation():
                 _, events, count, _ = self._run("reclaim")
-                outbox = self._apply(events)
-            self._after(outbox)
+                self._apply(events)
             total += int(count)
             # A script reaps at most REAP_LIMIT leases, to keep the server responsive.
             if int(count) < 1000:
@@ -346,10 +322,9 @@ class RedisSampleRefQueue(SampleRefQueue):
     # -- lifecycle and introspection -----------------------------------------
     def close(self) -> None:
         """Refuse further puts, in every process; ``acquire`` drains what is held, then returns ``None``."""
-        with self._lock:
+        with self._operation():
             _, events = self._run("close")
-            outbox = self._apply(events)
-        self._after(outbox)
+            self._apply(events)
 
     @property
     def is_closed(self) -> bool:
@@ -445,17 +420,16 @@ class RedisSampleRefQueue(SampleRefQueue):
 
     def _settle(self, trigger: str, lease: Lease) -> None:
         key, token, sample_id = self._proof(lease)
-        with self._lock:
+        with self._operation():
             status, events, *_ = self._run(trigger, key, token, sample_id)
             status = _text(status)
-            outbox = self._apply(events)
+            self._apply(events)
             if token:
                 self._issued.pop(lease.lease_id, None)
             # A fail that dead-letters is scrubbed through its "dead" event; "again" is a retried settle
             # whose first run's reply was lost (acked, or failed into the dead letters): scrub it now.
             if status == "again" or (status == "ok" and trigger == "ack"):
                 self._scrub(lease.ref)
-        self._after(outbox)
 
     def _issue(self, reply: list[Any], token: str) -> RedisLease:
         key, n, ref_json, deadline, now = reply
@@ -476,10 +450,26 @@ class RedisSampleRefQueue(SampleRefQueue):
             return self._clock() + (float(_text(deadline)) - float(_text(now)))
         return float(_text(deadline))
 
-    def _apply(self, events: list[Any]) -> list[tuple[Callable[..., None], object]]:
-        """Trace the server's events in order, scrub dead-lettered samples here; return the callbacks to run.
+    def _put_locked(self, ref: SampleRef) -> None:
+        status, events, *rest = self._run("put", ref.sample_id, ref_to_json(ref), secrets.token_hex(8))
+        self._apply(events)
+        status = _text(status)
+        if status == "ok":
+            self._store.retain(ref)
+        elif status == "closed":
+            raise RuntimeError(f"cannot put sample {ref.sample_id!r}: the queue is closed")
+        elif status == "held":
+            raise ValueError(f"sample {ref.sample_id!r} is already queued; ids must be unique")
+        else:
+            raise ValueError(
+                f"sample {ref.sample_id!r} was already {_text(rest[0])}; re-puts of settled samples are refused "
+                "(discard the duplicate from the store)"
+            )
 
-        Called with the lock held, so one instance's trace follows the server's order.
+    def _apply(self, events: list[Any]) -> None:
+        """Trace the server's events in order, scrub dead-lettered samples here, queue the dead-letter callbacks.
+
+        Called inside ``_operation`` (lock held), so one instance's trace follows the server's order.
         """
         for index in range(0, len(events), 3):
             kind, first, second = (_text(v) for v in events[index : index + 3])
@@ -500,7 +490,6 @@ class RedisSampleRefQueue(SampleRefQueue):
                 self._trace(action)
                 if kind == "drain":
                     self._reaper_stop.set()
-        return self._take_outbox()
 
     def _scrub(self, ref: SampleRef) -> None:
         self._store.scrub(ref)

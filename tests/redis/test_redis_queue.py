@@ -1,0 +1,496 @@
+"""RedisSampleRefQueue against a real redis-server: every method, and stale acks across instances."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from featurestream import DeadLetter, Lease, LeaseLost, LocalFeatureStore, SampleRefQueue, StoreHealth
+from featurestream import VisibilityTimeout as VT
+from featurestream.testing import FakeClock, sample_tensors
+
+redis = pytest.importorskip("redis", reason="redis-py is missing: pip install 'featurestream[redis]'")
+from featurestream.redis_queue import RedisLease, RedisSampleRefQueue  # noqa: E402 - needs redis-py
+
+Factory = Callable[..., RedisSampleRefQueue]
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock(1000.0)
+
+
+@pytest.fixture
+def store() -> LocalFeatureStore:
+    return LocalFeatureStore(max_samples=64)
+
+
+@pytest.fixture
+def make(redis_server: Any, queue_name: str, clock: FakeClock) -> Iterator[Factory]:
+    """Instances of one queue (same name); each has its own connection, like a separate process."""
+    made: list[RedisSampleRefQueue] = []
+
+    def factory(store: LocalFeatureStore, **kwargs: Any) -> RedisSampleRefQueue:
+        kwargs.setdefault("visibility_timeout", VT(10.0))
+        kwargs.setdefault("clock", clock)
+        queue = RedisSampleRefQueue(store, url=redis_server.url, name=queue_name, **kwargs)
+        made.append(queue)
+        return queue
+
+    yield factory
+    for queue in made:
+        queue.disconnect()
+
+
+def put(store: LocalFeatureStore, queue: RedisSampleRefQueue, index: int, prefix: str = "s") -> Any:
+    ref = store.put(f"{prefix}{index}", sample_tensors(index))
+    queue.put(ref)
+    return ref
+
+
+def test_fifo_lease_ack_and_scrub(make: Factory, store: LocalFeatureStore, clock: FakeClock) -> None:
+    queue = make(store)
+    refs = [put(store, queue, i) for i in range(3)]
+    assert (queue.pending_count(), queue.outstanding_count()) == (3, 0)
+    leases = [queue.acquire(timeout=0) for _ in range(3)]
+    assert [lease.ref for lease in leases] == refs  # type: ignore[union-attr]
+    lease = leases[0]
+    assert isinstance(lease, RedisLease) and isinstance(lease, Lease)
+    assert lease.deadline == clock() + 10.0 and lease.redelivery_count == 0
+    assert len({lease.lease_id for lease in leases}) == 3  # type: ignore[union-attr]
+    assert queue.acquire(timeout=0) is None and not queue.is_closed
+    # A queued sample survives its consumer's release (retained) ...
+    _, handle = store.get(lease.ref)
+    store.release(handle)
+    assert store.is_resident("s0")
+    # ... and is scrubbed on ack even with a handle still out.
+    store.get(lease.ref)
+    queue.ack(lease)
+    assert not store.is_resident("s0")
+    assert queue.stats() == dataclasses.replace(queue.stats(), put=3, leased=3, acked=1, pending=0, outstanding=2)
+    assert queue.lease_state_counts() == {"pending": 0, "leased": 2}
+
+
+def test_fail_redelivers_from_the_tail_then_dead_letters(make: Factory, store: LocalFeatureStore) -> None:
+    letters: list[DeadLetter] = []
+    queue = make(store, max_deliveries=2, on_dead_letter=letters.append)
+    put(store, queue, 0)
+    first = queue.acquire(timeout=0)
+    put(store, queue, 1)
+    queue.fail(first)  # type: ignore[arg-type]
+    assert queue.acquire(timeout=0).ref.sample_id == "s1"  # type: ignore[union-attr]
+    again = queue.acquire(timeout=0)
+    assert again.ref.sample_id == "s0" and again.redelivery_count == 1  # type: ignore[union-attr]
+    assert again.lease_id != first.lease_id  # type: ignore[union-attr]
+    queue.fail(again)  # type: ignore[arg-type]
+    assert [(d.ref.sample_id, d.reason, d.deliveries) for d in queue.dead_letters()] == [
+        ("s0", "failed 2 times (max_deliveries=2)", 2)
+    ]
+    assert letters == queue.dead_letters()
+    assert not store.is_resident("s0")
+    stats = queue.stats()
+    assert (stats.failed, stats.dead_lettered, stats.outstanding, stats.pending) == (2, 1, 1, 0)
+
+
+def test_dead_letter_callback_errors_are_logged(
+    make: Factory, store: LocalFeatureStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    def explode(_: DeadLetter) -> None:
+        raise RuntimeError("callback bug")
+
+    queue = make(store, max_deliveries=1, on_dead_letter=explode)
+    put(store, queue, 0)
+    queue.fail(queue.acquire(timeout=0))  # type: ignore[arg-type]
+    assert "callback bug" in caplog.text and queue.stats().dead_lettered == 1
+
+
+@pytest.mark.parametrize("make_stale", ["twice", "copy", "made_up_id", "core_lease", "other_instance", "garbage"])
+def test_stale_leases_are_rejected_without_changes(make: Factory, store: LocalFeatureStore, make_stale: str) -> None:
+    queue = make(store)
+    other = make(store)
+    put(store, queue, 0)
+    lease = queue.acquire(timeout=0)
+    assert lease is not None
+    if make_stale == "twice":
+        queue.ack(lease)
+    stale: Any = {
+        "twice": lease,
+        "copy": dataclasses.replace(lease),
+        "made_up_id": dataclasses.replace(lease, lease_id=lease.lease_id + 1000),
+        "core_lease": Lease(lease.ref, lease.deadline, lease.visibility_timeout, lease_id=lease.lease_id),
+        "other_instance": lease,
+        "garbage": None,
+    }[make_stale]
+    target = other if make_stale == "other_instance" else queue
+    before = target.stats()
+    target.ack(stale)
+    target.fail(stale)
+    with pytest.raises(LeaseLost):
+        target.extend(stale)
+    after = target.stats()
+    assert after == dataclasses.replace(before, stale_rejected=before.stale_rejected + 3)
+    assert store.is_resident("s0") == (make_stale != "twice")
+    if make_stale != "twice":
+        queue.ack(lease)  # the real lease is still live
+        assert queue.stats().acked == 1
+
+
+def test_late_ack_of_a_reclaimed_lease_changes_nothing_across_instances(
+    make: Factory, clock: FakeClock
+) -> None:
+    """Two instances (two connections, as two processes would be), each with its own store view."""
+    store = LocalFeatureStore()
+    slow, fast = make(store), make(store)
+    put(store, slow, 0)
+    old = slow.acquire(timeout=0)
+    clock.advance(10.0)  # the lease expires; the next call anywhere reclaims it
+    new = fast.acquire(timeout=0)
+    assert new is not None and new.ref.sample_id == "s0" and new.redelivery_count == 1
+    stats = fast.stats()
+    assert (stats.reclaimed, stats.outstanding) == (1, 1)
+    slow.ack(old)  # type: ignore[arg-type]
+    slow.fail(old)  # type: ignore[arg-type]
+    with pytest.raises(LeaseLost, match="is not live"):
+        slow.extend(old)  # type: ignore[arg-type]
+    assert slow.stats() == dataclasses.replace(stats, stale_rejected=3)
+    assert store.is_resident("s0")
+    fast.ack(new)
+    assert fast.stats().acked == 1 and not store.is_resident("s0")
+
+
+def test_the_server_checks_the_token(make: Factory, store: LocalFeatureStore) -> None:
+    """A peer that knows the lease id but not its token cannot settle it (the Lua check, not the local one)."""
+    queue = make(store)
+    put(store, queue, 0)
+    lease = queue.acquire(timeout=0)
+    assert lease is not None
+    key = f"{lease.lease_id:016d}"
+    for forged_token in ("0" * 16, lease.token[:-1], ""):
+        status, *_ = queue._run("ack", key, forged_token, "s0")
+        assert status == b"stale"
+    assert queue.outstanding_count() == 1 and queue.stats().stale_rejected == 3
+    status, *_ = queue._run("ack", key, lease.token, "s0")
+    assert status == b"ok"
+
+
+def test_put_rejects_bad_input_and_changes_nothing(make: Factory, store: LocalFeatureStore) -> None:
+    queue = make(store)
+    ref = put(store, queue, 0)
+    before = queue.stats()
+    with pytest.raises(TypeError, match="put expects a SampleRef"):
+        queue.put("s0")  # type: ignore[arg-type]
+    foreign = LocalFeatureStore().put("x", sample_tensors(0))
+    with pytest.raises(ValueError, match="lives in mem://"):
+        queue.put(foreign)
+    with pytest.raises(ValueError, match="'s0' is already queued"):
+        queue.put(ref)
+    assert queue.stats() == before
+
+
+def test_dedup_window_refuses_settled_ids_and_is_bounded(make: Factory, store: LocalFeatureStore) -> None:
+    queue = make(store, dedup_window=2)
+    refs = [put(store, queue, i) for i in range(3)]
+    for _ in refs:
+        queue.ack(queue.acquire(timeout=0))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="'s2' was already acked"):
+        queue.put(refs[2])
+    assert queue.stats().dedup_refused == 1
+    queue.put(refs[0])  # evicted from the window of 2
+    assert queue.stats().put == 4
+
+
+def test_settings_are_fixed_by_the_first_instance(make: Factory, store: LocalFeatureStore) -> None:
+    make(store, max_deliveries=3)
+    with pytest.raises(ValueError, match="created with max_deliveries=3, dedup_window=100000"):
+        make(store, max_deliveries=4)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"name": ""}, ValueError, "name must be a non-empty str"),
+        ({"name": "a{b}"}, ValueError, "without braces"),
+        ({"reconnect_timeout": -1}, ValueError, "reconnect_timeout"),
+        ({"reaper_interval": 0}, ValueError, "reaper_interval must be > 0"),
+        ({"clock": 5}, TypeError, "clock must be a callable"),
+        ({"client": object()}, TypeError, "client must be a redis.Redis"),
+        ({"max_deliveries": 0}, ValueError, "max_deliveries"),
+        ({"high_watermark_bytes": 10, "low_watermark_bytes": 10}, ValueError, "hysteresis band"),
+    ],
+)
+def test_misconfiguration(
+    redis_server: Any, store: LocalFeatureStore, kwargs: dict[str, Any], error: type, match: str
+) -> None:
+    if "client" not in kwargs:
+        kwargs["url"] = redis_server.url
+    with pytest.raises(error, match=match):
+        RedisSampleRefQueue(store, **kwargs)
+
+
+def test_url_and_client_are_exclusive(redis_server: Any, store: LocalFeatureStore) -> None:
+    with pytest.raises(ValueError, match="either url or client"):
+        RedisSampleRefQueue(store, url=redis_server.url, client=redis.Redis.from_url(redis_server.url))
+
+
+def test_expired_leases_are_reclaimed_by_ordinary_calls_to_the_tail(
+    make: Factory, store: LocalFeatureStore, clock: FakeClock
+) -> None:
+    queue = make(store)
+    put(store, queue, 0)
+    queue.acquire(timeout=0)
+    put(store, queue, 1)
+    clock.advance(9.0)
+    assert queue.reclaim_expired() == 0
+    clock.advance(1.0)  # deadline <= now: due
+    put(store, queue, 2)  # any call reaps first: s0 goes to the tail before s2 is appended
+    assert queue.stats().reclaimed == 1
+    order = [queue.acquire(timeout=0) for _ in range(3)]
+    assert [(lease.ref.sample_id, lease.redelivery_count) for lease in order] == [  # type: ignore[union-attr]
+        ("s1", 0),
+        ("s0", 1),
+        ("s2", 0),
+    ]
+    clock.advance(10.0)
+    assert queue.reclaim_expired() == 3 and queue.pending_count() == 3
+
+
+def test_extend_pushes_the_deadline(make: Factory, store: LocalFeatureStore, clock: FakeClock) -> None:
+    queue = make(store)
+    put(store, queue, 0)
+    lease = queue.acquire(timeout=0)
+    assert lease is not None
+    clock.advance(8.0)
+    queue.extend(lease, 5.0)
+    assert lease.deadline == clock() + 5.0
+    clock.advance(4.0)
+    assert queue.reclaim_expired() == 0
+    queue.extend(lease)
+    assert lease.deadline == clock() + 10.0 and queue.stats().extended == 2
+    for bad in (0, -1, float("nan"), float("inf"), True):
+        with pytest.raises(ValueError, match="seconds"):
+            queue.extend(lease, bad)  # type: ignore[arg-type]
+    clock.advance(10.0)
+    with pytest.raises(LeaseLost):
+        queue.extend(lease)
+    assert queue.stats().reclaimed == 1
+
+
+def test_close_drains_then_returns_none_for_good(make: Factory, store: LocalFeatureStore) -> None:
+    producer, consumer = make(store), make(store)
+    put(store, producer, 0)
+    put(store, producer, 1)
+    lease = consumer.acquire(timeout=0)
+    producer.close()
+    assert consumer.is_closed and consumer.lifecycle_state == "draining"
+    with pytest.raises(RuntimeError, match="queue is closed"):
+        put(store, producer, 2)
+    second = consumer.acquire(timeout=0)
+    assert second is not None
+    consumer.fail(second)  # redelivery still works while draining
+    consumer.ack(consumer.acquire(timeout=0))  # type: ignore[arg-type]
+    assert consumer.lifecycle_state == "draining" and consumer.acquire(timeout=0) is None
+    consumer.ack(lease)  # type: ignore[arg-type]
+    assert producer.lifecycle_state == "drained"
+    started = time.monotonic()
+    assert consumer.acquire(timeout=30) is None  # drained: returns at once, not after the timeout
+    assert time.monotonic() - started < 30
+    producer.close()  # idempotent
+    assert producer.stats().put == 2
+
+
+def test_blocked_acquire_wakes_on_a_put_from_another_instance(redis_server: Any, queue_name: str) -> None:
+    """Server time (no injected clock): the waiter blocks in XREAD, not a sleep loop."""
+    store = LocalFeatureStore()
+    consumer = RedisSampleRefQueue(store, url=redis_server.url, name=queue_name)
+    producer = RedisSampleRefQueue(store, url=redis_server.url, name=queue_name)
+    got: list[Any] = []
+    waiter = threading.Thread(target=lambda: got.append(consumer.acquire(timeout=60)))
+    waiter.start()
+    time.sleep(0.05)  # let it block (correctness does not depend on this)
+    put(store, producer, 0)
+    waiter.join(timeout=60)
+    assert not waiter.is_alive() and got[0] is not None and got[0].ref.sample_id == "s0"
+    # With the server's clock, Lease.deadline is in this process's monotonic time.
+    assert time.monotonic() < got[0].deadline <= time.monotonic() + 30.0
+
+
+def test_close_and_drain_wake_blocked_acquires(redis_server: Any, queue_name: str) -> None:
+    store = LocalFeatureStore()
+    owner = RedisSampleRefQueue(store, url=redis_server.url, name=queue_name)
+    waiter_queue = RedisSampleRefQueue(store, url=redis_server.url, name=queue_name)
+    put(store, owner, 0)
+    lease = owner.acquire(timeout=0)
+    results: list[Any] = []
+    waiter = threading.Thread(target=lambda: results.append(waiter_queue.acquire(timeout=60)))
+    waiter.start()
+    owner.close()
+    time.sleep(0.05)
+    owner.ack(lease)  # type: ignore[arg-type]  # drains: the waiter must return None at once
+    waiter.join(timeout=60)
+    assert not waiter.is_alive() and results == [None] and waiter_queue.lifecycle_state == "drained"
+
+
+def test_blocked_acquire_wakes_at_a_lease_deadline_to_reap(redis_server: Any, queue_name: str) -> None:
+    store = LocalFeatureStore()
+    queue = RedisSampleRefQueue(store, VT(0.2), url=redis_server.url, name=queue_name)
+    put(store, queue, 0)
+    crashed = queue.acquire(timeout=0)
+    again = queue.acquire(timeout=60)
+    assert again is not None and crashed is not None
+    assert (again.ref.sample_id, again.redelivery_count) == ("s0", 1)
+
+
+def test_backpressure_pauses_and_resumes_with_hysteresis(
+    make: Factory, store: LocalFeatureStore
+) -> None:
+    events: list[tuple[str, int]] = []
+
+    def on_pause(health: StoreHealth) -> None:
+        events.append(("pause", health.resident_bytes))
+
+    def on_resume(health: StoreHealth) -> None:
+        events.append(("resume", health.resident_bytes))
+
+    nbytes = [sum(t.numel() * t.element_size() for t in sample_tensors(i).values()) for i in range(3)]
+    # All three resident: pause; only s2 (the largest) left: resume.
+    producer = make(store, high_watermark_bytes=sum(nbytes), low_watermark_bytes=nbytes[2],
+                    on_pause=on_pause, on_resume=on_resume)  # fmt: skip
+    consumer = make(store)
+    for i in range(2):
+        producer.put_blocks_until_below(store.put(f"s{i}", sample_tensors(i)))
+    assert producer.backpressure_state == "flowing"
+    last = store.put("s2", sample_tensors(2))  # resident now reaches the high watermark
+    done, stop = threading.Event(), threading.Event()
+
+    def produce() -> None:
+        producer.put_blocks_until_below(last, poll_interval=0.01, abort_when=stop.is_set)
+        done.set()
+
+    thread = threading.Thread(target=produce, daemon=True)
+    thread.start()
+    try:
+        assert not done.wait(0.2) and producer.backpressure_state == "paused"
+        consumer.ack(consumer.acquire(timeout=0))  # type: ignore[arg-type]  # s1 + s2 resident > low: still paused
+        assert not done.wait(0.2)
+        consumer.ack(consumer.acquire(timeout=0))  # type: ignore[arg-type]  # s2 alone <= low: resume
+        assert done.wait(30)
+    finally:
+        stop.set()
+        thread.join(timeout=30)
+    assert [kind for kind, _ in events] == ["pause", "resume"] and events[1][1] <= nbytes[2]
+    assert producer.stats().producer_pauses == 1 and producer.pending_count() == 1
+
+
+def test_blocked_put_aborts_and_refuses_once_closed(make: Factory, store: LocalFeatureStore) -> None:
+    queue = make(store, high_watermark_bytes=1, low_watermark_bytes=0)
+    put(store, queue, 0)
+    ref = store.put("s1", sample_tensors(1))
+    with pytest.raises(RuntimeError, match="aborted"):
+        queue.put_blocks_until_below(ref, poll_interval=0.001, abort_when=lambda: queue.backpressure_state == "paused")
+    queue.close()
+    with pytest.raises(RuntimeError, match="queue is closed"):
+        queue.put_blocks_until_below(ref, poll_interval=0.001)
+
+
+def test_tracer_sees_the_spec_actions_in_order(make: Factory, store: LocalFeatureStore, clock: FakeClock) -> None:
+    trace: list[tuple[str, dict[str, object]]] = []
+    queue = make(store, max_deliveries=2, tracer=lambda action, fields: trace.append((action, fields)))
+    put(store, queue, 0)
+    lease = queue.acquire(timeout=0)
+    queue.extend(lease, 1.0)  # type: ignore[arg-type]
+    clock.advance(1.0)
+    queue.reclaim_expired()
+    again = queue.acquire(timeout=0)
+    queue.ack(lease)  # type: ignore[arg-type]
+    queue.fail(again)  # type: ignore[arg-type]
+    queue.close()
+    first, second = lease.lease_id, again.lease_id  # type: ignore[union-attr]
+    assert trace == [
+        ("Put", {"sample_id": "s0"}),
+        ("Acquire", {"sample_id": "s0", "lease_id": first}),
+        ("Extend", {"sample_id": "s0", "lease_id": first}),
+        ("Reclaim", {"sample_id": "s0", "lease_id": first}),
+        ("Acquire", {"sample_id": "s0", "lease_id": second}),
+        ("StaleRejected", {"op": "ack", "lease_id": first}),
+        ("Fail", {"sample_id": "s0", "lease_id": second}),
+        ("DeadLetter", {"sample_id": "s0"}),
+        ("Close", {}),
+        ("Drain", {}),
+    ]
+
+
+def test_reaper_thread_reclaims_for_a_queue_nobody_polls(redis_server: Any, queue_name: str) -> None:
+    store = LocalFeatureStore()
+    reaped = threading.Event()
+    queue = RedisSampleRefQueue(
+        store, VT(0.05), url=redis_server.url, name=queue_name, reaper_interval=0.02,
+        max_deliveries=1, on_dead_letter=lambda _: reaped.set(),
+    )  # fmt: skip
+    put(store, queue, 0)
+    queue.acquire(timeout=0)
+    assert reaped.wait(30) and not store.is_resident("s0")
+    queue.disconnect()
+
+
+def test_settled_samples_leave_nothing_behind_in_redis(
+    make: Factory, store: LocalFeatureStore, redis_client: Any, queue_name: str
+) -> None:
+    queue = make(store, max_deliveries=1, dedup_window=1)
+    for i in range(5):
+        put(store, queue, i)
+    for i in range(5):
+        lease = queue.acquire(timeout=0)
+        (queue.ack if i % 2 else queue.fail)(lease)  # type: ignore[arg-type, operator]
+    prefix = f"featurestream:{{{queue_name}}}:"
+    assert redis_client.xlen(prefix + "stream") == 0
+    for key in ("refs", "leases", "puttok"):
+        assert redis_client.hlen(prefix + key) == 0
+    assert redis_client.zcard(prefix + "deadlines") == 0
+    assert redis_client.hlen(prefix + "done") == redis_client.llen(prefix + "done_order") == 1  # the window
+
+
+def test_lost_replies_are_retried_idempotently(make: Factory, store: LocalFeatureStore) -> None:
+    """A script that ran but whose reply was lost (server crash) is safe to run again with the same tokens."""
+    queue = make(store)
+    ref = put(store, queue, 0)
+    from featurestream.wire import ref_to_json
+
+    status, *_ = queue._run("put", "s1", ref_to_json(store.put("s1", sample_tensors(1))), "tok")
+    assert status == b"ok"
+    status, *_ = queue._run("put", "s1", "ignored", "tok")
+    assert status == b"ok" and queue.stats().put == 2
+    lease = queue.acquire(timeout=0)
+    assert lease is not None and lease.ref == ref
+    args = (f"{lease.lease_id:016d}", lease.token, "s0")
+    assert queue._run("ack", *args)[0] == b"ok"
+    assert queue._run("ack", *args)[0] == b"again"  # the client then scrubs; no stale count, no second ack
+    assert queue.stats().acked == 1 and queue.stats().stale_rejected == 0
+
+
+def test_survives_a_redis_crash_and_restart(durable_redis: Any, queue_name: str) -> None:
+    """AOF with appendfsync always: leases, pending entries and counters survive SIGKILL + restart."""
+    store = LocalFeatureStore()
+    queue = RedisSampleRefQueue(store, url=durable_redis.url, name=queue_name)
+    for i in range(3):
+        put(store, queue, i)
+    lease = queue.acquire(timeout=0)
+    durable_redis.restart(kill=True)
+    queue.ack(lease)  # type: ignore[arg-type]  # reconnects transparently, the lease is still live
+    rest = [queue.acquire(timeout=0) for _ in range(2)]
+    assert [lease.ref.sample_id for lease in rest] == ["s1", "s2"]  # type: ignore[union-attr]
+    for lease in rest:
+        queue.ack(lease)  # type: ignore[arg-type]
+    stats = queue.stats()
+    assert (stats.put, stats.acked, stats.pending, stats.outstanding) == (3, 3, 0, 0)
+    assert store.health().sample_count == 0
+    queue.disconnect()
+
+
+def test_is_a_sample_ref_queue(make: Factory, store: LocalFeatureStore) -> None:
+    queue = make(store)
+    assert isinstance(queue, SampleRefQueue) and queue.store is store

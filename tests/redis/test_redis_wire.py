@@ -1,0 +1,114 @@
+"""The strict tensor-free wire format for refs and dead letters."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from featurestream import DeadLetter, LocalFeatureStore, SampleRef, assert_no_tensors
+from featurestream.testing import sample_tensors
+from featurestream.wire import DTYPES, dead_letter_from_json, dead_letter_to_json, ref_from_json, ref_to_json
+
+
+@pytest.fixture
+def ref() -> SampleRef:
+    store = LocalFeatureStore()
+    tensors = sample_tensors(2)
+    tensors["aux_hidden_states"] = tensors["aux_hidden_states"].to(torch.bfloat16)
+    return store.put("sample\t/ünï", tensors, run_id="run-7", num_tokens=3, target_model_version="t1")
+
+
+def test_round_trip_keeps_every_field_and_feature_order(ref: SampleRef) -> None:
+    back = ref_from_json(ref_to_json(ref))
+    assert back == ref
+    assert back.feature_names() == ref.feature_names()
+    assert back.feature_specs["aux_hidden_states"].dtype is torch.bfloat16
+    assert_no_tensors(back)
+    assert ref_from_json(ref_to_json(ref).encode()) == ref
+
+
+def test_dead_letter_round_trip(ref: SampleRef) -> None:
+    dead = DeadLetter(ref, "failed 3 times (max_deliveries=3)", 3)
+    assert dead_letter_from_json(dead_letter_to_json(dead)) == dead
+
+
+def _mutated(ref: SampleRef, change: object) -> str:
+    obj = json.loads(ref_to_json(ref))
+    change(obj)  # type: ignore[operator]
+    return json.dumps(obj)
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        (lambda o: o.update(extra=1), r"unknown fields \['extra'\]"),
+        (lambda o: o.pop("run_id"), r"missing fields \['run_id'\]"),
+        (lambda o: o.update(num_tokens=True), "'num_tokens' must be int"),
+        (lambda o: o.update(num_tokens="3"), "'num_tokens' must be int"),
+        (lambda o: o.update(v=2), "wire version 2"),
+        (lambda o: o.update(algorithm="medusa"), "unknown algorithm 'medusa'"),
+        (lambda o: o["features"][0].update(dtype="object"), "unknown dtype 'object'"),
+        (lambda o: o["features"][0].update(dtype="torch.float32"), "unknown dtype 'torch.float32'"),
+        (lambda o: o["features"][0].update(shape=[1, 2.5]), "shape must be a list of ints"),
+        (lambda o: o["features"][0].update(pickle="gASV"), "unknown fields"),
+        (lambda o: o["features"].append(dict(o["features"][0])), "repeats feature"),
+        (lambda o: o["features"].pop(), "missing required features"),
+        (lambda o: o.update(store_uri="nowhere"), "store_uri"),
+    ],
+)
+def test_decoding_is_strict(ref: SampleRef, change: object, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        ref_from_json(_mutated(ref, change))
+
+
+@pytest.mark.parametrize(
+    ("text", "match"),
+    [
+        ("[]", "must hold a JSON object"),
+        ("{", "not valid JSON"),
+        ('{"v": NaN}', "may not contain NaN"),
+        ('{"v": 1, "v": 1}', "duplicate key 'v'"),
+    ],
+)
+def test_malformed_text_is_rejected(text: str, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        ref_from_json(text)
+
+
+def test_non_text_is_a_type_error() -> None:
+    with pytest.raises(TypeError, match="must be str or bytes"):
+        ref_from_json(12)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="expects a SampleRef"):
+        ref_to_json({"sample_id": "x"})  # type: ignore[arg-type]
+
+
+def test_dtypes_without_a_wire_name_are_refused_on_encode() -> None:
+    store = LocalFeatureStore()
+    ref = store.put("q", sample_tensors(0))
+    spec = ref.feature_specs["loss_mask"]
+    odd = SampleRef(
+        **{
+            **{f: getattr(ref, f) for f in ("sample_id", "run_id", "store_uri", "algorithm", "schema_version")},
+            "feature_keys": dict(ref.feature_keys),
+            "feature_specs": {**ref.feature_specs, "loss_mask": type(spec)(spec.shape, torch.qint8)},
+            "num_tokens": 0,
+            "estimated_bytes": 1,
+            "target_model_version": "0",
+            "draft_weight_version": "0",
+        }
+    )
+    with pytest.raises(ValueError, match=r"dtype torch\.qint8, which the wire format does not carry"):
+        ref_to_json(odd)
+    assert "qint8" not in DTYPES
+
+
+def test_dead_letter_decoding_is_strict(ref: SampleRef) -> None:
+    good = json.loads(dead_letter_to_json(DeadLetter(ref, "expired 2 times", 2)))
+    with pytest.raises(ValueError, match="deliveries must be >= 1"):
+        dead_letter_from_json(json.dumps({**good, "deliveries": 0}))
+    with pytest.raises(ValueError, match="unknown fields"):
+        dead_letter_from_json(json.dumps({**good, "callback": "os.system"}))
+    with pytest.raises(ValueError, match="dead letter ref"):
+        dead_letter_from_json(json.dumps({**good, "ref": {**good["ref"], "v": 9}}))
