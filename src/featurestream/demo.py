@@ -64,6 +64,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--seed", type=int, default=0, help="seed for models, prompts and fault injection (0)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    parser.add_argument(
+        "--render", metavar="PATH", help="draw the queue's final state snapshot to PATH (.svg/.png need graphviz)"
+    )
 
 
 def make_queue(store: FeatureStore, args: argparse.Namespace, tracer: Any) -> SampleRefQueue:
@@ -260,6 +263,8 @@ def run(args: argparse.Namespace) -> int:
             sys.stderr.write(_progress(queue.stats().acked, args.samples, trainer, queue)[0 if live else 1 :] + "\n")
         leftovers = _leftover_files(directory, run_id) if directory else []
         residual = store.health()
+        if args.render:
+            queue.render(args.render)
         store.close()
         return _summary(args, store, queue, trainer, telemetry, elapsed, errors, residual, leftovers)
     finally:

@@ -19,6 +19,8 @@ def test_demo_streams_trains_and_checks_its_summary(
     args += ["--store", store, "--seed", "3"]
     if store == "shared-dir":
         args += ["--dir", str(tmp_path / "features")]
+    else:
+        args += ["--render", str(tmp_path / "queue.dot")]
     assert main(args) == 0
     out, err = capsys.readouterr()
     assert "FAILED" not in out and out.count("[ok]") == 6, out
@@ -28,6 +30,9 @@ def test_demo_streams_trains_and_checks_its_summary(
     assert reclaimed >= crashes >= 2, "every crash's lease was reclaimed and redelivered"
     if store == "shared-dir":
         assert os.listdir(tmp_path / "features") == []
+    else:
+        snapshot = (tmp_path / "queue.dot").read_text()
+        assert "acked" in snapshot and "40 so far" in snapshot and "drained" in snapshot
 
 
 def test_demo_rejects_bad_options(capsys: pytest.CaptureFixture[str]) -> None:
