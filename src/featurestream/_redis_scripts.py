@@ -131,11 +131,12 @@ end
 local function reap()
   local due = redis.call('ZRANGEBYSCORE', K_DEADLINES, '-inf', fmt(now), 'LIMIT', 0, REAP_LIMIT)
   for _, key in ipairs(due) do
-    local entry, token, n, sid = parse_lease(redis.call('HGET', K_LEASES, key))
+    local entry, _, n, sid = parse_lease(redis.call('HGET', K_LEASES, key))
     drop_lease(key, entry)
     redis.call('HINCRBY', K_STATS, 'reclaimed', 1)
     emit('reclaim', sid, key)
-    redeliver(sid, tonumber(n), 'expired', key, token)
+    -- no token in the dedup record: a late fail of this lease is stale, not a retry of a settle
+    redeliver(sid, tonumber(n), 'expired', key, '')
   end
   return #due
 end

