@@ -134,3 +134,14 @@ def test_deep_model_has_no_error(tlc_available: None) -> None:
     result = run_tlc(spec_dir() / "LeaseQueueDeep.cfg", workers=2, timeout=None)
     print(result.summary())
     assert result.ok, result.output[-4000:]
+
+
+def test_check_command_reports_a_violation_and_a_missing_config(
+    tlc_available: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from featurestream.cli import main
+
+    assert main(["check", "--config", str(spec_dir() / "mutants" / "BugC.cfg"), "--workers", "1"]) == 1
+    assert "TLC: VIOLATED ExactlyOnce" in capsys.readouterr().out
+    assert main(["check", "--config", "missing.cfg"]) == 2
+    assert "missing.cfg" in capsys.readouterr().out

@@ -8,7 +8,7 @@ some behaviour of the spec consumes all of its events. Many traces share one
 TLC run (``tr`` is chosen in the initial state), so the JVM starts once.
 
 How events map to the spec: every lease is held by its own virtual consumer
-(the lease id), so consumer crashes are simply leases nobody settles; the
+(numbered per trace), so consumer crashes are simply leases nobody settles; the
 producer's store write (``StorePut``) is inserted before a sample's first
 ``Put``; a ``Fail``/``Reclaim`` followed by ``DeadLetter`` of the same sample is
 one spec step whose outcome must be ``dead`` (else ``pending``, at the tail);
@@ -135,6 +135,8 @@ def _steps(events: Iterable[Event]) -> list[_Step]:
     events = list(events)
     steps: list[_Step] = []
     stored: set[str] = set()
+    # Leases become consumers 1..n of this trace: small, dense domains keep TLC's states small.
+    consumer_of: dict[object, int] = {}
     skip_next = False
     for index, (action, fields) in enumerate(events):
         if skip_next:
@@ -144,7 +146,9 @@ def _steps(events: Iterable[Event]) -> list[_Step]:
             raise ValueError(f"trace event {index} has unknown action {action!r}; known: {sorted(_KNOWN)}")
         sample = str(fields.get("sample_id", ""))
         lease = fields.get("lease_id")
-        lease_id = lease if isinstance(lease, int) and not isinstance(lease, bool) else -1
+        if action == "Acquire" and lease is not None:
+            consumer_of.setdefault(lease, len(consumer_of) + 1)
+        lease_id = consumer_of.get(lease, -1)
         source = {"index": index, "action": action, **fields}
         if action == "Put" and sample not in stored:
             stored.add(sample)
@@ -260,13 +264,13 @@ def validate_traces(
     if not all_steps:
         return []
     samples = sorted({step.sample for steps in all_steps for step in steps if step.sample})
-    leases = sorted({step.lease for steps in all_steps for step in steps if step.action == "Acquire"})
+    consumers = max((step.lease for steps in all_steps for step in steps), default=0)
     empty = '[a |-> "End", s |-> "", l |-> 0, o |-> "", obs |-> {}]'
     log = ",\n".join(f"  <<{', '.join(map(_record, steps)) if steps else empty}>>" for steps in all_steps)
     module = _TRACE_MODULE.format(
         count=len(all_steps),
         samples="{" + ", ".join(map(_tla_string, samples or ["none"])) + "}",
-        consumers="{" + ", ".join(map(str, leases or [-1])) + "}",
+        consumers=f"1..{max(consumers, 1)}",
         log=log,
     )
     high = constants.high_watermark if constants.high_watermark is not None else 1 << 30
