@@ -17,19 +17,24 @@ on one shard):
 9. ``stats``     hash of ``QueueStats`` counters and the ``pending`` gauge.
 10. ``wake``     stream a close or drain appends to, so blocked ``acquire`` calls wake.
 11. ``puttok``   hash sample id -> token of the put that enqueued it (idempotent retry).
+12. ``retired``  stream of settled sample ids (capped): a producing instance reads
+                 it to scrub, in its own store, the samples it put that another
+                 process acked or dead-lettered (its residency counters would
+                 otherwise never fall, and backpressure never resume).
 
 Lease keys are the lease id zero-padded to 16 digits, so the deadline zset
 orders ties by lease id exactly like the in-process queue's heap.
 
 ``ARGV[1]`` is ``now`` in seconds (empty: the server's ``TIME``, which every
-node agrees on), ``ARGV[2]`` max_deliveries, ``ARGV[3]`` dedup_window; the
-rest is per script. Every script except ``init`` and ``close`` first reaps
+node agrees on), ``ARGV[2]`` max_deliveries, ``ARGV[3]`` dedup_window,
+``ARGV[4]`` the caller's cursor in ``retired`` (empty: not wanted); the rest
+is per script. Every script except ``init`` and ``close`` first reaps
 due leases, as every in-process queue operation does. Scripts return
 ``{status, events, ...}`` where ``events`` is a flat list of
 ``kind, a, b`` triples the client turns into tracer calls, scrubs and
 dead-letter callbacks. ``kind`` uses the lease/lifecycle machines' trigger
 names (``lease``, ``extend``, ``ack``, ``fail``, ``reclaim``, ``close``,
-``drain``) plus ``put``, ``dead``, ``dedup`` and ``stale``.
+``drain``) plus ``put``, ``dead``, ``dedup``, ``stale`` and ``retired`` (not traced).
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ KEY_NAMES = (
     "stats",
     "wake",
     "puttok",
+    "retired",
 )
 
 GROUP = "fs"
@@ -53,11 +59,13 @@ GROUP = "fs"
 _PRELUDE = r"""
 local K_STREAM, K_REFS, K_LEASES, K_DEADLINES = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local K_DONE, K_DONE_ORDER, K_DEAD, K_META = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
-local K_STATS, K_WAKE, K_PUTTOK = KEYS[9], KEYS[10], KEYS[11]
+local K_STATS, K_WAKE, K_PUTTOK, K_RETIRED = KEYS[9], KEYS[10], KEYS[11], KEYS[12]
 local GROUP = 'fs'
 local MAX_DELIVERIES = tonumber(ARGV[2])
 local DEDUP_WINDOW = tonumber(ARGV[3])
 local REAP_LIMIT = 1000
+local FEED_LIMIT = 1000
+local RETIRED_MAXLEN = 100000
 
 local now
 if ARGV[1] == '' then
@@ -78,6 +86,13 @@ local function fmt(x)
   return string.format('%.17g', x)
 end
 
+-- Settles made elsewhere since this instance's cursor, so its store forgets the samples it put
+if ARGV[4] ~= '' then
+  for _, entry in ipairs(redis.call('XRANGE', K_RETIRED, '(' .. ARGV[4], '+', 'COUNT', FEED_LIMIT)) do
+    emit('retired', entry[2][2], entry[1])
+  end
+end
+
 -- entry, token, n, sample id (the id goes last: it may contain tabs)
 local function parse_lease(rec)
   return string.match(rec, '^([^\t]*)\t([^\t]*)\t([^\t]*)\t(.*)$')
@@ -95,6 +110,7 @@ local function retire(sid, outcome, key, token)
   local put_token = redis.call('HGET', K_PUTTOK, sid) or ''
   redis.call('HDEL', K_REFS, sid)
   redis.call('HDEL', K_PUTTOK, sid)
+  redis.call('XADD', K_RETIRED, 'MAXLEN', '~', RETIRED_MAXLEN, '*', 's', sid)
   if DEDUP_WINDOW > 0 then
     redis.call('HSET', K_DONE, sid, outcome .. '\t' .. key .. '\t' .. token .. '\t' .. put_token)
     redis.call('RPUSH', K_DONE_ORDER, sid)
@@ -175,12 +191,15 @@ local ok, err = pcall(redis.call, 'XGROUP', 'CREATE', K_STREAM, GROUP, '$', 'MKS
 if not ok and not string.find(tostring(err), 'BUSYGROUP') then
   error(err)
 end
-return redis.call('HMGET', K_META, 'layout', 'max_deliveries', 'dedup_window')
+local config = redis.call('HMGET', K_META, 'layout', 'max_deliveries', 'dedup_window')
+local last = redis.call('XREVRANGE', K_RETIRED, '+', '-', 'COUNT', 1)
+config[4] = last[1] and last[1][1] or '0-0'
+return config
 """
 
 PUT = r"""
 reap()
-local sid, ref, token = ARGV[4], ARGV[5], ARGV[6]
+local sid, ref, token = ARGV[5], ARGV[6], ARGV[7]
 if redis.call('HGET', K_META, 'state') ~= 'open' then
   return {'closed', events}
 end
@@ -213,7 +232,7 @@ return {'ok', events}
 
 ACQUIRE = r"""
 reap()
-local vt, token = tonumber(ARGV[4]), ARGV[5]
+local vt, token = tonumber(ARGV[5]), ARGV[6]
 while true do
   local got = redis.call('XREADGROUP', 'GROUP', GROUP, GROUP, 'COUNT', 1, 'STREAMS', K_STREAM, '>')
   if not got then
@@ -253,7 +272,7 @@ return {'empty', events, last[1] and last[1][1] or '0-0', wake[1] and wake[1][1]
 
 ACK = r"""
 reap()
-local key, token, sid = ARGV[4], ARGV[5], ARGV[6]
+local key, token, sid = ARGV[5], ARGV[6], ARGV[7]
 local entry, n, live_sid = live_lease(key, token)
 if entry then
   drop_lease(key, entry)
@@ -272,7 +291,7 @@ return {'stale', events}
 
 FAIL = r"""
 reap()
-local key, token, sid = ARGV[4], ARGV[5], ARGV[6]
+local key, token, sid = ARGV[5], ARGV[6], ARGV[7]
 local entry, n, live_sid = live_lease(key, token)
 if entry then
   drop_lease(key, entry)
@@ -290,7 +309,7 @@ return {'stale', events}
 
 EXTEND = r"""
 reap()
-local key, token, extra = ARGV[4], ARGV[5], tonumber(ARGV[6])
+local key, token, extra = ARGV[5], ARGV[6], tonumber(ARGV[7])
 local entry, n, sid = live_lease(key, token)
 if entry then
   local deadline = now + extra

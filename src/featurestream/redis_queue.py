@@ -167,7 +167,10 @@ class RedisSampleRefQueue(SampleRefQueue):
             script: self._redis.register_script(_redis_scripts.source(script)) for script in _redis_scripts.SCRIPTS
         }
         self._issued: weakref.WeakValueDictionary[int, RedisLease] = weakref.WeakValueDictionary()
-        layout, stored_max, stored_window = (_text(v) for v in self._run("init"))
+        # Samples this instance put and has not seen settled; their settles elsewhere arrive on the feed.
+        self._mine: dict[str, SampleRef] = {}
+        self._producing = False
+        layout, stored_max, stored_window, self._feed_cursor = (_text(v) for v in self._run("init"))
         if (int(stored_max), int(stored_window)) != (max_deliveries, dedup_window):
             raise ValueError(
                 f"queue {name!r} on Redis was created with max_deliveries={stored_max}, dedup_window={stored_window}; "
@@ -371,11 +374,12 @@ class RedisSampleRefQueue(SampleRefQueue):
 
     # -- internals -------------------------------------------------------------
     def _run(self, script: str, *args: str | int) -> Any:
-        """Run one script with the shared ARGV prefix (now, max_deliveries, dedup_window)."""
+        """Run one script with the shared ARGV prefix (now, max_deliveries, dedup_window, feed cursor)."""
 
         def call() -> Any:
             now = "" if self._server_time else repr(float(self._clock()))
-            argv = [now, self.max_deliveries, self.dedup_window, *args]
+            cursor = self._feed_cursor if self._producing else ""
+            argv = [now, self.max_deliveries, self.dedup_window, cursor, *args]
             return self._scripts[script](keys=self._keys, args=argv)
 
         return self._retrying(call)
@@ -451,11 +455,16 @@ class RedisSampleRefQueue(SampleRefQueue):
         return float(_text(deadline))
 
     def _put_locked(self, ref: SampleRef) -> None:
+        # Retain before the sample becomes visible: a consumer in another process may lease, get and release
+        # it at once, and its store must then find it retained. A refused put leaves it retained; the producer
+        # evicts a refused sample anyway (FeatureProducer.discard scrubs it).
+        self._store.retain(ref)
+        self._producing = True
         status, events, *rest = self._run("put", ref.sample_id, ref_to_json(ref), secrets.token_hex(8))
         self._apply(events)
         status = _text(status)
         if status == "ok":
-            self._store.retain(ref)
+            self._mine[ref.sample_id] = ref
         elif status == "closed":
             raise RuntimeError(f"cannot put sample {ref.sample_id!r}: the queue is closed")
         elif status == "held":
@@ -473,13 +482,18 @@ class RedisSampleRefQueue(SampleRefQueue):
         """
         for index in range(0, len(events), 3):
             kind, first, second = (_text(v) for v in events[index : index + 3])
-            action = _ACTIONS[kind]
+            action = _ACTIONS.get(kind, kind)
             if kind in ("lease", "extend", "ack", "fail", "reclaim"):
                 self._trace(action, sample_id=first, lease_id=int(second))
             elif kind in ("put", "dedup"):
                 self._trace(action, sample_id=first)
             elif kind == "stale":
                 self._trace(action, op=first, lease_id=int(second) if second else None)
+            elif kind == "retired":
+                self._feed_cursor = second
+                mine = self._mine.pop(first, None)
+                if mine is not None:
+                    self._scrub(mine)
             elif kind == "dead":
                 self._trace(action, sample_id=first)
                 dead = dead_letter_from_json(second)
@@ -492,5 +506,6 @@ class RedisSampleRefQueue(SampleRefQueue):
                     self._reaper_stop.set()
 
     def _scrub(self, ref: SampleRef) -> None:
+        self._mine.pop(ref.sample_id, None)
         self._store.scrub(ref)
         self._not_full.notify_all()

@@ -494,3 +494,31 @@ def test_survives_a_redis_crash_and_restart(durable_redis: Any, queue_name: str)
 def test_is_a_sample_ref_queue(make: Factory, store: LocalFeatureStore) -> None:
     queue = make(store)
     assert isinstance(queue, SampleRefQueue) and queue.store is store
+
+
+def test_the_producing_instance_forgets_samples_settled_elsewhere(make: Factory) -> None:
+    """Each process has its own store instance: the producer's residency must fall when a consumer acks."""
+    producer_store, consumer_store = LocalFeatureStore(), LocalFeatureStore()
+    producer, consumer = make(producer_store), make(consumer_store)
+    for i in range(3):
+        put(producer_store, producer, i)
+    consumer.ack(consumer.acquire(timeout=0))  # type: ignore[arg-type]
+    consumer.fail(consumer.acquire(timeout=0))  # type: ignore[arg-type]
+    assert producer_store.health().sample_count == 3  # nothing told it yet
+    producer.reclaim_expired()  # any call of the producer reads the settle feed
+    assert producer_store.health().sample_count == 2
+    assert not producer_store.is_resident("s0") and producer_store.is_resident("s1")
+    assert producer_store.is_resident("s2")
+
+
+def test_a_late_fail_of_a_lease_reaped_into_the_dead_letters_is_stale(
+    make: Factory, store: LocalFeatureStore, clock: FakeClock
+) -> None:
+    queue = make(store, max_deliveries=1)
+    put(store, queue, 0)
+    lease = queue.acquire(timeout=0)
+    clock.advance(10.0)
+    queue.fail(lease)  # type: ignore[arg-type]  # reaps first: dead-lettered as expired, then this fail is stale
+    stats = queue.stats()
+    assert (stats.reclaimed, stats.dead_lettered, stats.failed, stats.stale_rejected) == (1, 1, 0, 1)
+    assert queue.dead_letters()[0].reason == "expired 1 times (max_deliveries=1)"
