@@ -464,17 +464,24 @@ def successors(k: SpecConstants, st: SpecState) -> Iterator[SpecState]:
             yield step.state
 
 
-def reachable_states(constants: SpecConstants, limit: int | None = None) -> int:
+def reachable_states(constants: SpecConstants, limit: int | None = None, *, check: bool = False) -> int:
     """Breadth-first count of the distinct states reachable from ``Init`` (TLC's "distinct states").
 
+    With ``check``, every state invariant and action property is asserted on
+    the way, as TLC does (``AssertionError`` naming the first one broken).
     Raises ``RuntimeError`` past ``limit`` states, so a runaway model fails fast.
     """
     start = initial_state(constants)
     seen = {start}
     frontier = deque([start])
+    if check:
+        check_state(constants, start)
     while frontier:
         st = frontier.popleft()
         for nxt in successors(constants, st):
+            if check:
+                check_step(constants, st, nxt)
+                check_state(constants, nxt)
             if nxt not in seen:
                 seen.add(nxt)
                 if limit is not None and len(seen) > limit:
