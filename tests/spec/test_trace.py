@@ -63,6 +63,29 @@ def correct_run() -> list[tuple[str, dict[str, object]]]:
     return recorder.events
 
 
+def backpressure_run() -> list[tuple[str, dict[str, object]]]:
+    """A producer stores, pauses at the high watermark, and resumes once consumers ack down to the low one."""
+    store = LocalFeatureStore(max_samples=None)
+    recorder = TraceRecorder()
+    refs = [put_sample(store, f"b{i}") for i in range(3)]
+    size = refs[0].estimated_bytes
+    queue = SampleRefQueue(
+        store, max_deliveries=MAX_DELIVERIES, high_watermark_bytes=2 * size, low_watermark_bytes=size, tracer=recorder
+    )
+    queue.put(refs[0])
+    queue.put(refs[1])
+    producer = threading.Thread(target=queue.put_blocks_until_below, args=(refs[2], 0.005))
+    producer.start()
+    while queue.backpressure_state != "paused":
+        producer.join(0.001)
+    for _ in range(2):
+        queue.ack(queue.acquire(timeout=1.0))  # type: ignore[arg-type]
+    producer.join(timeout=10)
+    assert not producer.is_alive() and queue.pending_count() == 1
+    recorder.observe_residency(store)
+    return recorder.events
+
+
 def redelivered_after_ack() -> list[tuple[str, dict[str, object]]]:
     """A patched queue that hands an acked sample out again."""
 
@@ -134,12 +157,16 @@ DEFECTS: dict[str, tuple[Scenario, str]] = {
 
 
 def test_correct_trace_is_admitted_and_defect_traces_are_rejected(tlc_available: None) -> None:
-    traces = [correct_run()] + [scenario() for scenario, _ in DEFECTS.values()]
-    results = validate_traces(traces, TraceConstants(max_deliveries=MAX_DELIVERIES))
+    size = put_sample(LocalFeatureStore(), "probe").estimated_bytes
+    traces = [correct_run(), backpressure_run()] + [scenario() for scenario, _ in DEFECTS.values()]
+    constants = TraceConstants(MAX_DELIVERIES, sample_bytes=size, high_watermark=2 * size, low_watermark=size)
+    results = validate_traces(traces, constants)
     print(f"one TLC run for {len(traces)} traces: {results[0].tlc.seconds:.1f} s")
-    assert results[0].admitted, results[0].explain()
+    for result in results[:2]:
+        assert result.admitted, result.explain()
     assert results[0].total_steps >= 20
-    for (name, (_, stuck_action)), result in zip(DEFECTS.items(), results[1:], strict=True):
+    assert [a for a, _ in traces[1]].count("Pause") == 1 and [a for a, _ in traces[1]].count("Resume") == 1
+    for (name, (_, stuck_action)), result in zip(DEFECTS.items(), results[2:], strict=True):
         print(f"{name}: {result.explain()}")
         assert not result.admitted, name
         assert result.stuck_at is not None and result.stuck_at["action"] == stuck_action, (name, result.explain())

@@ -14,7 +14,7 @@ producer's store write (``StorePut``) is inserted before a sample's first
 one spec step whose outcome must be ``dead`` (else ``pending``, at the tail);
 ``StaleRejected`` (a stale or forged lease) changes nothing; a
 ``Resident`` observation (``TraceRecorder.observe_residency``) demands the
-store's resident set equal the spec's.
+store's resident set (of samples put so far) equal the spec's.
 """
 
 from __future__ import annotations
@@ -130,11 +130,18 @@ class _Step:
     source: Mapping[str, object] | None = None
 
 
-def _steps(events: Iterable[Event]) -> list[_Step]:
-    """Events -> spec steps: insert StorePut, fold DeadLetter into its Fail/Reclaim."""
+def _steps(events: Iterable[Event], sample_bytes: int) -> list[_Step]:
+    """Events -> spec steps: insert StorePut, fold DeadLetter into its Fail/Reclaim.
+
+    A sample's StorePut goes right before its first Put, or earlier when a
+    Pause/Resume reports more resident bytes than the samples stored so far:
+    producers write the store before they wait on backpressure to enqueue.
+    """
     events = list(events)
     steps: list[_Step] = []
     stored: set[str] = set()
+    settled: set[str] = set()
+    first_puts = list(dict.fromkeys(str(f.get("sample_id", "")) for a, f in events if a == "Put"))
     # Leases become consumers 1..n of this trace: small, dense domains keep TLC's states small.
     consumer_of: dict[object, int] = {}
     skip_next = False
@@ -153,10 +160,19 @@ def _steps(events: Iterable[Event]) -> list[_Step]:
         if action == "Put" and sample not in stored:
             stored.add(sample)
             steps.append(_Step("StorePut", sample, source=source))
+        if action in ("Pause", "Resume") and isinstance(fields.get("resident_bytes"), int):
+            missing = int(fields["resident_bytes"]) // sample_bytes - len(stored - settled)  # type: ignore[call-overload]
+            for early in [s for s in first_puts if s not in stored][: max(missing, 0)]:
+                stored.add(early)
+                steps.append(_Step("StorePut", early, source=source))
+        if action in ("Ack", "DeadLetter"):
+            settled.add(sample)
         if action in ("Fail", "Reclaim"):
             following = events[index + 1] if index + 1 < len(events) else None
             dead = following is not None and following[0] == "DeadLetter" and following[1].get("sample_id") == sample
             skip_next = dead
+            if dead:
+                settled.add(sample)
             steps.append(_Step(action, sample, lease_id, "dead" if dead else "pending", source=source))
         elif action == "StaleRejected":
             steps.append(_Step(action, lease=lease_id, outcome=str(fields.get("op", "")), source=source))
@@ -207,7 +223,7 @@ Match(e) ==
       [] e.a = "Extend" -> e.l \\in Consumers /\\ \\E t \\in held[e.l] :
                             t[1] = e.s /\\ CanFire("Extend", t[1], t[2]) /\\ Extend(e.l, t)
       [] e.a = "StaleRejected" -> UNCHANGED vars
-      [] e.a = "Resident" -> resident = e.obs /\\ UNCHANGED vars
+      [] e.a = "Resident" -> {{s \\in resident : status[s] # "stored"}} = e.obs /\\ UNCHANGED vars
       [] e.a = "Pause" -> Pause
       [] e.a = "Resume" -> Resume
       [] e.a = "Close" -> Close
@@ -260,7 +276,7 @@ def validate_traces(
     Raises ``ToolMissing`` without Java/TLC, ``ValueError`` for an unknown
     event, ``RuntimeError`` when TLC fails for a reason other than a verdict.
     """
-    all_steps = [_steps(trace) for trace in traces]
+    all_steps = [_steps(trace, constants.sample_bytes) for trace in traces]
     if not all_steps:
         return []
     samples = sorted({step.sample for steps in all_steps for step in steps if step.sample})
