@@ -1,7 +1,9 @@
 """Server-side Lua for ``RedisSampleRefQueue``: every state change is one atomic script.
 
-Key layout (``KEYS``, all under one ``{name}`` hash tag so a cluster keeps them
-on one shard):
+Key layout: ``KEYS[1]`` is the prefix ``featurestream:{name}:`` and every key is
+the prefix plus one of these names (one ``{name}`` hash tag, so they share a
+cluster slot; the scripts derive the names rather than take twelve KEYS, which
+would cost more to send than most scripts cost to run):
 
 1. ``stream``    deliveries (XADD ``s`` = sample id, ``n`` = redelivery count),
                  consumer group ``fs``; each delivery attempt is a new entry, so
@@ -13,8 +15,10 @@ on one shard):
                  the dedup window, also used to make retried ack/fail/put idempotent.
 6. ``done_order`` list of sample ids in retirement order (evicts the window's oldest).
 7. ``dead``      list of dead-letter JSON (``featurestream.wire`` schema).
-8. ``meta``      hash: ``state`` (open/draining/drained), ``lease_seq``, fixed config.
-9. ``stats``     hash of ``QueueStats`` counters and the ``pending`` gauge.
+8. ``meta``      hash: ``state`` (open/draining/drained), fixed config.
+9. ``stats``     hash of the ``QueueStats`` counters. ``leased`` doubles as the lease id
+                 sequence; the ``pending`` gauge is derived (put + failed + reclaimed
+                 - dead_lettered - leased: every stream entry is a put or a redelivery).
 10. ``wake``     stream a close or drain appends to, so blocked ``acquire`` calls wake.
 11. ``puttok``   hash sample id -> token of the put that enqueued it (idempotent retry).
 12. ``retired``  stream of settled sample ids (capped): a producing instance reads
@@ -25,10 +29,10 @@ on one shard):
 Lease keys are the lease id zero-padded to 16 digits, so the deadline zset
 orders ties by lease id exactly like the in-process queue's heap.
 
-``ARGV[1]`` is ``now`` in seconds (empty: the server's ``TIME``, which every
-node agrees on), ``ARGV[2]`` max_deliveries, ``ARGV[3]`` dedup_window,
-``ARGV[4]`` the caller's cursor in ``retired`` (empty: not wanted); the rest
-is per script. Every script except ``init`` and ``close`` first reaps
+``ARGV[1]`` is a tab-separated header: ``now`` in seconds (empty: the server's
+``TIME``, which every node agrees on), max_deliveries, dedup_window, the
+caller's cursor in ``retired`` (empty: not wanted) and ``1`` when the caller
+traces; ``ARGV[2:]`` are per script. Every script except ``init`` and ``close`` first reaps
 due leases, as every in-process queue operation does. Scripts return
 ``{status, events, ...}`` where ``events`` is a flat list of
 ``kind, a, b`` triples the client turns into tracer calls, scrubs and
@@ -57,39 +61,52 @@ KEY_NAMES = (
 GROUP = "fs"
 
 _PRELUDE = r"""
-local K_STREAM, K_REFS, K_LEASES, K_DEADLINES = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local K_DONE, K_DONE_ORDER, K_DEAD, K_META = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
-local K_STATS, K_WAKE, K_PUTTOK, K_RETIRED = KEYS[9], KEYS[10], KEYS[11], KEYS[12]
+local P = KEYS[1]
+local K_STREAM, K_REFS, K_LEASES, K_DEADLINES = P .. 'stream', P .. 'refs', P .. 'leases', P .. 'deadlines'
+local K_DONE, K_DONE_ORDER, K_DEAD, K_META = P .. 'done', P .. 'done_order', P .. 'dead', P .. 'meta'
+local K_STATS, K_WAKE, K_PUTTOK, K_RETIRED = P .. 'stats', P .. 'wake', P .. 'puttok', P .. 'retired'
 local GROUP = 'fs'
-local MAX_DELIVERIES = tonumber(ARGV[2])
-local DEDUP_WINDOW = tonumber(ARGV[3])
+local NOW, MAX_DELIVERIES, DEDUP_WINDOW, CURSOR, TRACE = string.match(
+  ARGV[1], '^([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)$')
+MAX_DELIVERIES, DEDUP_WINDOW, TRACE = tonumber(MAX_DELIVERIES), tonumber(DEDUP_WINDOW), TRACE == '1'
 local REAP_LIMIT = 1000
 local FEED_LIMIT = 1000
 local RETIRED_MAXLEN = 100000
 
 local now
-if ARGV[1] == '' then
+if NOW == '' then
   local t = redis.call('TIME')
   now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 else
-  now = tonumber(ARGV[1])
+  now = tonumber(NOW)
 end
 
+-- Events only a tracer needs are sent when the caller traces; the client acts on the others.
+local NEEDED = {dead = true, retired = true, drain = true}
 local events = {}
 local function emit(kind, a, b)
-  events[#events + 1] = kind
-  events[#events + 1] = a
-  events[#events + 1] = b
+  if TRACE or NEEDED[kind] then
+    events[#events + 1] = kind
+    events[#events + 1] = a
+    events[#events + 1] = b
+  end
 end
 
 local function fmt(x)
   return string.format('%.17g', x)
 end
 
--- Settles made elsewhere since this instance's cursor, so its store forgets the samples it put
-if ARGV[4] ~= '' then
-  for _, entry in ipairs(redis.call('XRANGE', K_RETIRED, '(' .. ARGV[4], '+', 'COUNT', FEED_LIMIT)) do
-    emit('retired', entry[2][2], entry[1])
+-- Settles since the caller's cursor (XRANGE is inclusive: skip the cursor entry itself), so a producing
+-- instance's store forgets the samples it put. Only put and reclaim ask for it (their callers produce).
+local function feed()
+  local cursor = CURSOR
+  if cursor == '' then
+    return
+  end
+  for _, entry in ipairs(redis.call('XRANGE', K_RETIRED, cursor, '+', 'COUNT', FEED_LIMIT + 1)) do
+    if entry[1] ~= cursor then
+      emit('retired', entry[2][2], entry[1])
+    end
   end
 end
 
@@ -133,7 +150,6 @@ local function redeliver(sid, n, reason, key, token)
     retire(sid, 'dead-lettered', key, token)
   else
     redis.call('XADD', K_STREAM, '*', 's', sid, 'n', deliveries)
-    redis.call('HINCRBY', K_STATS, 'pending', 1)
   end
 end
 
@@ -185,8 +201,8 @@ end
 INIT = r"""
 redis.call('HSETNX', K_META, 'state', 'open')
 redis.call('HSETNX', K_META, 'layout', '1')
-redis.call('HSETNX', K_META, 'max_deliveries', ARGV[2])
-redis.call('HSETNX', K_META, 'dedup_window', ARGV[3])
+redis.call('HSETNX', K_META, 'max_deliveries', MAX_DELIVERIES)
+redis.call('HSETNX', K_META, 'dedup_window', DEDUP_WINDOW)
 local ok, err = pcall(redis.call, 'XGROUP', 'CREATE', K_STREAM, GROUP, '$', 'MKSTREAM')
 if not ok and not string.find(tostring(err), 'BUSYGROUP') then
   error(err)
@@ -198,8 +214,9 @@ return config
 """
 
 PUT = r"""
+feed()
 reap()
-local sid, ref, token = ARGV[5], ARGV[6], ARGV[7]
+local sid, ref, token = ARGV[2], ARGV[3], ARGV[4]
 if redis.call('HGET', K_META, 'state') ~= 'open' then
   return {'closed', events}
 end
@@ -225,14 +242,13 @@ redis.call('HSET', K_REFS, sid, ref)
 redis.call('HSET', K_PUTTOK, sid, token)
 redis.call('XADD', K_STREAM, '*', 's', sid, 'n', '0')
 redis.call('HINCRBY', K_STATS, 'put', 1)
-redis.call('HINCRBY', K_STATS, 'pending', 1)
 emit('put', sid, '')
 return {'ok', events}
 """
 
 ACQUIRE = r"""
 reap()
-local vt, token = tonumber(ARGV[5]), ARGV[6]
+local vt, token = tonumber(ARGV[2]), ARGV[3]
 while true do
   local got = redis.call('XREADGROUP', 'GROUP', GROUP, GROUP, 'COUNT', 1, 'STREAMS', K_STREAM, '>')
   if not got then
@@ -241,18 +257,17 @@ while true do
   local entry = got[1][2][1]
   local id, fields = entry[1], entry[2]
   local sid, n = fields[2], fields[4]
-  redis.call('HINCRBY', K_STATS, 'pending', -1)
   local ref = redis.call('HGET', K_REFS, sid)
   if ref then
-    local key = string.format('%016d', redis.call('HINCRBY', K_META, 'lease_seq', 1))
+    local key = string.format('%016d', redis.call('HINCRBY', K_STATS, 'leased', 1))
     local deadline = now + vt
     redis.call('HSET', K_LEASES, key, id .. '\t' .. token .. '\t' .. n .. '\t' .. sid)
     redis.call('ZADD', K_DEADLINES, fmt(deadline), key)
-    redis.call('HINCRBY', K_STATS, 'leased', 1)
     emit('lease', sid, key)
     return {'ok', events, key, n, ref, fmt(deadline), fmt(now)}
   end
-  -- an entry whose sample is no longer held is never leased (defensive: no script leaves one)
+  -- an entry whose sample is no longer held is never leased (defensive: no script leaves one; the pending
+  -- gauge would count it)
   redis.call('XACK', K_STREAM, GROUP, id)
   redis.call('XDEL', K_STREAM, id)
 end
@@ -272,7 +287,7 @@ return {'empty', events, last[1] and last[1][1] or '0-0', wake[1] and wake[1][1]
 
 ACK = r"""
 reap()
-local key, token, sid = ARGV[5], ARGV[6], ARGV[7]
+local key, token, sid = ARGV[2], ARGV[3], ARGV[4]
 local entry, n, live_sid = live_lease(key, token)
 if entry then
   drop_lease(key, entry)
@@ -291,7 +306,7 @@ return {'stale', events}
 
 FAIL = r"""
 reap()
-local key, token, sid = ARGV[5], ARGV[6], ARGV[7]
+local key, token, sid = ARGV[2], ARGV[3], ARGV[4]
 local entry, n, live_sid = live_lease(key, token)
 if entry then
   drop_lease(key, entry)
@@ -309,7 +324,7 @@ return {'stale', events}
 
 EXTEND = r"""
 reap()
-local key, token, extra = ARGV[5], ARGV[6], tonumber(ARGV[7])
+local key, token, extra = ARGV[2], ARGV[3], tonumber(ARGV[4])
 local entry, n, sid = live_lease(key, token)
 if entry then
   local deadline = now + extra
@@ -323,6 +338,7 @@ return {'lost', events}
 """
 
 RECLAIM = r"""
+feed()
 local count = reap()
 return {'ok', events, count, redis.call('HGET', K_META, 'state')}
 """

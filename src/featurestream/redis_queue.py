@@ -34,7 +34,7 @@ from collections.abc import Callable
 from typing import Any
 
 try:
-    import redis
+    import redis  # redis.exceptions is loaded by the package itself
 except ImportError as exc:  # pragma: no cover - exercised only without the optional dependency
     raise ImportError(
         "RedisSampleRefQueue needs redis-py: pip install 'featurestream[redis]' (or pip install 'redis>=5')"
@@ -79,6 +79,13 @@ class RedisLease(Lease):
 
 def _text(value: object) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _pending(counters: dict[Any, Any]) -> int:
+    """The pending gauge from the counters: every stream entry is a put or a redelivery, minus those leased."""
+    values = {_text(k): int(v) for k, v in counters.items()}
+    redelivered = values.get("failed", 0) + values.get("reclaimed", 0) - values.get("dead_lettered", 0)
+    return values.get("put", 0) + redelivered - values.get("leased", 0)
 
 
 class RedisSampleRefQueue(SampleRefQueue):
@@ -161,8 +168,8 @@ class RedisSampleRefQueue(SampleRefQueue):
         self._redis: redis.Redis = client
         self.name = name
         self._reconnect_timeout = reconnect_timeout
-        self._key = {key: f"featurestream:{{{name}}}:{key}" for key in _redis_scripts.KEY_NAMES}
-        self._keys = list(self._key.values())
+        self._prefix = f"featurestream:{{{name}}}:"
+        self._key = {key: self._prefix + key for key in _redis_scripts.KEY_NAMES}
         self._scripts = {
             script: self._redis.register_script(_redis_scripts.source(script)) for script in _redis_scripts.SCRIPTS
         }
@@ -344,7 +351,7 @@ class RedisSampleRefQueue(SampleRefQueue):
 
     def pending_count(self) -> int:
         """Samples waiting to be leased."""
-        return int(self._retrying(self._redis.hget, self._key["stats"], "pending") or 0)
+        return _pending(self._retrying(self._redis.hgetall, self._key["stats"]))
 
     def outstanding_count(self) -> int:
         """Samples currently leased."""
@@ -358,13 +365,15 @@ class RedisSampleRefQueue(SampleRefQueue):
         """A consistent snapshot of the queue-wide counters and gauges (one MULTI/EXEC)."""
         counters, outstanding = self._retrying(self._snapshot)
         values = {_text(k): int(v) for k, v in counters.items()}
-        names = [field.name for field in dataclasses.fields(QueueStats) if field.name != "outstanding"]
-        return QueueStats(**{name: values.get(name, 0) for name in names}, outstanding=int(outstanding))
+        names = [field.name for field in dataclasses.fields(QueueStats) if field.name not in ("pending", "outstanding")]
+        return QueueStats(
+            **{name: values.get(name, 0) for name in names}, pending=_pending(counters), outstanding=int(outstanding)
+        )
 
     def lease_state_counts(self) -> dict[str, int]:
         """How many leases sit in each live state, queue-wide."""
         counters, outstanding = self._retrying(self._snapshot)
-        return {"pending": int(counters.get(b"pending", counters.get("pending", 0))), "leased": int(outstanding)}
+        return {"pending": _pending(counters), "leased": int(outstanding)}
 
     def disconnect(self) -> None:
         """Stop this instance's reaper and close its connections (when it made them); the queue stays in Redis."""
@@ -376,11 +385,17 @@ class RedisSampleRefQueue(SampleRefQueue):
     def _run(self, script: str, *args: str | int) -> Any:
         """Run one script with the shared ARGV prefix (now, max_deliveries, dedup_window, feed cursor)."""
 
+        code = self._scripts[script]
+
         def call() -> Any:
             now = "" if self._server_time else repr(float(self._clock()))
-            cursor = self._feed_cursor if self._producing else ""
-            argv = [now, self.max_deliveries, self.dedup_window, cursor, *args]
-            return self._scripts[script](keys=self._keys, args=argv)
+            cursor = self._feed_cursor if self._producing and script in ("put", "reclaim") else ""
+            trace = "1" if self._tracer is not None else ""
+            header = f"{now}\t{self.max_deliveries}\t{self.dedup_window}\t{cursor}\t{trace}"
+            try:
+                return self._redis.evalsha(code.sha, 1, self._prefix, header, *args)
+            except redis.exceptions.NoScriptError:  # a restarted or flushed server: load it again
+                return code(keys=[self._prefix], args=[header, *args])
 
         return self._retrying(call)
 

@@ -5,8 +5,8 @@ as one JSON object with an explicit schema (``WIRE_VERSION``). Decoding is
 strict: unknown or missing fields, wrong types, duplicate keys, NaN/Infinity
 and dtypes outside ``DTYPES`` raise ``ValueError`` naming the offending
 value, so a peer can never smuggle an object (or a tensor) into the reader.
-Every decoded ref is rebuilt through the ``SampleRef`` constructor, which runs
-its own validation and ``assert_no_tensors``.
+Every decoded ref is rebuilt through the ``SampleRef`` constructor from
+type-checked primitives, so it passes ``assert_no_tensors`` by construction.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from featurestream.lease import DeadLetter
-from featurestream.refs import FeatureAlgorithm, FeatureSpec, SampleRef, assert_no_tensors
+from featurestream.refs import FeatureAlgorithm, FeatureSpec, SampleRef
 
 __all__ = [
     "DTYPES",
@@ -195,7 +195,8 @@ def _ref_from_obj(obj: object, what: str) -> SampleRef:
         algorithm = FeatureAlgorithm(obj["algorithm"])
     except ValueError:
         raise ValueError(f"{what} has unknown algorithm {obj['algorithm']!r}") from None
-    ref = SampleRef(
+    # Every value is a checked primitive, and SampleRef's constructor validates the rest (no tensor can get in).
+    return SampleRef(
         sample_id=obj["sample_id"],
         run_id=obj["run_id"],
         store_uri=obj["store_uri"],
@@ -208,5 +209,3 @@ def _ref_from_obj(obj: object, what: str) -> SampleRef:
         target_model_version=obj["target_model_version"],
         draft_weight_version=obj["draft_weight_version"],
     )
-    assert_no_tensors(ref, path=what)
-    return ref
