@@ -446,7 +446,11 @@ class RedisSampleRefQueue(SampleRefQueue):
             if token:
                 self._issued.pop(lease.lease_id, None)
             # A fail that dead-letters is scrubbed through its "dead" event; "again" is a retried settle
-            # whose first run's reply was lost (acked, or failed into the dead letters): scrub it now.
+            # whose first run's reply (and events) was lost: acked, or failed into the dead letters.
+            if status == "again":
+                self._trace(_ACTIONS[trigger], sample_id=sample_id, lease_id=lease.lease_id)
+                if trigger == "fail":
+                    self._trace(_ACTIONS["dead"], sample_id=sample_id)
             if status == "again" or (status == "ok" and trigger == "ack"):
                 self._scrub(lease.ref)
 
