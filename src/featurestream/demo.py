@@ -67,10 +67,28 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--render", metavar="PATH", help="draw the queue's final state snapshot to PATH (.svg/.png need graphviz)"
     )
+    parser.add_argument(
+        "--redis",
+        metavar="redis://HOST:PORT/DB",
+        help="run the queue on this Redis server (RedisSampleRefQueue, a fresh queue name per run; needs redis-py)",
+    )
 
 
 def make_queue(store: FeatureStore, args: argparse.Namespace, tracer: Any) -> SampleRefQueue:
     """The demo's queue (the one place a queue backend is chosen)."""
+    if getattr(args, "redis", None):
+        import uuid
+
+        from featurestream.redis_queue import RedisSampleRefQueue  # redis-py is optional: import on use
+
+        return RedisSampleRefQueue(
+            store,
+            VisibilityTimeout(args.visibility_timeout),
+            max_deliveries=MAX_DELIVERIES,
+            tracer=tracer,
+            url=args.redis,
+            name=f"demo-{uuid.uuid4().hex[:12]}",
+        )
     return SampleRefQueue(
         store,
         VisibilityTimeout(args.visibility_timeout),
