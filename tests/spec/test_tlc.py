@@ -137,10 +137,13 @@ def test_run_tlc_refuses_a_missing_config(tlc_available: None) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(7200)
 def test_deep_model_has_no_error(tlc_available: None) -> None:
+    """Nightly only (about 20 minutes): three samples, safety."""
     result = run_tlc(spec_dir() / "LeaseQueueDeep.cfg", workers=2, timeout=None)
     print(result.summary())
     assert result.ok, result.output[-4000:]
+    assert result.distinct_states == 5_608_789
 
 
 def test_check_command_reports_a_violation_and_a_missing_config(
