@@ -37,6 +37,14 @@ PACKING_FEATURES = ("position_ids", "seq_lens", "doc_remaining")
 FEATURE_ORDER = CORE_FEATURES + LOGITS_SUPERVISION + PROBS_SUPERVISION + PACKING_FEATURES
 
 
+def require_eagle3(algorithm: FeatureAlgorithm | str | None, owner: str) -> FeatureAlgorithm:
+    """``algorithm`` as a ``FeatureAlgorithm`` (``None`` means EAGLE-3); ``ValueError`` for any other."""
+    resolved = FeatureAlgorithm.EAGLE3 if algorithm is None else FeatureAlgorithm(algorithm)
+    if resolved is not FeatureAlgorithm.EAGLE3:
+        raise ValueError(f"{owner} implements the eagle3 schema only, got algorithm {resolved.value!r}")
+    return resolved
+
+
 def check_feature_names(names: Iterable[str]) -> None:
     """Raise ``ValueError`` unless ``names`` is a valid EAGLE-3 v1 feature set."""
     present = set(names)

@@ -43,9 +43,7 @@ class FeatureDataLoader:
         acquire_poll_interval: float = 0.05,
     ) -> None:
         _check_seconds("acquire_poll_interval", acquire_poll_interval)
-        algorithm = FeatureAlgorithm.EAGLE3 if algorithm is None else FeatureAlgorithm(algorithm)
-        if algorithm is not FeatureAlgorithm.EAGLE3:
-            raise ValueError(f"FeatureDataLoader implements the eagle3 schema only, got algorithm {algorithm.value!r}")
+        algorithm = eagle3.require_eagle3(algorithm, "FeatureDataLoader")
         self.queue = queue
         self.store = store
         self.algorithm = algorithm

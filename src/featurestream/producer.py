@@ -63,9 +63,7 @@ class FeatureProducer:
             raise TypeError(f"store must be a FeatureStore, got {type(store).__name__}")
         if not isinstance(run_id, str) or not run_id:
             raise ValueError(f"run_id must be a non-empty str, got {run_id!r}")
-        algorithm = FeatureAlgorithm.EAGLE3 if algorithm is None else FeatureAlgorithm(algorithm)
-        if algorithm is not FeatureAlgorithm.EAGLE3:
-            raise ValueError(f"FeatureProducer implements the eagle3 schema only, got algorithm {algorithm.value!r}")
+        algorithm = eagle3.require_eagle3(algorithm, "FeatureProducer")
         self.target_backend = target_backend
         self.store = store
         self.run_id = run_id
