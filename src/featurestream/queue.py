@@ -92,9 +92,11 @@ def _check_watermark(name: str, value: int | None) -> None:
         raise ValueError(f"{name} must be a non-negative int or None, got {value!r}")
 
 
-def _check_seconds(name: str, value: float) -> None:
+def _check_seconds(name: str, value: float, *, positive: bool = False) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
         raise ValueError(f"{name} must be a finite number of seconds >= 0, got {value!r}")
+    if positive and value == 0:
+        raise ValueError(f"{name} must be > 0 seconds, got {value!r}")
 
 
 class SampleRefQueue:
@@ -141,9 +143,7 @@ class SampleRefQueue:
         if isinstance(dedup_window, bool) or not isinstance(dedup_window, int) or dedup_window < 0:
             raise ValueError(f"dedup_window must be an int >= 0, got {dedup_window!r}")
         if reaper_interval is not None:
-            _check_seconds("reaper_interval", reaper_interval)
-            if reaper_interval == 0:
-                raise ValueError("reaper_interval must be > 0 seconds, got 0")
+            _check_seconds("reaper_interval", reaper_interval, positive=True)
         self._store = store
         self._vt = visibility_timeout or VisibilityTimeout()
         self._high = high_watermark_bytes
@@ -278,9 +278,7 @@ class SampleRefQueue:
         non-positive or non-finite ``seconds``.
         """
         extra = self._vt.seconds if seconds is None else seconds
-        _check_seconds("seconds", extra)
-        if extra == 0:
-            raise ValueError("seconds must be > 0 to extend a lease, got 0")
+        _check_seconds("seconds", extra, positive=True)
         with self._operation():
             self._reap_due()
             record = self._live_record(lease, "extend")

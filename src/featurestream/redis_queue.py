@@ -136,9 +136,7 @@ class RedisSampleRefQueue(SampleRefQueue):
         if clock is not None and not callable(clock):
             raise TypeError(f"clock must be a callable returning seconds or None, got {clock!r}")
         if reaper_interval is not None:
-            _check_seconds("reaper_interval", reaper_interval)
-            if reaper_interval == 0:
-                raise ValueError("reaper_interval must be > 0 seconds, got 0")
+            _check_seconds("reaper_interval", reaper_interval, positive=True)
         _check_seconds("reconnect_timeout", reconnect_timeout)
         if not isinstance(name, str) or not name or "{" in name or "}" in name:
             raise ValueError(f"name must be a non-empty str without braces (it becomes a key hash tag), got {name!r}")
@@ -301,9 +299,7 @@ class RedisSampleRefQueue(SampleRefQueue):
         non-positive or non-finite ``seconds``.
         """
         extra = self._vt.seconds if seconds is None else seconds
-        _check_seconds("seconds", extra)
-        if extra == 0:
-            raise ValueError("seconds must be > 0 to extend a lease, got 0")
+        _check_seconds("seconds", extra, positive=True)
         key, token, _ = self._proof(lease)
         with self._operation():
             status, events, *rest = self._run("extend", key, token, repr(float(extra)))
