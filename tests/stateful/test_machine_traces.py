@@ -8,13 +8,11 @@ trace that must be the only one rejected.
 from __future__ import annotations
 
 import pytest
-from hypothesis import HealthCheck, Phase, settings
-from hypothesis.stateful import run_state_machine_as_test
 
 from featurestream import LocalFeatureStore
 from featurestream.spec.tlc import ToolMissing, find_jar, find_java
 from featurestream.spec.trace import TraceConstants, validate_traces
-from featurestream.testing import MachineConfig, make_queue_machine
+from featurestream.testing import MachineConfig, make_queue_machine, record_machine_traces
 
 from . import stress
 from .defects import NoDedupQueue
@@ -27,19 +25,7 @@ RUNS = 25
 
 
 def _machine_traces() -> list[list[tuple[str, dict[str, object]]]]:
-    traces = []
-
-    class Recording(make_queue_machine(LocalFeatureStore, config=CONFIG, name="TracedMachine")):  # type: ignore[misc]
-        def teardown(self) -> None:
-            traces.append(list(self.trace.events))
-            super().teardown()
-
-    budget = settings(
-        max_examples=RUNS, stateful_step_count=40, deadline=None, database=None,
-        phases=[Phase.generate], suppress_health_check=list(HealthCheck),
-    )  # fmt: skip
-    run_state_machine_as_test(Recording, settings=budget)
-    return traces
+    return record_machine_traces(make_queue_machine(LocalFeatureStore, config=CONFIG, name="TracedMachine"), RUNS)
 
 
 def _duplicate_delivery_trace() -> list[tuple[str, dict[str, object]]]:
