@@ -3,7 +3,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 -m venv .venv
-.venv/bin/pip install -q --upgrade pip
 .venv/bin/pip install -q -c constraints/test.txt torch==2.13.0
 .venv/bin/pip install -q -c constraints/test.txt -e .
 .venv/bin/featurestream demo "$@"

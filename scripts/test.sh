@@ -15,7 +15,6 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   fi
 fi
 python3 -m venv .venv
-.venv/bin/pip install -q --upgrade pip
 .venv/bin/pip install -q -c constraints/test.txt torch==2.13.0
 .venv/bin/pip install -q -c constraints/test.txt -e ".[test]"
 .venv/bin/ruff check src tests benchmarks
