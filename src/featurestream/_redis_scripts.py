@@ -1,15 +1,24 @@
-"""Server-side Lua for ``RedisSampleRefQueue``: every state change is one atomic script.
+"""Server-side Lua for ``RedisSampleRefQueue``: one Redis Functions library, every state change one atomic call.
 
-Key layout: ``KEYS[1]`` is the prefix ``featurestream:{name}:`` and every key is
-the prefix plus one of these names (one ``{name}`` hash tag, so they share a
-cluster slot; the scripts derive the names rather than take twelve KEYS, which
-would cost more to send than most scripts cost to run):
+Needs Redis 7.0+ (``FUNCTION LOAD`` / ``FCALL``). The library is loaded once per
+server (and persisted with the dataset, AOF included); its helpers are compiled
+and defined at load time, so a call pays only for its own commands. Function
+names carry a hash of the source (``fs_<tag>_<script>``), so clients of
+different versions never call each other's code.
+
+Key layout (layout ``2``): ``KEYS[1]`` is the prefix ``featurestream:{name}:`` and
+every key is the prefix plus one of these names (one ``{name}`` hash tag, so they
+share a cluster slot; the functions derive the names rather than take twelve
+KEYS, which would cost more to send than most calls cost to run):
 
 1. ``stream``    deliveries (XADD ``s`` = sample id, ``n`` = redelivery count),
                  consumer group ``fs``; each delivery attempt is a new entry, so
-                 a failed or reclaimed sample goes to the tail.
-2. ``refs``      hash sample id -> ref JSON, for every held (pending or leased) sample.
-3. ``leases``    hash lease key -> ``entry \\t token \\t n \\t sample id`` (live leases).
+                 a failed or reclaimed sample goes to the tail. Settled entries are
+                 XACKed and trimmed in bulk (every ``TRIM_EVERY`` settles, and
+                 whenever the queue holds nothing), not XDELed one by one.
+2. ``refs``      hash sample id -> ``put token \\t ref JSON`` for every held
+                 (pending or leased) sample; the put token makes a retried put idempotent.
+3. ``leases``    hash lease key -> ``entry \\t token \\t n \\t put token \\t sample id`` (live leases).
 4. ``deadlines`` zset lease key -> deadline (seconds); the reap index.
 5. ``done``      hash sample id -> ``outcome \\t lease key \\t lease token \\t put token``:
                  the dedup window, also used to make retried ack/fail/put idempotent.
@@ -20,8 +29,7 @@ would cost more to send than most scripts cost to run):
                  sequence; the ``pending`` gauge is derived (put + failed + reclaimed
                  - dead_lettered - leased: every stream entry is a put or a redelivery).
 10. ``wake``     stream a close or drain appends to, so blocked ``acquire`` calls wake.
-11. ``puttok``   hash sample id -> token of the put that enqueued it (idempotent retry).
-12. ``retired``  stream of settled sample ids (capped): a producing instance reads
+11. ``retired``  stream of settled sample ids (capped): a producing instance reads
                  it to scrub, in its own store, the samples it put that another
                  process acked or dead-lettered (its residency counters would
                  otherwise never fall, and backpressure never resume).
@@ -31,9 +39,10 @@ orders ties by lease id exactly like the in-process queue's heap.
 
 ``ARGV[1]`` is a tab-separated header: ``now`` in seconds (empty: the server's
 ``TIME``, which every node agrees on), max_deliveries, dedup_window, the
-caller's cursor in ``retired`` (empty: not wanted) and ``1`` when the caller
-traces; ``ARGV[2:]`` are per script. Every script except ``init`` and ``close`` first reaps
-due leases, as every in-process queue operation does. Scripts return
+caller's cursor in ``retired`` (empty: not wanted; ``$``: the caller holds no
+unsettled puts, so just report the newest id) and ``1`` when the caller
+traces; ``ARGV[2:]`` are per function. Every function except ``init`` and ``close`` first reaps
+due leases, as every in-process queue operation does. Functions return
 ``{status, events, ...}`` where ``events`` is a flat list of
 ``kind, a, b`` triples the client turns into tracer calls, scrubs and
 dead-letter callbacks. ``kind`` uses the lease/lifecycle machines' trigger
@@ -42,6 +51,8 @@ names (``lease``, ``extend``, ``ack``, ``fail``, ``reclaim``, ``close``,
 """
 
 from __future__ import annotations
+
+import hashlib
 
 KEY_NAMES = (
     "stream",
@@ -54,36 +65,45 @@ KEY_NAMES = (
     "meta",
     "stats",
     "wake",
-    "puttok",
     "retired",
 )
 
 GROUP = "fs"
+LAYOUT = "2"
+REAP_LIMIT = 1000
 
+# Helpers, defined once when the library loads. Per-call state lives in these upvalues: a function call runs
+# atomically, so no two calls ever see each other's values.
 _PRELUDE = r"""
-local P = KEYS[1]
-local K_STREAM, K_REFS, K_LEASES, K_DEADLINES = P .. 'stream', P .. 'refs', P .. 'leases', P .. 'deadlines'
-local K_DONE, K_DONE_ORDER, K_DEAD, K_META = P .. 'done', P .. 'done_order', P .. 'dead', P .. 'meta'
-local K_STATS, K_WAKE, K_PUTTOK, K_RETIRED = P .. 'stats', P .. 'wake', P .. 'puttok', P .. 'retired'
 local GROUP = 'fs'
-local NOW, MAX_DELIVERIES, DEDUP_WINDOW, CURSOR, TRACE = string.match(
-  ARGV[1], '^([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)$')
-MAX_DELIVERIES, DEDUP_WINDOW, TRACE = tonumber(MAX_DELIVERIES), tonumber(DEDUP_WINDOW), TRACE == '1'
 local REAP_LIMIT = 1000
 local FEED_LIMIT = 1000
 local RETIRED_MAXLEN = 100000
-
-local now
-if NOW == '' then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-else
-  now = tonumber(NOW)
-end
-
+local TRIM_EVERY = 1000
 -- Events only a tracer needs are sent when the caller traces; the client acts on the others.
 local NEEDED = {dead = true, retired = true, drain = true}
-local events = {}
+
+local K_STREAM, K_REFS, K_LEASES, K_DEADLINES, K_DONE, K_DONE_ORDER, K_DEAD, K_META, K_STATS, K_WAKE, K_RETIRED
+local now, MAX_DELIVERIES, DEDUP_WINDOW, CURSOR, TRACE, events
+
+local function begin(keys, argv)
+  local P = keys[1]
+  K_STREAM, K_REFS, K_LEASES, K_DEADLINES = P .. 'stream', P .. 'refs', P .. 'leases', P .. 'deadlines'
+  K_DONE, K_DONE_ORDER, K_DEAD, K_META = P .. 'done', P .. 'done_order', P .. 'dead', P .. 'meta'
+  K_STATS, K_WAKE, K_RETIRED = P .. 'stats', P .. 'wake', P .. 'retired'
+  local clock
+  clock, MAX_DELIVERIES, DEDUP_WINDOW, CURSOR, TRACE = string.match(
+    argv[1], '^([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)$')
+  MAX_DELIVERIES, DEDUP_WINDOW, TRACE = tonumber(MAX_DELIVERIES), tonumber(DEDUP_WINDOW), TRACE == '1'
+  if clock == '' then
+    local t = redis.call('TIME')
+    now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+  else
+    now = tonumber(clock)
+  end
+  events = {}
+end
+
 local function emit(kind, a, b)
   if TRACE or NEEDED[kind] then
     events[#events + 1] = kind
@@ -96,79 +116,114 @@ local function fmt(x)
   return string.format('%.17g', x)
 end
 
--- Settles since the caller's cursor (XRANGE is inclusive: skip the cursor entry itself), so a producing
--- instance's store forgets the samples it put. Only put and reclaim ask for it (their callers produce).
+-- The put token and the ref JSON of a held sample's ``refs`` value.
+local function split_held(value)
+  local tab = string.find(value, '\t', 1, true)
+  return string.sub(value, 1, tab - 1), string.sub(value, tab + 1)
+end
+
+-- Settles after the caller's cursor (exclusive), so a producing instance's store forgets the samples it put.
+-- Only put and reclaim ask for it (their callers produce); a caller holding no unsettled puts sends '$' and
+-- only learns the newest id (nothing before it can concern a sample it puts later).
 local function feed()
   local cursor = CURSOR
   if cursor == '' then
     return
   end
-  for _, entry in ipairs(redis.call('XRANGE', K_RETIRED, cursor, '+', 'COUNT', FEED_LIMIT + 1)) do
-    if entry[1] ~= cursor then
-      emit('retired', entry[2][2], entry[1])
-    end
+  if cursor == '$' then
+    local last = redis.call('XREVRANGE', K_RETIRED, '+', '-', 'COUNT', 1)
+    emit('retired', '', last[1] and last[1][1] or '0-0')
+    return
+  end
+  for _, entry in ipairs(redis.call('XRANGE', K_RETIRED, '(' .. cursor, '+', 'COUNT', FEED_LIMIT)) do
+    emit('retired', entry[2][2], entry[1])
   end
 end
 
--- entry, token, n, sample id (the id goes last: it may contain tabs)
+-- entry, token, n, put token, sample id (the id goes last: it may contain tabs)
 local function parse_lease(rec)
-  return string.match(rec, '^([^\t]*)\t([^\t]*)\t([^\t]*)\t(.*)$')
+  return string.match(rec, '^([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t(.*)$')
 end
 
-local function maybe_drained()
-  if redis.call('HGET', K_META, 'state') == 'draining' and redis.call('HLEN', K_REFS) == 0 then
+-- Drop settled stream entries in bulk: everything before the oldest one still pending or unread.
+local function trim_stream()
+  local oldest = redis.call('XPENDING', K_STREAM, GROUP)[2]
+  if not oldest then
+    for _, group in ipairs(redis.call('XINFO', 'GROUPS', K_STREAM)) do
+      for i = 1, #group, 2 do
+        if group[i] == 'last-delivered-id' then
+          oldest = group[i + 1]
+        end
+      end
+    end
+  end
+  redis.call('XTRIM', K_STREAM, 'MINID', oldest)
+end
+
+-- Called after a sample leaves ``refs``: an empty queue keeps no stream entries (all are settled), and a
+-- closed one drains.
+local function after_retire()
+  if redis.call('HLEN', K_REFS) ~= 0 then
+    return
+  end
+  redis.call('XTRIM', K_STREAM, 'MAXLEN', 0)
+  if redis.call('HGET', K_META, 'state') == 'draining' then
     redis.call('HSET', K_META, 'state', 'drained')
     emit('drain', '', '')
     redis.call('XADD', K_WAKE, 'MAXLEN', '1', '*', 'wake', 'drain')
   end
 end
 
-local function retire(sid, outcome, key, token)
-  local put_token = redis.call('HGET', K_PUTTOK, sid) or ''
+local function retire(sid, outcome, key, token, put_token)
   redis.call('HDEL', K_REFS, sid)
-  redis.call('HDEL', K_PUTTOK, sid)
   redis.call('XADD', K_RETIRED, 'MAXLEN', '~', RETIRED_MAXLEN, '*', 's', sid)
   if DEDUP_WINDOW > 0 then
     redis.call('HSET', K_DONE, sid, outcome .. '\t' .. key .. '\t' .. token .. '\t' .. put_token)
-    redis.call('RPUSH', K_DONE_ORDER, sid)
-    if redis.call('LLEN', K_DONE_ORDER) > DEDUP_WINDOW then
+    if redis.call('RPUSH', K_DONE_ORDER, sid) > DEDUP_WINDOW then
       redis.call('HDEL', K_DONE, redis.call('LPOP', K_DONE_ORDER))
     end
   end
-  maybe_drained()
+  after_retire()
 end
 
-local function redeliver(sid, n, reason, key, token)
+local function redeliver(sid, n, reason, key, token, put_token)
   local deliveries = n + 1
   if deliveries >= MAX_DELIVERIES then
     local why = reason .. ' ' .. deliveries .. ' times (max_deliveries=' .. MAX_DELIVERIES .. ')'
-    local letter = '{"ref":' .. redis.call('HGET', K_REFS, sid) .. ',"reason":"' .. why
-      .. '","deliveries":' .. deliveries .. '}'
+    local _, ref = split_held(redis.call('HGET', K_REFS, sid))
+    local letter = '{"ref":' .. ref .. ',"reason":"' .. why .. '","deliveries":' .. deliveries .. '}'
     redis.call('RPUSH', K_DEAD, letter)
     redis.call('HINCRBY', K_STATS, 'dead_lettered', 1)
     emit('dead', sid, letter)
-    retire(sid, 'dead-lettered', key, token)
+    retire(sid, 'dead-lettered', key, token, put_token)
   else
     redis.call('XADD', K_STREAM, '*', 's', sid, 'n', deliveries)
   end
 end
 
-local function drop_lease(key, entry)
+-- Remove a live lease and count its settle under ``counter``; every TRIM_EVERY settles, trim the stream.
+local function drop_lease(key, entry, counter)
   redis.call('HDEL', K_LEASES, key)
   redis.call('ZREM', K_DEADLINES, key)
   redis.call('XACK', K_STREAM, GROUP, entry)
-  redis.call('XDEL', K_STREAM, entry)
+  if redis.call('HINCRBY', K_STATS, counter, 1) % TRIM_EVERY == 0 then
+    trim_stream()
+  end
 end
 
 local function reap()
+  -- Most calls find nothing due: look at the earliest deadline before asking for the due range.
+  local first = redis.call('ZRANGE', K_DEADLINES, 0, 0, 'WITHSCORES')
+  if not first[2] or tonumber(first[2]) > now then
+    return 0
+  end
   local due = redis.call('ZRANGEBYSCORE', K_DEADLINES, '-inf', fmt(now), 'LIMIT', 0, REAP_LIMIT)
   for _, key in ipairs(due) do
-    local entry, _, n, sid = parse_lease(redis.call('HGET', K_LEASES, key))
-    drop_lease(key, entry)
-    redis.call('HINCRBY', K_STATS, 'reclaimed', 1)
+    local entry, _, n, put_token, sid = parse_lease(redis.call('HGET', K_LEASES, key))
+    drop_lease(key, entry, 'reclaimed')
     emit('reclaim', sid, key)
     -- no token in the dedup record: a late fail of this lease is stale, not a retry of a settle
-    redeliver(sid, tonumber(n), 'expired', key, '')
+    redeliver(sid, tonumber(n), 'expired', key, '', put_token)
   end
   return #due
 end
@@ -179,11 +234,11 @@ local function live_lease(key, token)
   if not rec then
     return nil
   end
-  local entry, tok, n, sid = parse_lease(rec)
+  local entry, tok, n, put_token, sid = parse_lease(rec)
   if tok ~= token or token == '' then
     return nil
   end
-  return entry, tonumber(n), sid
+  return entry, tonumber(n), put_token, sid
 end
 
 local function settled_by(sid, outcome, key, token)
@@ -200,7 +255,7 @@ end
 
 INIT = r"""
 redis.call('HSETNX', K_META, 'state', 'open')
-redis.call('HSETNX', K_META, 'layout', '1')
+redis.call('HSETNX', K_META, 'layout', '2')
 redis.call('HSETNX', K_META, 'max_deliveries', MAX_DELIVERIES)
 redis.call('HSETNX', K_META, 'dedup_window', DEDUP_WINDOW)
 local ok, err = pcall(redis.call, 'XGROUP', 'CREATE', K_STREAM, GROUP, '$', 'MKSTREAM')
@@ -220,10 +275,10 @@ local sid, ref, token = ARGV[2], ARGV[3], ARGV[4]
 if redis.call('HGET', K_META, 'state') ~= 'open' then
   return {'closed', events}
 end
-local holder = redis.call('HGET', K_PUTTOK, sid)
-if holder then
+local held = redis.call('HGET', K_REFS, sid)
+if held then
   -- the same put retried after a lost reply is a success, any other put a duplicate
-  if holder == token then
+  if split_held(held) == token then
     return {'ok', events}
   end
   return {'held', events}
@@ -238,8 +293,7 @@ if done then
   emit('dedup', sid, '')
   return {'dedup', events, outcome}
 end
-redis.call('HSET', K_REFS, sid, ref)
-redis.call('HSET', K_PUTTOK, sid, token)
+redis.call('HSET', K_REFS, sid, token .. '\t' .. ref)
 redis.call('XADD', K_STREAM, '*', 's', sid, 'n', '0')
 redis.call('HINCRBY', K_STATS, 'put', 1)
 emit('put', sid, '')
@@ -257,19 +311,20 @@ while true do
   local entry = got[1][2][1]
   local id, fields = entry[1], entry[2]
   local sid, n = fields[2], fields[4]
-  local ref = redis.call('HGET', K_REFS, sid)
-  if ref then
+  local held = redis.call('HGET', K_REFS, sid)
+  if held then
+    local put_token, ref = split_held(held)
     local key = string.format('%016d', redis.call('HINCRBY', K_STATS, 'leased', 1))
     local deadline = now + vt
-    redis.call('HSET', K_LEASES, key, id .. '\t' .. token .. '\t' .. n .. '\t' .. sid)
+    redis.call('HSET', K_LEASES, key, id .. '\t' .. token .. '\t' .. n .. '\t' .. put_token .. '\t' .. sid)
     redis.call('ZADD', K_DEADLINES, fmt(deadline), key)
     emit('lease', sid, key)
-    return {'ok', events, key, n, ref, fmt(deadline), fmt(now)}
+    -- the client knows the deadline: its clock (or the now it sent) plus vt
+    return {'ok', events, key, n, ref}
   end
-  -- an entry whose sample is no longer held is never leased (defensive: no script leaves one; the pending
+  -- an entry whose sample is no longer held is never leased (defensive: no function leaves one; the pending
   -- gauge would count it)
   redis.call('XACK', K_STREAM, GROUP, id)
-  redis.call('XDEL', K_STREAM, id)
 end
 if redis.call('HGET', K_META, 'state') == 'drained' then
   return {'drained', events}
@@ -288,12 +343,11 @@ return {'empty', events, last[1] and last[1][1] or '0-0', wake[1] and wake[1][1]
 ACK = r"""
 reap()
 local key, token, sid = ARGV[2], ARGV[3], ARGV[4]
-local entry, n, live_sid = live_lease(key, token)
+local entry, n, put_token, live_sid = live_lease(key, token)
 if entry then
-  drop_lease(key, entry)
-  redis.call('HINCRBY', K_STATS, 'acked', 1)
+  drop_lease(key, entry, 'acked')
   emit('ack', live_sid, key)
-  retire(live_sid, 'acked', key, token)
+  retire(live_sid, 'acked', key, token, put_token)
   return {'ok', events}
 end
 -- this very lease already acked (a retry after a lost reply): the caller still has to scrub
@@ -307,12 +361,11 @@ return {'stale', events}
 FAIL = r"""
 reap()
 local key, token, sid = ARGV[2], ARGV[3], ARGV[4]
-local entry, n, live_sid = live_lease(key, token)
+local entry, n, put_token, live_sid = live_lease(key, token)
 if entry then
-  drop_lease(key, entry)
-  redis.call('HINCRBY', K_STATS, 'failed', 1)
+  drop_lease(key, entry, 'failed')
   emit('fail', live_sid, key)
-  redeliver(live_sid, n, 'failed', key, token)
+  redeliver(live_sid, n, 'failed', key, token, put_token)
   return {'ok', events}
 end
 if settled_by(sid, 'dead-lettered', key, token) then
@@ -325,7 +378,7 @@ return {'stale', events}
 EXTEND = r"""
 reap()
 local key, token, extra = ARGV[2], ARGV[3], tonumber(ARGV[4])
-local entry, n, sid = live_lease(key, token)
+local entry, n, put_token, sid = live_lease(key, token)
 if entry then
   local deadline = now + extra
   redis.call('ZADD', K_DEADLINES, fmt(deadline), key)
@@ -347,7 +400,7 @@ CLOSE = r"""
 if redis.call('HGET', K_META, 'state') == 'open' then
   redis.call('HSET', K_META, 'state', 'draining')
   emit('close', '', '')
-  maybe_drained()
+  after_retire()
   redis.call('XADD', K_WAKE, 'MAXLEN', '1', '*', 'wake', 'close')
 end
 return {'ok', events}
@@ -365,6 +418,24 @@ SCRIPTS = {
 }
 
 
-def source(name: str) -> str:
-    """The full Lua source of script ``name`` (shared prelude + body)."""
-    return _PRELUDE + SCRIPTS[name]
+class Library:
+    """One Redis Functions library built from ``scripts`` (name -> Lua body run after the shared prelude).
+
+    ``source`` is what ``FUNCTION LOAD`` takes; ``function(name)`` the name ``FCALL`` takes. The tag is a
+    hash of the source, so two different libraries (versions, or a test's seeded defect) coexist on a server.
+    """
+
+    def __init__(self, scripts: dict[str, str]) -> None:
+        bodies = "".join(
+            f"\nredis.register_function('{{tag}}_{name}', function(KEYS, ARGV)\nbegin(KEYS, ARGV)\n{body}end)\n"
+            for name, body in scripts.items()
+        )
+        self.tag = "fs_" + hashlib.sha1((_PRELUDE + bodies).encode()).hexdigest()[:16]
+        self.source = f"#!lua name={self.tag}\n{_PRELUDE}{bodies.replace('{tag}', self.tag)}"
+
+    def function(self, name: str) -> str:
+        """The ``FCALL`` name of script ``name``."""
+        return f"{self.tag}_{name}"
+
+
+LIBRARY = Library(SCRIPTS)

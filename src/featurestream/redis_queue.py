@@ -3,17 +3,17 @@
 Producers and consumers in different processes or on different machines
 share one queue by naming the same Redis server and queue ``name``. The
 protocol is the in-process ``SampleRefQueue``'s, with every state change made
-by one atomic server-side Lua script (see ``featurestream._redis_scripts`` for
-the key layout):
+by one atomic call of a server-side Lua function (Redis 7.0+; see
+``featurestream._redis_scripts`` for the library and the key layout):
 
 - a delivery attempt is a stream entry read through a consumer group; a
   failed or reclaimed sample is appended to the tail as a new entry with
   ``redelivery_count + 1``, or dead-lettered once ``max_deliveries`` is spent;
 - a lease carries a secret token; ack / fail / extend succeed only when the
-  script finds that exact token on the live lease, so a reclaimed lease's late
+  function finds that exact token on the live lease, so a reclaimed lease's late
   ack changes nothing, whichever process sends it;
 - lease deadlines live in a sorted set scored by the server's ``TIME`` (or by
-  the injected ``clock``), and every script reaps due leases first;
+  the injected ``clock``), and every call reaps due leases first;
 - refs cross the wire as strict JSON (``featurestream.wire``), never pickle.
 
 Each process binds the queue to its own store instance: the putting process
@@ -95,7 +95,8 @@ class RedisSampleRefQueue(SampleRefQueue):
     ``url`` (default ``$FEATURESTREAM_REDIS_URL`` or ``redis://127.0.0.1:6379/0``)
     or a ready ``client``, the queue ``name`` (a key namespace) and
     ``reconnect_timeout`` (how long a call retries while Redis is unreachable,
-    e.g. restarting). Differences that follow from being shared:
+    e.g. restarting). Needs Redis 7.0+ (the protocol is a Redis Functions
+    library, loaded on first use). Differences that follow from being shared:
 
     - ``clock=None`` (default) makes the Redis server's ``TIME`` the deadline
       authority, so nodes with unrelated clocks agree; ``Lease.deadline`` is
@@ -112,6 +113,9 @@ class RedisSampleRefQueue(SampleRefQueue):
     - ``on_dead_letter`` runs in the instance whose call dead-lettered the
       sample; that instance's store scrubs it.
     """
+
+    # The server-side library this class calls (a test subclass may swap in a seeded defect).
+    _library: _redis_scripts.Library = _redis_scripts.LIBRARY
 
     def __init__(
         self,
@@ -168,12 +172,16 @@ class RedisSampleRefQueue(SampleRefQueue):
         self._reconnect_timeout = reconnect_timeout
         self._prefix = f"featurestream:{{{name}}}:"
         self._key = {key: self._prefix + key for key in _redis_scripts.KEY_NAMES}
-        self._scripts = {
-            script: self._redis.register_script(_redis_scripts.source(script)) for script in _redis_scripts.SCRIPTS
-        }
+        self._load_library()
         self._issued: weakref.WeakValueDictionary[int, RedisLease] = weakref.WeakValueDictionary()
         # Samples this instance put and has not seen settled; their settles elsewhere arrive on the feed.
         self._mine: dict[str, SampleRef] = {}
+        # The same samples by the exact wire bytes this instance sent: leasing one of them back skips the decode
+        # (identical bytes decode to an equal ref; the in-process queue hands out the very object put, too).
+        self._sent: dict[bytes, SampleRef] = {}
+        self._wire: dict[str, bytes] = {}
+        # The clock value the last call sent (None: the server's TIME), so a lease's deadline needs no reply field.
+        self._sent_now: float | None = None
         self._producing = False
         layout, stored_max, stored_window, self._feed_cursor = (_text(v) for v in self._run("init"))
         if (int(stored_max), int(stored_window)) != (max_deliveries, dedup_window):
@@ -182,8 +190,11 @@ class RedisSampleRefQueue(SampleRefQueue):
                 f"this instance asks for max_deliveries={max_deliveries}, dedup_window={dedup_window} "
                 "(use the same settings everywhere, or another name)"
             )
-        if layout != "1":
-            raise ValueError(f"queue {name!r} on Redis has key layout {layout!r}; this version reads layout '1'")
+        if layout != _redis_scripts.LAYOUT:
+            raise ValueError(
+                f"queue {name!r} on Redis has key layout {layout!r}; "
+                f"this version reads layout {_redis_scripts.LAYOUT!r}"
+            )
         if reaper_interval is not None:
             _start_reaper(self, reaper_interval)
 
@@ -378,20 +389,39 @@ class RedisSampleRefQueue(SampleRefQueue):
             self._redis.close()
 
     # -- internals -------------------------------------------------------------
-    def _run(self, script: str, *args: str | int) -> Any:
-        """Run one script with the shared ARGV prefix (now, max_deliveries, dedup_window, feed cursor)."""
+    def _load_library(self) -> None:
+        """``FUNCTION LOAD`` this version's library unless the server already has it (it persists with the data)."""
+        try:
+            self._retrying(self._redis.function_load, self._library.source)
+        except redis.ResponseError as exc:
+            if "already exists" in str(exc):
+                return
+            if "unknown command" in str(exc).lower():
+                raise RuntimeError(
+                    f"RedisSampleRefQueue needs Redis 7.0+ (Redis Functions); the server said: {exc}"
+                ) from None
+            raise
 
-        code = self._scripts[script]
+    def _run(self, script: str, *args: str | int) -> Any:
+        """Call one library function with the shared header (now, max_deliveries, dedup_window, feed cursor)."""
+        function = self._library.function(script)
+        feeds = self._producing and script in ("put", "reclaim")
 
         def call() -> Any:
-            now = "" if self._server_time else repr(float(self._clock()))
-            cursor = self._feed_cursor if self._producing and script in ("put", "reclaim") else ""
+            self._sent_now = None if self._server_time else float(self._clock())
+            now = "" if self._sent_now is None else repr(self._sent_now)
+            # Holding no unsettled puts, this instance needs no settles from before now, only the newest id.
+            cursor = (self._feed_cursor if self._mine else "$") if feeds else ""
             trace = "1" if self._tracer is not None else ""
             header = f"{now}\t{self.max_deliveries}\t{self.dedup_window}\t{cursor}\t{trace}"
             try:
-                return self._redis.evalsha(code.sha, 1, self._prefix, header, *args)
-            except redis.exceptions.NoScriptError:  # a restarted or flushed server: load it again
-                return code(keys=[self._prefix], args=[header, *args])
+                return self._redis.fcall(function, 1, self._prefix, header, *args)
+            except redis.ResponseError as exc:
+                if "function not found" not in str(exc).lower():
+                    raise
+            # A server restarted without persistence, or FUNCTION FLUSHed: load the library again.
+            self._load_library()
+            return self._redis.fcall(function, 1, self._prefix, header, *args)
 
         return self._retrying(call)
 
@@ -451,10 +481,13 @@ class RedisSampleRefQueue(SampleRefQueue):
                 self._scrub(lease.ref)
 
     def _issue(self, reply: list[Any], token: str) -> RedisLease:
-        key, n, ref_json, deadline, now = reply
+        key, n, ref_json = reply
+        ref = self._sent.get(ref_json)
+        # The server's deadline is the now it used plus vt: this process's clock, or exactly the now we sent.
+        now = self._clock() if self._sent_now is None else self._sent_now
         lease = RedisLease(
-            ref=ref_from_json(ref_json),
-            deadline=self._local_deadline(deadline, now),
+            ref=ref if ref is not None else ref_from_json(ref_json),
+            deadline=now + self._vt.seconds,
             visibility_timeout=self._vt,
             redelivery_count=int(n),
             lease_id=int(key),
@@ -475,11 +508,14 @@ class RedisSampleRefQueue(SampleRefQueue):
         # evicts a refused sample anyway (FeatureProducer.discard scrubs it).
         self._store.retain(ref)
         self._producing = True
-        status, events, *rest = self._run("put", ref.sample_id, ref_to_json(ref), secrets.token_hex(8))
+        wire = ref_to_json(ref).encode()
+        status, events, *rest = self._run("put", ref.sample_id, wire, secrets.token_hex(8))
         self._apply(events)
         status = _text(status)
         if status == "ok":
             self._mine[ref.sample_id] = ref
+            self._sent[wire] = ref
+            self._wire[ref.sample_id] = wire
         elif status == "closed":
             raise RuntimeError(f"cannot put sample {ref.sample_id!r}: the queue is closed")
         elif status == "held":
@@ -506,7 +542,7 @@ class RedisSampleRefQueue(SampleRefQueue):
                 self._trace(action, op=first, lease_id=int(second) if second else None)
             elif kind == "retired":
                 self._feed_cursor = second
-                mine = self._mine.pop(first, None)
+                mine = self._mine.get(first)
                 if mine is not None:
                     self._scrub(mine)
             elif kind == "dead":
@@ -522,5 +558,6 @@ class RedisSampleRefQueue(SampleRefQueue):
 
     def _scrub(self, ref: SampleRef) -> None:
         self._mine.pop(ref.sample_id, None)
+        self._sent.pop(self._wire.pop(ref.sample_id, b""), None)
         self._store.scrub(ref)
         self._not_full.notify_all()

@@ -72,13 +72,18 @@ _REF_FIELDS = {
 }
 _FEATURE_FIELDS = {"name": str, "key": str, "shape": list, "dtype": str}
 _DEAD_FIELDS = {"ref": dict, "reason": str, "deliveries": int}
+# One encoder for every call: ``json.dumps`` with options would build a new one each time.
+_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+# Decoded specs by (dtype name, *shape): FeatureSpec is immutable, and a run repeats a few shapes many times.
+_SPEC_CACHE: dict[tuple[object, ...], FeatureSpec] = {}
+_SPEC_CACHE_LIMIT = 4096
 
 
 def ref_to_json(ref: SampleRef) -> str:
     """Encode ``ref`` (features in ``feature_names()`` order); ``ValueError`` for a dtype not in ``DTYPES``."""
     if not isinstance(ref, SampleRef):
         raise TypeError(f"ref_to_json expects a SampleRef, got {type(ref).__name__}")
-    return json.dumps(_ref_obj(ref), separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    return _ENCODER.encode(_ref_obj(ref))
 
 
 def ref_from_json(text: str | bytes) -> SampleRef:
@@ -89,7 +94,7 @@ def ref_from_json(text: str | bytes) -> SampleRef:
 def dead_letter_to_json(dead: DeadLetter) -> str:
     """Encode a dead letter as ``{"ref": <ref object>, "reason": str, "deliveries": int}``."""
     obj = {"ref": _ref_obj(dead.ref), "reason": dead.reason, "deliveries": dead.deliveries}
-    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    return _ENCODER.encode(obj)
 
 
 def dead_letter_from_json(text: str | bytes) -> DeadLetter:
@@ -133,11 +138,13 @@ def _reject_constant(name: str) -> None:
 
 
 def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    obj: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in obj:
-            raise ValueError(f"wire JSON has duplicate key {key!r}")
-        obj[key] = value
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise ValueError(f"wire JSON has duplicate key {key!r}")
+            seen.add(key)
     return obj
 
 
@@ -153,7 +160,10 @@ def _loads(text: str | bytes, what: str) -> dict[str, Any]:
     return obj
 
 
-def _check_fields(obj: Mapping[str, Any], fields: Mapping[str, type], what: str) -> None:
+def _check_fields(obj: dict[str, Any], fields: dict[str, type], what: str) -> None:
+    # Fast path: exactly the schema's fields, each of exactly its type (JSON yields no subclasses; bool is not int).
+    if obj.keys() == fields.keys() and all(type(obj[name]) is kind for name, kind in fields.items()):
+        return
     unknown = sorted(set(obj) - set(fields))
     if unknown:
         raise ValueError(f"{what} has unknown fields {unknown}")
@@ -165,6 +175,23 @@ def _check_fields(obj: Mapping[str, Any], fields: Mapping[str, type], what: str)
         # bool is an int subclass in Python; the schema never means a bool by int.
         if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
             raise ValueError(f"{what} field {name!r} must be {kind.__name__}, got {value!r:.80}")
+
+
+def _spec(dtype_name: str, shape: list[Any], where: str) -> FeatureSpec:
+    cache_key = (dtype_name, *shape)
+    spec = _SPEC_CACHE.get(cache_key)
+    if spec is not None and all(type(dim) is int for dim in shape):  # 1 and True are equal keys
+        return spec
+    dtype = DTYPES.get(dtype_name)
+    if dtype is None:
+        raise ValueError(f"{where} has unknown dtype {dtype_name!r}; known dtypes: {sorted(DTYPES)}")
+    if not all(type(dim) is int for dim in shape):
+        raise ValueError(f"{where} shape must be a list of ints, got {shape!r}")
+    spec = FeatureSpec(tuple(shape), dtype)
+    if len(_SPEC_CACHE) >= _SPEC_CACHE_LIMIT:
+        _SPEC_CACHE.clear()
+    _SPEC_CACHE[cache_key] = spec
+    return spec
 
 
 def _ref_from_obj(obj: object, what: str) -> SampleRef:
@@ -183,14 +210,8 @@ def _ref_from_obj(obj: object, what: str) -> SampleRef:
         name = feature["name"]
         if name in specs:
             raise ValueError(f"{where} repeats feature {name!r}")
-        dtype = DTYPES.get(feature["dtype"])
-        if dtype is None:
-            raise ValueError(f"{where} has unknown dtype {feature['dtype']!r}; known dtypes: {sorted(DTYPES)}")
-        shape = feature["shape"]
-        if not all(isinstance(dim, int) and not isinstance(dim, bool) for dim in shape):
-            raise ValueError(f"{where} shape must be a list of ints, got {shape!r}")
         keys[name] = feature["key"]
-        specs[name] = FeatureSpec(tuple(shape), dtype)
+        specs[name] = _spec(feature["dtype"], feature["shape"], where)
     try:
         algorithm = FeatureAlgorithm(obj["algorithm"])
     except ValueError:

@@ -448,7 +448,7 @@ def test_settled_samples_leave_nothing_behind_in_redis(
         (queue.ack if i % 2 else queue.fail)(lease)  # type: ignore[arg-type, operator]
     prefix = f"featurestream:{{{queue_name}}}:"
     assert redis_client.xlen(prefix + "stream") == 0
-    for key in ("refs", "leases", "puttok"):
+    for key in ("refs", "leases"):
         assert redis_client.hlen(prefix + key) == 0
     assert redis_client.zcard(prefix + "deadlines") == 0
     assert redis_client.hlen(prefix + "done") == redis_client.llen(prefix + "done_order") == 1  # the window

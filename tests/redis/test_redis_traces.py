@@ -36,14 +36,13 @@ Trace = list[tuple[str, dict[str, object]]]
 
 
 class _NoDedupQueue(RedisSampleRefQueue):
-    """Seeded defect C on the server: the put script never consults the dedup window."""
+    """Seeded defect C on the server: the put function never consults the dedup window."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        lookup = "local done = redis.call('HGET', K_DONE, sid)"
-        source = _redis_scripts.source("put")
-        assert lookup in source
-        self._scripts["put"] = self._redis.register_script(source.replace(lookup, "local done = false"))
+    _LOOKUP = "local done = redis.call('HGET', K_DONE, sid)"
+    assert _LOOKUP in _redis_scripts.PUT
+    _library = _redis_scripts.Library(
+        {**_redis_scripts.SCRIPTS, "put": _redis_scripts.PUT.replace(_LOOKUP, "local done = false")}
+    )
 
 
 def _factory(client: redis.Redis, queue_class: type[RedisSampleRefQueue] = RedisSampleRefQueue) -> Any:
