@@ -12,7 +12,11 @@ decoding. Two shapes: ``deep`` (put all, then acquire + ack all: the queue is
 
 Round trips are counted on the client (every packed command written to a
 socket is one request/reply exchange) and cross-checked with the server's
-``INFO commandstats`` deltas (which also count the commands scripts run).
+``INFO commandstats`` deltas (which also count the commands functions run).
+Where the time goes: server time per sample (``INFO commandstats`` usec of the
+commands the client sent: ``FCALL`` for the queue, the three stream commands
+for the raw loop) and this process's CPU time per sample (``time.process_time``,
+redis-py included). Needs Redis 7.0+ (the queue is a Redis Functions library).
 Target (issue 6): the queue's cost per sample at most 1.5x the raw loop's.
 Rounds alternate queue and baseline; the median per-sample time is reported.
 """
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import shutil
 import socket
 import statistics
@@ -101,8 +106,21 @@ def counting_client(url: str) -> redis.Redis:
     return redis.Redis(connection_pool=pool)
 
 
-def command_calls(admin: redis.Redis) -> dict[str, int]:
-    return {name.removeprefix("cmdstat_"): stats["calls"] for name, stats in admin.info("commandstats").items()}
+def command_stats(admin: redis.Redis) -> dict[str, tuple[int, int]]:
+    """Command name -> (calls, usec) since the server started."""
+    stats = admin.info("commandstats").items()
+    return {name.removeprefix("cmdstat_"): (entry["calls"], entry["usec"]) for name, entry in stats}
+
+
+@dataclasses.dataclass
+class Measurement:
+    """Per lifecycle: wall seconds, round trips, server commands (incl. inside functions), server and client us."""
+
+    seconds: float
+    trips: float
+    commands: dict[str, float]
+    server_us: float
+    client_cpu_us: float
 
 
 # -- the two loops -------------------------------------------------------------------
@@ -141,18 +159,19 @@ def raw_loop(client: redis.Redis, payloads: list[bytes], deep: bool) -> None:
     client.delete(stream)
 
 
-def measure(
-    client: redis.Redis, admin: redis.Redis, run: Callable[[], None], lifecycles: int
-) -> tuple[float, float, dict[str, int]]:
-    """(seconds per lifecycle, round trips per lifecycle, server commands per lifecycle)."""
-    sent, calls = CountingConnection.sent, command_calls(admin)
-    started = time.perf_counter()
+def measure(admin: redis.Redis, run: Callable[[], None], lifecycles: int, top_level: set[str]) -> Measurement:
+    """Run once; ``top_level`` names the commands the client sends (their usec is the server's time)."""
+    sent, before = CountingConnection.sent, command_stats(admin)
+    started, cpu = time.perf_counter(), time.process_time()
     run()
-    elapsed = time.perf_counter() - started
+    elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
     trips = (CountingConnection.sent - sent) / lifecycles
-    after = command_calls(admin)
-    per_command = {name: after[name] - calls.get(name, 0) for name in after if after[name] != calls.get(name, 0)}
-    return elapsed / lifecycles, trips, per_command
+    after = command_stats(admin)
+    delta = {name: (calls - before.get(name, (0, 0))[0], usec - before.get(name, (0, 0))[1])
+             for name, (calls, usec) in after.items()}  # fmt: skip
+    commands = {name: calls / lifecycles for name, (calls, _) in delta.items() if calls}
+    server_us = sum(usec for name, (_, usec) in delta.items() if name in top_level) / lifecycles
+    return Measurement(elapsed / lifecycles, trips, commands, server_us, cpu / lifecycles * 1e6)
 
 
 # -- a server of our own -------------------------------------------------------------
@@ -184,6 +203,20 @@ def redis_server(url: str | None) -> Iterator[str]:
             process.wait(timeout=15)
 
 
+RAW_COMMANDS = {"xadd", "xreadgroup", "xack"}
+
+
+def report(label: str, runs: list[Measurement]) -> None:
+    """Print the medians of ``runs`` on one line."""
+    cost = statistics.median(m.seconds for m in runs)
+    server = statistics.median(m.server_us for m in runs)
+    client = statistics.median(m.client_cpu_us for m in runs)
+    print(
+        f"  {label:25s}: {cost * 1e6:8.1f} us/sample  {1 / cost:9.0f} samples/s  "
+        f"{runs[-1].trips:.2f} round trips/sample  (server {server:6.1f} us, client CPU {client:6.1f} us)"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--samples", type=int, default=5000, help="lifecycles per measurement (default 5000)")
@@ -198,23 +231,19 @@ def main() -> None:
         print(f"redis-server {version} at {url}; {args.samples} lifecycles (put + acquire + ack) per round, "
               f"{args.rounds} rounds; ref JSON {len(payloads[0])} B")  # fmt: skip
         for shape, deep in (("deep", True), ("one-by-one", False)):
-            queue_times, raw_times = [], []
+            queues: list[Measurement] = []
+            raws: list[Measurement] = []
             for _ in range(args.rounds):
-                q_time, q_trips, q_cmds = measure(client, admin, partial(queue_loop, client, refs, deep), len(refs))
-                r_time, r_trips, r_cmds = measure(client, admin, partial(raw_loop, client, payloads, deep), len(refs))
-                queue_times.append(q_time)
-                raw_times.append(r_time)
-            queue_cost, raw_cost = statistics.median(queue_times), statistics.median(raw_times)
-            ratio = queue_cost / raw_cost
+                queues.append(measure(admin, partial(queue_loop, client, refs, deep), len(refs), {"fcall"}))
+                raws.append(measure(admin, partial(raw_loop, client, payloads, deep), len(refs), RAW_COMMANDS))
             print(f"\n[{shape}]")
-            print(f"  raw XADD/XREADGROUP/XACK : {raw_cost * 1e6:8.1f} us/sample  {1 / raw_cost:9.0f} samples/s  "
-                  f"{r_trips:.2f} round trips/sample")  # fmt: skip
-            print(f"  RedisSampleRefQueue      : {queue_cost * 1e6:8.1f} us/sample  {1 / queue_cost:9.0f} samples/s  "
-                  f"{q_trips:.2f} round trips/sample")  # fmt: skip
+            report("raw XADD/XREADGROUP/XACK", raws)
+            report("RedisSampleRefQueue", queues)
+            ratio = statistics.median(m.seconds for m in queues) / statistics.median(m.seconds for m in raws)
             print(f"  ratio queue/raw          : {ratio:.2f}x  (target <= 1.5x: {'met' if ratio <= 1.5 else 'MISSED'})")
-            per = {name: round(n / len(refs), 2) for name, n in sorted(q_cmds.items()) if n >= len(refs) // 10}
-            print(f"  server commands/sample (queue, INFO commandstats, incl. inside scripts): {per}")
-            raw_per = {name: round(count / len(refs), 2) for name, count in sorted(r_cmds.items())}
+            per = {name: round(n, 2) for name, n in sorted(queues[-1].commands.items()) if n >= 0.1}
+            print(f"  server commands/sample (queue, INFO commandstats, incl. inside functions): {per}")
+            raw_per = {name: round(n, 2) for name, n in sorted(raws[-1].commands.items()) if n >= 0.1}
             print(f"  server commands/sample (raw): {raw_per}")
         client.close()
         admin.close()

@@ -331,7 +331,9 @@ def _summary(
         "no consumer or producer error": not errors,
     }
     lines = [
-        f"featurestream demo: {args.samples} samples -> {store.store_uri}, {args.consumers} consumers, "
+        f"featurestream demo: {args.samples} samples -> {store.store_uri}, queue "
+        f"{'RedisSampleRefQueue at ' + args.redis if getattr(args, 'redis', None) else 'in-process'}, "
+        f"{args.consumers} consumers, "
         f"fail-rate {args.fail_rate}, crash-every {args.crash_every}, visibility {args.visibility_timeout} s, "
         f"seed {args.seed}",
         f"  training steps        {steps} in {elapsed:.2f} s ({stats.acked / elapsed:.1f} samples/s acked)",

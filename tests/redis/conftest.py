@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import re
 import shutil
 import socket
 import subprocess
@@ -32,6 +33,10 @@ class RedisServer:
         if binary is None:
             pytest.skip(f"redis-server is not on PATH; {INSTALL_HINT}")
         self.binary = binary
+        version = subprocess.run([binary, "--version"], capture_output=True, text=True, check=True).stdout
+        found = re.search(r"v=(\d+)\.", version)
+        if found is None or int(found.group(1)) < 7:
+            pytest.skip(f"RedisSampleRefQueue needs redis-server 7.0+ (Redis Functions), found: {version.strip()}")
         self.directory = directory
         self.appendonly = appendonly
         self.port = _free_port()
