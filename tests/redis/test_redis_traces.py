@@ -15,13 +15,11 @@ import uuid
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, Phase, settings
-from hypothesis.stateful import run_state_machine_as_test
 
 from featurestream import LocalFeatureStore, VisibilityTimeout
 from featurestream.spec.tlc import ToolMissing, find_jar, find_java
 from featurestream.spec.trace import TraceConstants, TraceRecorder, validate_traces
-from featurestream.testing import MachineConfig, make_queue_machine, sample_tensors
+from featurestream.testing import MachineConfig, make_queue_machine, record_machine_traces, sample_tensors
 
 redis = pytest.importorskip("redis", reason="redis-py is missing: pip install 'featurestream[redis]'")
 from featurestream import _redis_scripts  # noqa: E402 - needs redis-py
@@ -53,20 +51,8 @@ def _factory(client: redis.Redis, queue_class: type[RedisSampleRefQueue] = Redis
 
 
 def _machine_traces(client: redis.Redis) -> list[Trace]:
-    traces: list[Trace] = []
-    base = make_queue_machine(LocalFeatureStore, _factory(client), config=CONFIG, name="RedisTracedMachine")
-
-    class Recording(base):  # type: ignore[misc, valid-type]
-        def teardown(self) -> None:
-            traces.append(list(self.trace.events))
-            super().teardown()
-
-    budget = settings(
-        max_examples=RUNS, stateful_step_count=40, deadline=None, database=None,
-        phases=[Phase.generate], suppress_health_check=list(HealthCheck),
-    )  # fmt: skip
-    run_state_machine_as_test(Recording, settings=budget)
-    return traces
+    machine = make_queue_machine(LocalFeatureStore, _factory(client), config=CONFIG, name="RedisTracedMachine")
+    return record_machine_traces(machine, RUNS)
 
 
 def _threaded_trace(url: str) -> Trace:
