@@ -19,7 +19,13 @@ import pytest
 from featurestream import LocalFeatureStore, VisibilityTimeout
 from featurestream.spec.tlc import ToolMissing, find_jar, find_java
 from featurestream.spec.trace import TraceConstants, TraceRecorder, validate_traces
-from featurestream.testing import MachineConfig, make_queue_machine, record_machine_traces, sample_tensors
+from featurestream.testing import (
+    MachineConfig,
+    duplicate_delivery_trace,
+    make_queue_machine,
+    record_machine_traces,
+    sample_tensors,
+)
 
 redis = pytest.importorskip("redis", reason="redis-py is missing: pip install 'featurestream[redis]'")
 from featurestream import _redis_scripts  # noqa: E402 - needs redis-py
@@ -109,17 +115,6 @@ def _threaded_trace(url: str) -> Trace:
     return list(recorder.events)
 
 
-def _duplicate_delivery_trace(client: redis.Redis) -> Trace:
-    machine = make_queue_machine(LocalFeatureStore, _factory(client, _NoDedupQueue), config=CONFIG)()
-    machine.do_put("s0", blocking=False)
-    lease = machine.do_acquire("c0")
-    assert lease is not None
-    machine.do_ack(lease)
-    machine.do_put("s0", blocking=False)
-    assert machine.do_acquire("c1") is not None
-    return list(machine.trace.events)
-
-
 def test_redis_traces_are_admitted_by_the_spec_and_a_defect_trace_is_not(redis_server: Any) -> None:
     try:
         find_java()
@@ -130,7 +125,13 @@ def test_redis_traces_are_admitted_by_the_spec_and_a_defect_trace_is_not(redis_s
     try:
         machine_traces = _machine_traces(client)
         assert sum(len(t) for t in machine_traces) > 10 * RUNS, "the machine runs did almost nothing"
-        traces = [*machine_traces, _threaded_trace(redis_server.url), _duplicate_delivery_trace(client)]
+        traces = [
+            *machine_traces,
+            _threaded_trace(redis_server.url),
+            duplicate_delivery_trace(
+                make_queue_machine(LocalFeatureStore, _factory(client, _NoDedupQueue), config=CONFIG)
+            ),
+        ]
     finally:
         client.close()
     assert {"Reclaim", "StaleRejected", "Fail", "Ack"} <= {action for action, _ in traces[-2]}

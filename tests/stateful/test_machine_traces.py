@@ -12,7 +12,7 @@ import pytest
 from featurestream import LocalFeatureStore
 from featurestream.spec.tlc import ToolMissing, find_jar, find_java
 from featurestream.spec.trace import TraceConstants, validate_traces
-from featurestream.testing import MachineConfig, make_queue_machine, record_machine_traces
+from featurestream.testing import MachineConfig, duplicate_delivery_trace, make_queue_machine, record_machine_traces
 
 from . import stress
 from .defects import NoDedupQueue
@@ -28,18 +28,6 @@ def _machine_traces() -> list[list[tuple[str, dict[str, object]]]]:
     return record_machine_traces(make_queue_machine(LocalFeatureStore, config=CONFIG, name="TracedMachine"), RUNS)
 
 
-def _duplicate_delivery_trace() -> list[tuple[str, dict[str, object]]]:
-    """Defect C driven through the machine's actions: an acked id is put, accepted, and leased again."""
-    machine = make_queue_machine(LocalFeatureStore, NoDedupQueue, config=CONFIG)()
-    machine.do_put("s0", blocking=False)
-    lease = machine.do_acquire("c0")
-    assert lease is not None
-    machine.do_ack(lease)
-    machine.do_put("s0", blocking=False)
-    assert machine.do_acquire("c1") is not None
-    return list(machine.trace.events)
-
-
 def test_traces_of_machine_runs_and_threads_are_admitted_and_a_defect_trace_is_not() -> None:
     try:
         find_java()
@@ -51,7 +39,11 @@ def test_traces_of_machine_runs_and_threads_are_admitted_and_a_defect_trace_is_n
     watermarks = (CONFIG.high_watermark_bytes, CONFIG.low_watermark_bytes)
     threaded = stress.run_stress(seed=3, per_producer=15, watermarks=watermarks, max_deliveries=CONFIG.max_deliveries)
     assert not threaded.errors and not threaded.hung
-    traces = [*machine_traces, threaded.recorder.events, _duplicate_delivery_trace()]
+    traces = [
+        *machine_traces,
+        threaded.recorder.events,
+        duplicate_delivery_trace(make_queue_machine(LocalFeatureStore, NoDedupQueue, config=CONFIG)),
+    ]
     constants = TraceConstants(
         max_deliveries=CONFIG.max_deliveries,
         sample_bytes=stress.SAMPLE_BYTES,

@@ -14,13 +14,14 @@ See ``docs/testing.md``.
 from featurestream.testing.clock import FakeClock
 from featurestream.testing.machine import InvariantViolation, MachineConfig, QueueMachine, make_queue_machine
 from featurestream.testing.samples import sample_tensors
-from featurestream.testing.traces import record_machine_traces
+from featurestream.testing.traces import duplicate_delivery_trace, record_machine_traces
 
 __all__ = [
     "FakeClock",
     "InvariantViolation",
     "MachineConfig",
     "QueueMachine",
+    "duplicate_delivery_trace",
     "make_queue_machine",
     "record_machine_traces",
     "sample_tensors",

@@ -32,3 +32,20 @@ def record_machine_traces(machine: type[QueueMachine], runs: int, steps: int = 4
     )
     run_state_machine_as_test(Recording, settings=budget)
     return traces
+
+
+def duplicate_delivery_trace(machine: type[QueueMachine]) -> Trace:
+    """Ack ``s0``, put it again and lease it again, through ``machine``'s own actions; return the trace.
+
+    With a queue that keeps its dedup window this raises (the re-put is refused);
+    with a seeded defect C it yields a trace the spec must reject, which shows a
+    trace validator has teeth.
+    """
+    state = machine()
+    state.do_put("s0", blocking=False)
+    lease = state.do_acquire("c0")
+    assert lease is not None, "the first put must be leasable"
+    state.do_ack(lease)
+    state.do_put("s0", blocking=False)
+    assert state.do_acquire("c1") is not None, "the re-put sample was not delivered again"
+    return list(state.trace.events)
