@@ -504,8 +504,8 @@ class RedisSampleRefQueue(SampleRefQueue):
 
     def _put_locked(self, ref: SampleRef) -> None:
         # Retain before the sample becomes visible: a consumer in another process may lease, get and release
-        # it at once, and its store must then find it retained. A refused put leaves it retained; the producer
-        # evicts a refused sample anyway (FeatureProducer.discard scrubs it).
+        # it at once, and its store must then find it retained. A refused put of a sample nobody queues
+        # undoes that, so refusal leaves the store as it was.
         self._store.retain(ref)
         self._producing = True
         wire = ref_to_json(ref).encode()
@@ -517,10 +517,12 @@ class RedisSampleRefQueue(SampleRefQueue):
             self._sent[wire] = ref
             self._wire[ref.sample_id] = wire
         elif status == "closed":
+            self._store.unretain(ref)
             raise RuntimeError(f"cannot put sample {ref.sample_id!r}: the queue is closed")
-        elif status == "held":
+        elif status == "held":  # the queued sample of that id keeps its retain
             raise ValueError(f"sample {ref.sample_id!r} is already queued; ids must be unique")
         else:
+            self._store.unretain(ref)
             raise ValueError(
                 f"sample {ref.sample_id!r} was already {_text(rest[0])}; re-puts of settled samples are refused "
                 "(discard the duplicate from the store)"

@@ -87,6 +87,9 @@ class FeatureStore(abc.ABC):
     def retain(self, ref: SampleRef) -> None:  # noqa: B027 - optional hook, no-op by design
         """A queue now holds ``ref``: keep its bytes whatever handles are released."""
 
+    def unretain(self, ref: SampleRef) -> None:  # noqa: B027 - optional hook, no-op by design
+        """Undo a ``retain`` whose put was refused: ``ref`` is back to plain handle-counted residency."""
+
     def scrub(self, ref: SampleRef) -> None:  # noqa: B027 - optional hook, no-op by design
         """The queue is done with ``ref`` (acked or dead): free it whatever handles are out."""
 

@@ -114,6 +114,17 @@ def test_another_instance_gets_and_releases_and_the_last_release_unlinks(tmp_pat
         writer.release(handle_a)
 
 
+def test_unretain_drops_the_marker_so_the_last_release_frees_again(tmp_path: Path) -> None:
+    writer, reader = SharedDirFeatureStore(tmp_path), SharedDirFeatureStore(tmp_path)
+    ref = put_eagle3(writer, 4)
+    writer.retain(ref)
+    assert files(tmp_path) == ["s4.retained", "s4.safetensors"]
+    writer.unretain(ref)  # the queue refused the put
+    assert files(tmp_path) == ["s4.safetensors"]
+    reader.release(reader.get(ref)[1])
+    assert files(tmp_path) == []
+
+
 def test_a_second_writer_of_the_same_id_is_refused_not_clobbering(tmp_path: Path) -> None:
     first, second = SharedDirFeatureStore(tmp_path), SharedDirFeatureStore(tmp_path)
     ref = put_eagle3(first, 4)

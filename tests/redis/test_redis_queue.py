@@ -522,3 +522,19 @@ def test_a_late_fail_of_a_lease_reaped_into_the_dead_letters_is_stale(
     stats = queue.stats()
     assert (stats.reclaimed, stats.dead_lettered, stats.failed, stats.stale_rejected) == (1, 1, 0, 1)
     assert queue.dead_letters()[0].reason == "expired 1 times (max_deliveries=1)"
+
+
+def test_a_refused_put_leaves_the_store_as_it_was(make: Factory, store: LocalFeatureStore) -> None:
+    queue = make(store)
+    first = put(store, queue, 0)
+    queue.ack(queue.acquire(timeout=0))  # type: ignore[arg-type]
+    retry = store.put(first.sample_id, sample_tensors(0))  # a producer's retry of a settled id
+    with pytest.raises(ValueError, match="already acked"):
+        queue.put(retry)
+    late = store.put("late", sample_tensors(1))
+    queue.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        queue.put(late)
+    for ref in (retry, late):  # neither is retained: plain residency frees each on its last release
+        store.release(store.get(ref)[1])
+        assert not store.is_resident(ref.sample_id)

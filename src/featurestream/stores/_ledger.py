@@ -216,6 +216,13 @@ class LedgerFeatureStore(FeatureStore):
             if entry is not None:
                 entry.retained = True
 
+    def unretain(self, ref: SampleRef) -> None:
+        """Forget a ``retain`` whose put was refused; the bytes stay until their last handle is released."""
+        with self._lock:
+            entry = self._resident.get(ref.sample_id) or self._foreign.get(ref.sample_id)
+            if entry is not None:
+                entry.retained = False
+
     def scrub(self, ref: SampleRef) -> None:
         """Free ``ref``'s bytes now; handles still out become no-ops to release."""
         with self._lock:

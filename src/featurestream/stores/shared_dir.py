@@ -325,6 +325,12 @@ class SharedDirFeatureStore(LedgerFeatureStore):
         except OSError as exc:
             raise self._io_error(exc, f"mark sample {ref.sample_id!r} as queued", marker) from exc
 
+    def unretain(self, ref: SampleRef) -> None:
+        """A put of ``ref`` was refused: drop its queued marker so releases free it again."""
+        if self._path_ok(ref):
+            super().unretain(ref)
+            self._unlink(self._marker_path(ref.sample_id))
+
     def scrub(self, ref: SampleRef) -> None:
         """The queue is done with ``ref``: unlink its file and marker, whichever instance wrote them."""
         if self._path_ok(ref):
