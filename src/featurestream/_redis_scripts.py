@@ -273,7 +273,8 @@ feed()
 reap()
 local sid, ref, token = ARGV[2], ARGV[3], ARGV[4]
 if redis.call('HGET', K_META, 'state') ~= 'open' then
-  return {'closed', events}
+  -- whether the id is queued all the same: then its retain belongs to that queued sample
+  return {'closed', events, redis.call('HEXISTS', K_REFS, sid)}
 end
 local held = redis.call('HGET', K_REFS, sid)
 if held then

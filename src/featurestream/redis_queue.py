@@ -517,7 +517,8 @@ class RedisSampleRefQueue(SampleRefQueue):
             self._sent[wire] = ref
             self._wire[ref.sample_id] = wire
         elif status == "closed":
-            self._store.unretain(ref)
+            if not int(rest[0]):  # a queued sample of that id keeps its retain
+                self._store.unretain(ref)
             raise RuntimeError(f"cannot put sample {ref.sample_id!r}: the queue is closed")
         elif status == "held":  # the queued sample of that id keeps its retain
             raise ValueError(f"sample {ref.sample_id!r} is already queued; ids must be unique")

@@ -538,3 +538,13 @@ def test_a_refused_put_leaves_the_store_as_it_was(make: Factory, store: LocalFea
     for ref in (retry, late):  # neither is retained: plain residency frees each on its last release
         store.release(store.get(ref)[1])
         assert not store.is_resident(ref.sample_id)
+
+
+def test_a_put_refused_after_close_keeps_a_queued_sample_retained(make: Factory, store: LocalFeatureStore) -> None:
+    queue = make(store)
+    queued = put(store, queue, 0)
+    queue.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        queue.put(queued)  # a retry of a sample the queue still holds
+    store.release(store.get(queued)[1])
+    assert store.is_resident(queued.sample_id), "the pending sample must survive its handles"
