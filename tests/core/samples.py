@@ -19,16 +19,3 @@ def eagle3_tensors(tokens: int = 4, hidden: int = 8, seed: int = 0) -> dict[str,
 
 def put_sample(store: FeatureStore, sample_id: str, **kwargs: object) -> SampleRef:
     return store.put(sample_id, eagle3_tensors(), run_id="run", **kwargs)  # type: ignore[arg-type]
-
-
-class FakeClock:
-    """A monotonic clock the test moves by hand."""
-
-    def __init__(self, start: float = 1000.0) -> None:
-        self.now = start
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds

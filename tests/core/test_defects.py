@@ -9,13 +9,14 @@ import threading
 import time
 
 from featurestream import LocalFeatureStore, SampleRefQueue, VisibilityTimeout
+from featurestream.testing import FakeClock
 
-from .samples import FakeClock, put_sample
+from .samples import put_sample
 
 
 def make_queue(**kwargs: object) -> tuple[LocalFeatureStore, SampleRefQueue, FakeClock]:
     store = LocalFeatureStore()
-    clock = FakeClock()
+    clock = FakeClock(1000.0)
     return store, SampleRefQueue(store, VisibilityTimeout(5.0), clock=clock, **kwargs), clock  # type: ignore[arg-type]
 
 

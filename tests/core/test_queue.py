@@ -17,13 +17,14 @@ from featurestream import (
     VisibilityTimeout,
 )
 from featurestream.queue import DEFAULT_MAX_DELIVERIES, _next_lease_id
+from featurestream.testing import FakeClock
 
-from .samples import FakeClock, eagle3_tensors, put_sample
+from .samples import eagle3_tensors, put_sample
 
 
 def make_queue(**kwargs: object) -> tuple[LocalFeatureStore, SampleRefQueue, FakeClock]:
     store = LocalFeatureStore(max_samples=None, max_bytes=1 << 30)
-    clock = FakeClock()
+    clock = FakeClock(1000.0)
     queue = SampleRefQueue(store, VisibilityTimeout(10.0), clock=clock, **kwargs)  # type: ignore[arg-type]
     return store, queue, clock
 
