@@ -8,10 +8,11 @@ from collections.abc import Callable
 
 import pytest
 
-from core.samples import FakeClock, put_sample
+from core.samples import put_sample
 from featurestream import LocalFeatureStore, SampleRefQueue, VisibilityTimeout
 from featurestream.queue import _Record
 from featurestream.spec.trace import TraceConstants, TraceRecorder, TraceResult, validate_trace, validate_traces
+from featurestream.testing import FakeClock
 from stateful.defects import NoDedupQueue, NoDeliveryLimitQueue, RetainIgnoringStore, UnretainingScrubStore
 
 pytestmark = pytest.mark.timeout(600)
@@ -24,7 +25,7 @@ def _queue(
     queue_class: type[SampleRefQueue] = SampleRefQueue, store: LocalFeatureStore | None = None
 ) -> tuple[SampleRefQueue, LocalFeatureStore, FakeClock, TraceRecorder]:
     store = store if store is not None else LocalFeatureStore()
-    clock, recorder = FakeClock(), TraceRecorder()
+    clock, recorder = FakeClock(1000.0), TraceRecorder()
     queue = queue_class(store, VisibilityTimeout(10), max_deliveries=MAX_DELIVERIES, clock=clock, tracer=recorder)
     return queue, store, clock, recorder
 
