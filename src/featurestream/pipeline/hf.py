@@ -1,0 +1,310 @@
+"""An EAGLE-3 target backend for any Hugging Face causal LM (optional extra ``featurestream[hf]``).
+
+``HFEagle3TargetModel(model)`` wraps an ``AutoModelForCausalLM``-style model
+(Llama, Qwen2/3, Mistral, Gemma, ...) so that ``FeatureProducer`` can drive
+it: each ``generate_batch`` call runs one no-grad forward in eval mode and
+returns an ``Eagle3TargetBatch`` with
+
+- ``aux_hidden_states`` ``[B, T, 3H]``: the outputs of the three auxiliary
+  decoder layers, captured with forward hooks (never with
+  ``output_hidden_states=True``, which would keep every layer's states
+  alive), concatenated on the last axis in the order of ``aux_layer_ids``.
+  Layer ``i``'s entry equals ``model(..., output_hidden_states=True)
+  .hidden_states[i + 1]`` bit for bit;
+- ``logits`` ``[B, T, V]``: the LM head's logits, as the model returns them
+  (full target vocabulary, the model's dtype);
+- ``input_ids``, ``attention_mask``, ``loss_mask`` and the packing metadata
+  ``position_ids``, ``seq_lens``, ``doc_remaining``: passed through as given.
+
+Recipe::
+
+    from transformers import AutoModelForCausalLM
+    from featurestream.pipeline.hf import HFEagle3TargetModel
+
+    target = HFEagle3TargetModel(AutoModelForCausalLM.from_pretrained(name, torch_dtype=torch.bfloat16))
+    producer = FeatureProducer(target, store, run_id="run-1")
+"""
+
+from __future__ import annotations
+
+import numbers
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+try:
+    import transformers
+except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    raise ImportError(
+        "featurestream.pipeline.hf needs Hugging Face transformers, which is not installed: "
+        "pip install 'featurestream[hf]'"
+    ) from exc
+
+from featurestream.pipeline.eagle3 import Eagle3TargetBatch
+
+__all__ = ["HFEagle3TargetModel", "default_aux_layer_ids", "find_decoder_layers"]
+
+# Where Hugging Face causal LMs keep their decoder layer list, most common first.
+_LAYER_PATHS = (
+    "model.layers",  # Llama, Mistral, Qwen2/3, Gemma 1-3, Phi-3, OLMo, ...
+    "model.language_model.layers",  # multimodal wrappers (transformers 5)
+    "language_model.model.layers",  # multimodal wrappers (transformers 4)
+    "model.decoder.layers",  # OPT
+    "transformer.h",  # GPT-2, Falcon, Bloom, GPT-J
+    "gpt_neox.layers",  # GPT-NeoX, Pythia
+    "transformer.layers",
+    "transformer.blocks",  # MPT
+)
+
+
+def default_aux_layer_ids(num_layers: int) -> tuple[int, int, int]:
+    """The EAGLE-3 recipe's auxiliary layers ``(1, n//2 - 1, n - 4)`` for ``n`` decoder layers.
+
+    ``ValueError`` (naming ``n``) when the model is too shallow for three
+    distinct in-range layers, i.e. ``n < 7``.
+    """
+    ids = (1, num_layers // 2 - 1, num_layers - 4)
+    if len(set(ids)) != 3 or min(ids) < 0 or max(ids) >= num_layers:
+        raise ValueError(
+            f"the default EAGLE-3 auxiliary layers [1, n//2 - 1, n - 4] = {list(ids)} are not three distinct "
+            f"layers of a model with n={num_layers} decoder layers (the recipe needs n >= 7); "
+            "pass aux_layer_ids=(low, mid, high) explicitly"
+        )
+    return ids
+
+
+def _resolve(root: nn.Module, path: str) -> Any:
+    node: Any = root
+    for name in path.split("."):
+        node = getattr(node, name, None)
+        if node is None:
+            return None
+    return node
+
+
+def _num_hidden_layers(model: nn.Module) -> int | None:
+    config = getattr(model, "config", None)
+    if config is None:
+        return None
+    text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    value = getattr(text_config, "num_hidden_layers", None)
+    return value if isinstance(value, int) else None
+
+
+def find_decoder_layers(model: nn.Module) -> tuple[nn.Module, nn.ModuleList]:
+    """``(owner, layers)``: the decoder layer list of a Hugging Face causal LM and the module holding it.
+
+    Tries the usual attribute paths (``model.layers``, ``transformer.h``, ...),
+    then the shallowest ``nn.ModuleList`` as long as the config's
+    ``num_hidden_layers``. ``ValueError`` when neither finds one.
+    """
+    for path in _LAYER_PATHS:
+        layers = _resolve(model, path)
+        if isinstance(layers, nn.ModuleList) and len(layers) > 0:
+            owner_path = path.rpartition(".")[0]
+            return _resolve(model, owner_path), layers
+    expected = _num_hidden_layers(model)
+    if expected is not None:
+        for name, module in model.named_modules():
+            if isinstance(module, nn.ModuleList) and len(module) == expected:
+                owner = model.get_submodule(name.rpartition(".")[0]) if "." in name else model
+                return owner, module
+    raise ValueError(
+        f"cannot find the decoder layers of {type(model).__name__}: none of {list(_LAYER_PATHS)} is a "
+        f"non-empty nn.ModuleList, and no nn.ModuleList has config.num_hidden_layers={expected} entries"
+    )
+
+
+def _check_aux_layer_ids(aux_layer_ids: Sequence[int], num_layers: int) -> tuple[int, int, int]:
+    if isinstance(aux_layer_ids, (str, bytes)) or not isinstance(aux_layer_ids, Sequence):
+        raise ValueError(f"aux_layer_ids must be a sequence of three layer indices, got {aux_layer_ids!r}")
+    if len(aux_layer_ids) != 3:
+        raise ValueError(f"aux_layer_ids must name exactly three layers, got {len(aux_layer_ids)}: {aux_layer_ids!r}")
+    for value in aux_layer_ids:
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+            raise ValueError(f"aux_layer_ids must be ints, got {value!r} ({type(value).__name__}) in {aux_layer_ids!r}")
+        if not 0 <= value < num_layers:
+            raise ValueError(
+                f"aux layer id {value!r} is out of range for a model with {num_layers} decoder layers "
+                f"(valid: 0..{num_layers - 1})"
+            )
+    ids = tuple(int(value) for value in aux_layer_ids)
+    if len(set(ids)) != 3:
+        duplicate = next(value for value in ids if ids.count(value) > 1)
+        raise ValueError(f"aux_layer_ids must be three distinct layers, got {duplicate} twice in {list(ids)}")
+    return ids  # type: ignore[return-value]
+
+
+def _first_tensor(output: Any) -> torch.Tensor:
+    """The hidden state in a module's output: a tensor, the first item of a tuple, or ``last_hidden_state``."""
+    hidden = getattr(output, "last_hidden_state", None)
+    if hidden is None and isinstance(output, (tuple, list)) and output:
+        hidden = output[0]
+    if hidden is None:
+        hidden = output
+    if not isinstance(hidden, torch.Tensor):
+        raise TypeError(f"expected a hidden-state tensor from the hooked module, got {type(hidden).__name__}")
+    return hidden
+
+
+class HFEagle3TargetModel:
+    """EAGLE-3 target backend over a Hugging Face causal LM (see the module docstring for the batch it returns).
+
+    ``aux_layer_ids``: three distinct decoder-layer indices (low, mid, high),
+    default the EAGLE-3 recipe ``[1, n//2 - 1, n - 4]``; ``ValueError`` for
+    anything else. For the last layer (``n - 1``) the captured state is the
+    decoder stack's final-norm output, which is what Hugging Face returns as
+    ``hidden_states[n]``; every other layer's is the raw layer output.
+
+    Each forward runs under ``torch.no_grad()`` in eval mode (every
+    submodule's train/eval flag is restored afterwards, also on error); its
+    hooks are removed when it returns or raises. Forwards are serialised
+    (hooks are per model), so one wrapper may be shared by threads.
+    """
+
+    def __init__(self, model: nn.Module, aux_layer_ids: Sequence[int] | None = None) -> None:
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"model must be a torch.nn.Module (a Hugging Face causal LM), got {type(model).__name__}")
+        if not callable(getattr(model, "get_output_embeddings", None)) or model.get_output_embeddings() is None:
+            raise ValueError(
+                f"{type(model).__name__} has no LM head (get_output_embeddings() is missing or None); "
+                "load it with AutoModelForCausalLM, not AutoModel"
+            )
+        self.model = model
+        self._owner, self._layers = find_decoder_layers(model)
+        self.num_layers = len(self._layers)
+        self.aux_layer_ids: tuple[int, int, int] = (
+            default_aux_layer_ids(self.num_layers)
+            if aux_layer_ids is None
+            else _check_aux_layer_ids(aux_layer_ids, self.num_layers)
+        )
+        self.selected_token_ids: torch.Tensor | None = None
+        self.selected_token_mask: torch.Tensor | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def config(self) -> transformers.PretrainedConfig | None:
+        """The wrapped model's config (``None`` for a model without one)."""
+        return getattr(self.model, "config", None)
+
+    @property
+    def hidden_size(self) -> int:
+        """Width ``H`` of one decoder layer's output (``aux_hidden_states`` is ``3H`` wide)."""
+        return int(self.get_input_embeddings().weight.shape[1])
+
+    @property
+    def vocab_size(self) -> int:
+        """Rows of the LM head: the last dimension of ``logits``."""
+        return int(self.model.get_output_embeddings().weight.shape[0])
+
+    def get_input_embeddings(self) -> nn.Module:
+        """The target's token embedding module (a draft head may copy or share it)."""
+        return self.model.get_input_embeddings()
+
+    def set_vocab_mapping(
+        self, selected_token_ids: torch.Tensor | None, selected_token_mask: torch.Tensor | None
+    ) -> None:
+        """Record the draft vocabulary: the target token ids it keeps and the mask of them over the target vocab.
+
+        The mapping is stored (``selected_token_ids``, ``selected_token_mask``)
+        for the trainer side; ``generate_batch`` keeps emitting the full
+        target-vocabulary ``logits`` (the producer requires them), from which
+        a draft-vocab trainer selects ``logits[..., selected_token_ids]``.
+        ``None, None`` clears the mapping.
+        """
+        if selected_token_ids is None and selected_token_mask is None:
+            self.selected_token_ids = self.selected_token_mask = None
+            return
+        for name, value in (("selected_token_ids", selected_token_ids), ("selected_token_mask", selected_token_mask)):
+            if not isinstance(value, torch.Tensor):
+                raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+        assert selected_token_ids is not None and selected_token_mask is not None
+        if selected_token_ids.is_floating_point() or selected_token_ids.dtype == torch.bool:
+            raise ValueError(f"selected_token_ids must be an integer tensor, got {selected_token_ids.dtype}")
+        if selected_token_ids.numel() and not (
+            0 <= int(selected_token_ids.min()) and int(selected_token_ids.max()) < self.vocab_size
+        ):
+            raise ValueError(f"selected_token_ids must lie in [0, {self.vocab_size}) (the target vocabulary)")
+        self.selected_token_ids = selected_token_ids
+        self.selected_token_mask = selected_token_mask
+
+    def generate_batch(
+        self,
+        *,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        loss_mask: torch.Tensor,
+        position_ids: torch.Tensor | None = None,
+        seq_lens: torch.Tensor | None = None,
+        doc_remaining: torch.Tensor | None = None,
+    ) -> Eagle3TargetBatch:
+        """One no-grad eval forward: EAGLE-3 supervision (aux hidden states + logits) for ``input_ids [B, T]``.
+
+        ``input_ids``, ``attention_mask`` and ``position_ids`` (when given,
+        e.g. positions restarting per packed document) are fed to the model on
+        its device; ``loss_mask``, ``seq_lens`` and ``doc_remaining`` are only
+        passed through. The returned ``aux_hidden_states`` and ``logits`` are
+        fresh tensors on the model's device.
+        """
+        with self._lock:
+            aux, logits = self._forward(input_ids, attention_mask, position_ids)
+        return Eagle3TargetBatch(
+            aux_hidden_states=aux,
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            loss_mask=loss_mask,
+            logits=logits,
+            position_ids=position_ids,
+            seq_lens=seq_lens,
+            doc_remaining=doc_remaining,
+        )
+
+    def _forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        device = self.get_input_embeddings().weight.device
+        # One [B, T, 3H] buffer, filled slot by slot as the hooked layers run: a single copy of each state,
+        # taken at once (so a later layer cannot modify it in place under us), and no concatenation afterwards.
+        buffer: list[torch.Tensor] = []
+        filled = [False, False, False]
+
+        def capture(slot: int) -> Any:
+            def hook(module: nn.Module, args: Any, output: Any) -> None:
+                hidden = _first_tensor(output)
+                width = hidden.shape[-1]
+                if not buffer:
+                    buffer.append(hidden.new_empty((*hidden.shape[:-1], 3 * width)))
+                buffer[0][..., slot * width : (slot + 1) * width].copy_(hidden)
+                filled[slot] = True
+
+            return hook
+
+        handles = []
+        modes = [(module, module.training) for module in self.model.modules()]
+        try:
+            for slot, layer_id in enumerate(self.aux_layer_ids):
+                # HF's hidden_states[n] is the stack's final-norm output, not the last layer's raw output.
+                module = self._owner if layer_id == self.num_layers - 1 else self._layers[layer_id]
+                handles.append(module.register_forward_hook(capture(slot)))
+            self.model.eval()
+            inputs: dict[str, Any] = {
+                "input_ids": input_ids.to(device),
+                "attention_mask": attention_mask.to(device),
+            }
+            if position_ids is not None:
+                inputs["position_ids"] = position_ids.to(device)
+            with torch.no_grad():
+                outputs = self.model(**inputs, use_cache=False, output_hidden_states=False, return_dict=True)
+        finally:
+            for handle in handles:
+                handle.remove()
+            for module, training in modes:
+                module.training = training
+        missing = [layer for layer, done in zip(self.aux_layer_ids, filled, strict=True) if not done]
+        if missing:
+            raise RuntimeError(f"the forward of {type(self.model).__name__} never ran decoder layer(s) {missing}")
+        logits = outputs.logits if hasattr(outputs, "logits") else outputs[0]
+        return buffer[0], logits

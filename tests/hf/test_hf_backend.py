@@ -1,0 +1,252 @@
+"""``HFEagle3TargetModel`` on real (tiny, random-init) transformers architectures, through the whole pipeline."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from typing import Any
+
+import pytest
+import torch
+
+pytest.importorskip("transformers", reason="the HF backend tests need transformers: pip install 'featurestream[hf]'")
+
+from featurestream.eagle3 import Eagle3TargetBatch
+from featurestream.loader import FeatureDataLoader
+from featurestream.pipeline import hf
+from featurestream.pipeline.hf import HFEagle3TargetModel, default_aux_layer_ids
+from featurestream.producer import FeatureProducer
+from featurestream.queue import SampleRefQueue
+from featurestream.refs import FeatureAlgorithm
+from featurestream.stores.local import LocalFeatureStore
+
+from .tiny import FAMILIES, HIDDEN, VOCAB, hook_count, prompts, reference_forward, tiny_model
+
+
+def stream(target: HFEagle3TargetModel, *inputs: dict[str, torch.Tensor]) -> list[dict[str, torch.Tensor]]:
+    """Producer -> LocalFeatureStore -> SampleRefQueue -> FeatureDataLoader; each batch's tensors, cloned."""
+    store = LocalFeatureStore()
+    queue = SampleRefQueue(store)
+    producer = FeatureProducer(target, store, run_id="hf", algorithm=FeatureAlgorithm.EAGLE3)
+    for given in inputs:
+        queue.put(producer.produce(**given))
+    queue.close()
+    got = []
+    with FeatureDataLoader(queue, store) as loader:
+        for batch in loader:
+            assert isinstance(batch, Eagle3TargetBatch)
+            got.append({name: batch[name].clone() for name in batch.keys()})
+    assert queue.stats().acked == len(inputs) and store.health().sample_count == 0
+    return got
+
+
+def as_inputs(input_ids: torch.Tensor, attention_mask: torch.Tensor, loss_mask: torch.Tensor) -> dict[str, Any]:
+    return {"input_ids": input_ids, "attention_mask": attention_mask, "loss_mask": loss_mask}
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_streamed_features_equal_the_models_own_hidden_states_and_logits(family: str) -> None:
+    model = tiny_model(family)
+    target = HFEagle3TargetModel(model)
+    assert target.aux_layer_ids == (1, 3, 4), "the EAGLE-3 recipe's layers of an 8-layer model"
+    given = [as_inputs(*prompts(seed=0)), as_inputs(*prompts(batch=3, length=9, seed=1))]
+    for sent, got in zip(given, stream(target, *given), strict=True):
+        assert list(got) == ["aux_hidden_states", "input_ids", "attention_mask", "loss_mask", "logits"]
+        aux, logits = reference_forward(
+            model, target.aux_layer_ids, input_ids=sent["input_ids"], attention_mask=sent["attention_mask"]
+        )
+        batch, length = sent["input_ids"].shape
+        assert got["aux_hidden_states"].shape == (batch, length, 3 * HIDDEN)
+        assert got["logits"].shape == (batch, length, VOCAB)
+        assert torch.equal(got["aux_hidden_states"], aux), "bit-for-bit the hidden_states[i + 1] of the aux layers"
+        assert torch.equal(got["logits"], logits)
+        for name in ("input_ids", "attention_mask", "loss_mask"):
+            assert torch.equal(got[name], sent[name]), name
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_explicit_layers_in_their_order_including_the_last(family: str) -> None:
+    model = tiny_model(family)
+    target = HFEagle3TargetModel(model, aux_layer_ids=[7, 0, 5])
+    assert target.aux_layer_ids == (7, 0, 5)
+    input_ids, attention_mask, loss_mask = prompts()
+    got = target.generate_batch(input_ids=input_ids, attention_mask=attention_mask, loss_mask=loss_mask)
+    aux, logits = reference_forward(model, (7, 0, 5), input_ids=input_ids, attention_mask=attention_mask)
+    # hidden_states[n] of a Hugging Face LM is the final-norm output; the wrapper matches it for layer n - 1.
+    assert torch.equal(got.aux_hidden_states, aux) and torch.equal(got.logits, logits)
+
+
+def test_default_layer_ids_follow_the_eagle3_recipe() -> None:
+    assert default_aux_layer_ids(7) == (1, 2, 3)
+    assert default_aux_layer_ids(8) == (1, 3, 4)
+    assert default_aux_layer_ids(32) == (1, 15, 28)
+    assert default_aux_layer_ids(80) == (1, 39, 76)
+    assert HFEagle3TargetModel(tiny_model(layers=7)).aux_layer_ids == (1, 2, 3)
+    assert HFEagle3TargetModel(tiny_model("mistral", layers=12)).aux_layer_ids == (1, 5, 8)
+
+
+@pytest.mark.parametrize("layers", [1, 3, 4, 6])
+def test_a_model_too_shallow_for_the_recipe_is_refused(layers: int) -> None:
+    with pytest.raises(ValueError, match=rf"n={layers} decoder layers.*n >= 7.*aux_layer_ids"):
+        HFEagle3TargetModel(tiny_model(layers=layers))
+    assert HFEagle3TargetModel(tiny_model(layers=4), aux_layer_ids=(0, 1, 3)).aux_layer_ids == (0, 1, 3)
+
+
+@pytest.mark.parametrize(
+    ("ids", "message"),
+    [
+        ((1, 2), r"exactly three layers, got 2"),
+        ((1, 2, 3, 4), r"exactly three layers, got 4"),
+        ((1, 3, 3), r"distinct layers, got 3 twice"),
+        ((1, 3, 8), r"aux layer id 8 is out of range .* 8 decoder layers"),
+        ((-1, 3, 4), r"aux layer id -1 is out of range"),
+        ((True, 3, 4), r"must be ints, got True \(bool\)"),
+        ((1.0, 3, 4), r"must be ints, got 1.0 \(float\)"),
+        (("1", 3, 4), r"must be ints, got '1' \(str\)"),
+        ("134", r"sequence of three layer indices, got '134'"),
+        (3, r"sequence of three layer indices, got 3"),
+    ],
+)
+def test_explicit_layer_ids_are_validated(ids: Any, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        HFEagle3TargetModel(tiny_model(), aux_layer_ids=ids)
+
+
+def test_numpy_style_integers_are_accepted() -> None:
+    ids = (torch.tensor(1).item(), 2, 3)  # plain ints after .item(); numbers.Integral covers numpy ints too
+    assert HFEagle3TargetModel(tiny_model(), aux_layer_ids=ids).aux_layer_ids == (1, 2, 3)
+
+
+def test_not_a_causal_lm_is_refused() -> None:
+    import transformers
+
+    with pytest.raises(TypeError, match=r"torch.nn.Module"):
+        HFEagle3TargetModel(object())  # type: ignore[arg-type]
+    base = transformers.LlamaModel(tiny_model().config)
+    with pytest.raises(ValueError, match=r"no LM head.*AutoModelForCausalLM"):
+        HFEagle3TargetModel(base)
+
+
+def test_hooks_are_removed_after_each_forward_and_after_one_that_raises() -> None:
+    model = tiny_model()
+    inputs = as_inputs(*prompts())
+    reference_forward(model, (1,), **_model_inputs(inputs))  # transformers keeps its own capture hooks installed
+    target = HFEagle3TargetModel(model)
+    baseline = hook_count(model)
+    target.generate_batch(**inputs)
+    target.generate_batch(**inputs)
+    assert hook_count(model) == baseline
+
+    seen: list[int] = []
+
+    def explode(module: torch.nn.Module, args: Any, output: Any) -> None:
+        seen.append(hook_count(model))
+        raise RuntimeError("boom in layer 6")
+
+    handle = model.model.layers[6].register_forward_hook(explode)
+    try:
+        with pytest.raises(RuntimeError, match=r"boom in layer 6"):
+            target.generate_batch(**inputs)
+    finally:
+        handle.remove()
+    assert seen == [baseline + 1 + 3], "the wrapper's three hooks were installed during the forward"
+    assert hook_count(model) == baseline, "and removed although it raised"
+    _, logits = reference_forward(model, (1,), **_model_inputs(inputs))
+    assert torch.equal(target.generate_batch(**inputs).logits, logits), "the wrapper still works afterwards"
+
+
+def _model_inputs(inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {name: inputs[name] for name in ("input_ids", "attention_mask")}
+
+
+def test_runs_in_eval_and_restores_every_modules_mode_also_on_error() -> None:
+    model = tiny_model()
+    model.train()
+    model.model.layers[2].eval()  # a mixed state must come back exactly, not as model.train(True)
+    before = {name: module.training for name, module in model.named_modules()}
+    modes: list[bool] = []
+    handle = model.model.layers[0].register_forward_hook(lambda module, args, output: modes.append(module.training))
+    target = HFEagle3TargetModel(model)
+    inputs = as_inputs(*prompts())
+    got = target.generate_batch(**inputs)
+    assert modes == [False], "the forward ran in eval mode"
+    assert {name: module.training for name, module in model.named_modules()} == before
+    model.eval()
+    aux, logits = reference_forward(model, target.aux_layer_ids, **_model_inputs(inputs))
+    assert torch.equal(got.aux_hidden_states, aux) and torch.equal(got.logits, logits), "no dropout in the features"
+    model.train()
+    handle.remove()
+    handle = model.model.layers[0].register_forward_hook(lambda *args: (_ for _ in ()).throw(KeyError("late")))
+    with pytest.raises(KeyError, match=r"late"):
+        target.generate_batch(**inputs)
+    handle.remove()
+    assert all(module.training for module in model.modules()), "restored after a forward that raised"
+
+
+def test_no_gradient_is_recorded() -> None:
+    model = tiny_model()
+    for parameter in model.parameters():
+        parameter.requires_grad_(True)
+    target = HFEagle3TargetModel(model)
+    with torch.enable_grad():
+        got = target.generate_batch(**as_inputs(*prompts()))
+    for name in ("aux_hidden_states", "logits"):
+        tensor = got[name]
+        assert not tensor.requires_grad and tensor.grad_fn is None, name
+    assert all(parameter.grad is None for parameter in model.parameters())
+
+
+def test_packing_metadata_passes_through_and_positions_reach_the_model() -> None:
+    model = tiny_model("qwen2")
+    target = HFEagle3TargetModel(model)
+    input_ids, _, loss_mask = prompts(batch=2, length=10)
+    attention_mask = torch.ones_like(input_ids)
+    packing = {
+        "position_ids": torch.tensor([[0, 1, 2, 3, 0, 1, 2, 0, 1, 2]] * 2),
+        "seq_lens": torch.tensor([[4, 3, 3]] * 2),
+        "doc_remaining": torch.tensor([[3, 2, 1, 0, 2, 1, 0, 2, 1, 0]] * 2),
+    }
+    sent = {**as_inputs(input_ids, attention_mask, loss_mask), **packing}
+    (got,) = stream(target, sent)
+    for name, tensor in packing.items():
+        assert torch.equal(got[name], tensor), name
+    aux, logits = reference_forward(
+        model,
+        target.aux_layer_ids,
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=packing["position_ids"],
+    )
+    assert torch.equal(got["aux_hidden_states"], aux) and torch.equal(got["logits"], logits)
+    plain, _ = reference_forward(model, target.aux_layer_ids, input_ids=input_ids, attention_mask=attention_mask)
+    assert not torch.equal(aux, plain), "the restarting positions changed the forward"
+
+
+def test_embeddings_and_vocab_mapping() -> None:
+    model = tiny_model()
+    target = HFEagle3TargetModel(model)
+    assert target.get_input_embeddings() is model.model.embed_tokens
+    assert (target.hidden_size, target.vocab_size) == (HIDDEN, VOCAB)
+    ids = torch.arange(0, VOCAB, 4)
+    mask = torch.zeros(VOCAB, dtype=torch.bool)
+    mask[ids] = True
+    target.set_vocab_mapping(ids, mask)
+    assert target.selected_token_ids is ids and target.selected_token_mask is mask
+    got = target.generate_batch(**as_inputs(*prompts()))
+    assert got.logits.shape[-1] == VOCAB, "full target-vocabulary logits; the trainer selects the draft vocab"
+    with pytest.raises(ValueError, match=r"\[0, 128\)"):
+        target.set_vocab_mapping(torch.tensor([0, VOCAB]), mask)
+    with pytest.raises(ValueError, match=r"integer tensor"):
+        target.set_vocab_mapping(ids.float(), mask)
+    with pytest.raises(TypeError, match=r"selected_token_mask must be a torch.Tensor"):
+        target.set_vocab_mapping(ids, [True])  # type: ignore[arg-type]
+    target.set_vocab_mapping(None, None)
+    assert target.selected_token_ids is None and target.selected_token_mask is None
+
+
+def test_a_missing_transformers_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "transformers", None)  # makes `import transformers` raise ImportError
+    spec = importlib.util.spec_from_file_location("featurestream_hf_without_transformers", hf.__file__)
+    assert spec is not None and spec.loader is not None
+    with pytest.raises(ImportError, match=r"pip install 'featurestream\[hf\]'"):
+        spec.loader.exec_module(importlib.util.module_from_spec(spec))
