@@ -40,8 +40,8 @@ import torch
 
 import redis
 from featurestream import FeatureSpec, FeatureStore, SampleRef, StoreHandle, StoreHealth
-from featurestream.redis_queue import RedisSampleRefQueue
-from featurestream.wire import ref_to_json
+from featurestream.backends.redis.queue import RedisSampleRefQueue
+from featurestream.backends.redis.wire import ref_to_json
 
 _SPECS = {
     "aux_hidden_states": FeatureSpec((1, 512, 3 * 4096), torch.bfloat16),

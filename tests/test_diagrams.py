@@ -13,7 +13,8 @@ import torch
 
 from featurestream import LocalFeatureStore, SampleRefQueue, VisibilityTimeout
 from featurestream.cli import main
-from featurestream.diagrams import (
+from featurestream.core.machines import LEASE, MachineTable, build_machine
+from featurestream.tools.diagrams import (
     FORMATS,
     LIVE_MACHINES,
     REFRESH_COMMAND,
@@ -22,7 +23,6 @@ from featurestream.diagrams import (
     render_source,
     write_diagrams,
 )
-from featurestream.machines import LEASE, MachineTable, build_machine
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 DIAGRAMS = ROOT / "diagrams"
@@ -45,7 +45,7 @@ def test_committed_dot_equals_the_live_machines() -> None:
     stale = stale_diagrams(LIVE_MACHINES, DIAGRAMS)
     assert not stale, (
         f"stale diagrams: diagrams/{', diagrams/'.join(stale)} differ from the live machines "
-        "(featurestream.machines); "
+        "(featurestream.core.machines); "
         f"refresh them from the repository root with `{REFRESH_COMMAND}` "
         "(or `python -m featurestream diagrams --out diagrams`) and commit diagrams/"
     )

@@ -1,47 +1,104 @@
-"""featurestream: stream training features through a lease/ack/fail queue and a feature store."""
+"""featurestream: stream training features through a lease/ack/fail queue and a feature store.
 
-from featurestream.async_pipeline import AsyncFeaturePipeline
-from featurestream.eagle3 import Eagle3TargetBatch
-from featurestream.lease import DeadLetter, Lease, VisibilityTimeout
-from featurestream.loader import FeatureDataLoader
-from featurestream.producer import FeatureProducer, TargetBackend
-from featurestream.queue import LeaseLost, QueueStats, SampleRefQueue
-from featurestream.refs import FeatureAlgorithm, FeatureSpec, SampleRef, assert_no_tensors
-from featurestream.store import FeatureStore, StoreHandle, StoreHealth
-from featurestream.stores.local import LocalFeatureStore
-from featurestream.stores.shared_dir import CorruptSampleError, SharedDirFeatureStore
+Every public name is exported lazily: ``import featurestream`` loads nothing
+heavy, and a name's module (torch included) is imported on first access, so
+torch-free tools such as ``featurestream --help`` stay fast.
+
+Layout: ``core`` (control plane), ``stores`` (data plane), ``backends``
+(queue backends beyond the in-process one), ``pipeline`` (algorithm schemas,
+producer, loader), ``spec`` and ``testing`` (verification), ``tools`` (demo,
+diagrams). The reference's module paths (``featurestream.refs``, ``.store``,
+``.queue``, ``.eagle3``, ``.producer``, ``.loader``, ``.async_pipeline``) are
+aliases of their new homes.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
+
+_EXPORTS: dict[str, str] = {
+    "AsyncFeaturePipeline": "featurestream.pipeline.async_pipeline",
+    "PromptSource": "featurestream.pipeline.async_pipeline",
+    "Eagle3TargetBatch": "featurestream.pipeline.eagle3",
+    "Eagle3TargetBackend": "featurestream.pipeline.eagle3",
+    "FeatureDataLoader": "featurestream.pipeline.loader",
+    "FeatureProducer": "featurestream.pipeline.producer",
+    "TargetBackend": "featurestream.pipeline.producer",
+    "DeadLetter": "featurestream.core.lease",
+    "Lease": "featurestream.core.lease",
+    "VisibilityTimeout": "featurestream.core.lease",
+    "LeaseLost": "featurestream.core.queue",
+    "QueueStats": "featurestream.core.queue",
+    "SampleRefQueue": "featurestream.core.queue",
+    "LeaseQueue": "featurestream.core.protocol",
+    "FeatureAlgorithm": "featurestream.core.refs",
+    "FeatureSpec": "featurestream.core.refs",
+    "SampleRef": "featurestream.core.refs",
+    "assert_no_tensors": "featurestream.core.refs",
+    "FeatureStore": "featurestream.stores.base",
+    "StoreHandle": "featurestream.stores.base",
+    "StoreHealth": "featurestream.stores.base",
+    "LocalFeatureStore": "featurestream.stores.local",
+    "CorruptSampleError": "featurestream.stores.shared_dir",
+    "SharedDirFeatureStore": "featurestream.stores.shared_dir",
+}
+# redis-py is optional: RedisSampleRefQueue loads on first use and stays out of
+# __all__, so ``from featurestream import *`` never needs it.
+_OPTIONAL: dict[str, str] = {"RedisSampleRefQueue": "featurestream.backends.redis.queue"}
 
 __all__ = [
     "AsyncFeaturePipeline",
     "CorruptSampleError",
+    "DeadLetter",
+    "Eagle3TargetBackend",
     "Eagle3TargetBatch",
+    "FeatureAlgorithm",
     "FeatureDataLoader",
     "FeatureProducer",
-    "SharedDirFeatureStore",
-    "TargetBackend",
-    "DeadLetter",
-    "FeatureAlgorithm",
     "FeatureSpec",
     "FeatureStore",
     "Lease",
     "LeaseLost",
+    "LeaseQueue",
     "LocalFeatureStore",
+    "PromptSource",
     "QueueStats",
     "SampleRef",
     "SampleRefQueue",
+    "SharedDirFeatureStore",
     "StoreHandle",
     "StoreHealth",
+    "TargetBackend",
     "VisibilityTimeout",
     "assert_no_tensors",
 ]
 
+if TYPE_CHECKING:
+    from featurestream.backends.redis.queue import RedisSampleRefQueue as RedisSampleRefQueue
+    from featurestream.core.lease import DeadLetter, Lease, VisibilityTimeout
+    from featurestream.core.protocol import LeaseQueue
+    from featurestream.core.queue import LeaseLost, QueueStats, SampleRefQueue
+    from featurestream.core.refs import FeatureAlgorithm, FeatureSpec, SampleRef, assert_no_tensors
+    from featurestream.pipeline.async_pipeline import AsyncFeaturePipeline, PromptSource
+    from featurestream.pipeline.eagle3 import Eagle3TargetBackend, Eagle3TargetBatch
+    from featurestream.pipeline.loader import FeatureDataLoader
+    from featurestream.pipeline.producer import FeatureProducer, TargetBackend
+    from featurestream.stores.base import FeatureStore, StoreHandle, StoreHealth
+    from featurestream.stores.local import LocalFeatureStore
+    from featurestream.stores.shared_dir import CorruptSampleError, SharedDirFeatureStore
+
 
 def __getattr__(name: str) -> object:
-    # redis-py is optional: RedisSampleRefQueue (kept out of __all__ so `import *` never needs it) loads on first use.
-    if name == "RedisSampleRefQueue":
-        from featurestream.redis_queue import RedisSampleRefQueue
+    module = _EXPORTS.get(name) or _OPTIONAL.get(name)
+    if module is None:
+        raise AttributeError(f"module 'featurestream' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip __getattr__
+    return value
 
-        return RedisSampleRefQueue
-    raise AttributeError(f"module 'featurestream' has no attribute {name!r}")
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS, *_OPTIONAL})

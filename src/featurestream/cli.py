@@ -9,9 +9,9 @@ from collections.abc import Sequence
 
 # Each module exposes ``configure(parser)`` and ``run(args) -> int``.
 COMMANDS: dict[str, tuple[str, str]] = {
-    "demo": ("featurestream.demo", "stream samples end to end and print a summary"),
+    "demo": ("featurestream.tools.demo", "stream samples end to end and print a summary"),
     "check": ("featurestream.spec.check", "model-check spec/LeaseQueue.tla with TLC"),
-    "diagrams": ("featurestream.diagrams", "render the state diagrams with graphviz"),
+    "diagrams": ("featurestream.tools.diagrams", "render the state diagrams with graphviz"),
 }
 
 

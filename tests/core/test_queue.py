@@ -16,7 +16,7 @@ from featurestream import (
     StoreHealth,
     VisibilityTimeout,
 )
-from featurestream.queue import DEFAULT_MAX_DELIVERIES, _next_lease_id
+from featurestream.core.queue import DEFAULT_MAX_DELIVERIES, _next_lease_id
 from featurestream.testing import FakeClock
 
 from .samples import eagle3_tensors, put_sample

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from featurestream import AsyncFeaturePipeline, FeatureDataLoader, FeatureProducer, LocalFeatureStore, SampleRefQueue
-from featurestream.models import TinyConfig, TinyTargetModel, prompt_batches
+from featurestream.tools.models import TinyConfig, TinyTargetModel, prompt_batches
 
 CONFIG = TinyConfig(vocab_size=32, hidden_size=16, num_layers=3, num_heads=2, max_seq_len=16)
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from featurestream import Eagle3TargetBatch, FeatureAlgorithm, LocalFeatureStore
-from featurestream.eagle3 import check_feature_names, feature_tensors, validate_ref
+from featurestream.pipeline.eagle3 import check_feature_names, feature_tensors, validate_ref
 
 from .helpers import eagle3_sample
 

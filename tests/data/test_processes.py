@@ -27,8 +27,8 @@ from featurestream import (
     SharedDirFeatureStore,
     VisibilityTimeout,
 )
-from featurestream.models import TinyConfig, TinyTargetModel, prompt_batches
 from featurestream.testing import FakeClock
+from featurestream.tools.models import TinyConfig, TinyTargetModel, prompt_batches
 
 from ._consumer_process import consumer_main
 

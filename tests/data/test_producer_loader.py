@@ -16,7 +16,7 @@ from featurestream import (
     LocalFeatureStore,
     SampleRefQueue,
 )
-from featurestream.models import TinyConfig, TinyTargetModel, prompt_batches
+from featurestream.tools.models import TinyConfig, TinyTargetModel, prompt_batches
 
 from .helpers import eagle3_sample, put_eagle3
 

@@ -18,7 +18,7 @@ import threading
 import torch
 
 from featurestream import SharedDirFeatureStore, VisibilityTimeout
-from featurestream.redis_queue import RedisSampleRefQueue
+from featurestream.backends.redis.queue import RedisSampleRefQueue
 from featurestream.testing import sample_tensors
 
 TOKENS = 4

@@ -24,7 +24,7 @@ import pytest
 from featurestream import SharedDirFeatureStore
 
 redis = pytest.importorskip("redis", reason="redis-py is missing: pip install 'featurestream[redis]'")
-from featurestream.redis_queue import RedisSampleRefQueue  # noqa: E402 - needs redis-py
+from featurestream.backends.redis.queue import RedisSampleRefQueue  # noqa: E402 - needs redis-py
 
 WORKER = str(Path(__file__).with_name("_redis_worker.py"))
 PER_PRODUCER = 40

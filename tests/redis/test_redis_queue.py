@@ -15,7 +15,7 @@ from featurestream import VisibilityTimeout as VT
 from featurestream.testing import FakeClock, sample_tensors
 
 redis = pytest.importorskip("redis", reason="redis-py is missing: pip install 'featurestream[redis]'")
-from featurestream.redis_queue import RedisLease, RedisSampleRefQueue  # noqa: E402 - needs redis-py
+from featurestream.backends.redis.queue import RedisLease, RedisSampleRefQueue  # noqa: E402 - needs redis-py
 
 Factory = Callable[..., RedisSampleRefQueue]
 
@@ -458,7 +458,7 @@ def test_lost_replies_are_retried_idempotently(make: Factory, store: LocalFeatur
     """A script that ran but whose reply was lost (server crash) is safe to run again with the same tokens."""
     queue = make(store)
     ref = put(store, queue, 0)
-    from featurestream.wire import ref_to_json
+    from featurestream.backends.redis.wire import ref_to_json
 
     status, *_ = queue._run("put", "s1", ref_to_json(store.put("s1", sample_tensors(1))), "tok")
     assert status == b"ok"

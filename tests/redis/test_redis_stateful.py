@@ -12,7 +12,7 @@ from featurestream import LocalFeatureStore
 from featurestream.testing import make_queue_machine
 
 redis = pytest.importorskip("redis", reason="redis-py is missing: pip install 'featurestream[redis]'")
-from featurestream.redis_queue import RedisSampleRefQueue  # noqa: E402 - needs redis-py
+from featurestream.backends.redis.queue import RedisSampleRefQueue  # noqa: E402 - needs redis-py
 
 
 @pytest.fixture(scope="module")

@@ -28,8 +28,8 @@ from featurestream.testing import (
 )
 
 redis = pytest.importorskip("redis", reason="redis-py is missing: pip install 'featurestream[redis]'")
-from featurestream import _redis_scripts  # noqa: E402 - needs redis-py
-from featurestream.redis_queue import RedisSampleRefQueue  # noqa: E402
+from featurestream.backends.redis import functions as _redis_scripts  # noqa: E402 - needs redis-py
+from featurestream.backends.redis.queue import RedisSampleRefQueue  # noqa: E402
 
 TOKENS = 2
 SAMPLE_BYTES = 40 * TOKENS  # sample_tensors(_, 2): the trace module models one sample size

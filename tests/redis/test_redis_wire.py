@@ -8,8 +8,14 @@ import pytest
 import torch
 
 from featurestream import DeadLetter, LocalFeatureStore, SampleRef, assert_no_tensors
+from featurestream.backends.redis.wire import (
+    DTYPES,
+    dead_letter_from_json,
+    dead_letter_to_json,
+    ref_from_json,
+    ref_to_json,
+)
 from featurestream.testing import sample_tensors
-from featurestream.wire import DTYPES, dead_letter_from_json, dead_letter_to_json, ref_from_json, ref_to_json
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ import pytest
 
 from core.samples import put_sample
 from featurestream import LocalFeatureStore, SampleRefQueue, VisibilityTimeout
-from featurestream.queue import _Record
+from featurestream.core.queue import _Record
 from featurestream.spec.trace import TraceConstants, TraceRecorder, TraceResult, validate_trace, validate_traces
 from featurestream.testing import FakeClock
 from stateful.defects import NoDedupQueue, NoDeliveryLimitQueue, RetainIgnoringStore, UnretainingScrubStore

@@ -6,7 +6,7 @@ import dataclasses
 import itertools
 import math
 
-from featurestream.refs import SampleRef
+from featurestream.core.refs import SampleRef
 
 __all__ = ["DeadLetter", "Lease", "VisibilityTimeout"]
 

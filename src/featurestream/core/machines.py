@@ -105,3 +105,9 @@ def fire(machine: Machine, trigger: str, model: object) -> bool:
         return bool(machine.events[trigger].trigger(model))
     except MachineError:
         return False
+
+
+# The running machines: one per table, shared by every queue (models carry the state).
+LEASE_MACHINE = build_machine(LEASE)
+BACKPRESSURE_MACHINE = build_machine(BACKPRESSURE)
+LIFECYCLE_MACHINE = build_machine(LIFECYCLE)

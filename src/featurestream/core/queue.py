@@ -14,10 +14,20 @@ import time
 import weakref
 from collections.abc import Callable, Iterator
 
-from featurestream.lease import DeadLetter, Lease, VisibilityTimeout, _lease_id_counter, _next_lease_id
-from featurestream.machines import BACKPRESSURE, LEASE, LIFECYCLE, build_machine, fire
-from featurestream.refs import SampleRef
-from featurestream.store import FeatureStore, StoreHealth
+from featurestream.core import events
+from featurestream.core.checks import check_count, check_seconds
+from featurestream.core.lease import DeadLetter, Lease, VisibilityTimeout, _lease_id_counter, _next_lease_id
+from featurestream.core.machines import (
+    BACKPRESSURE,
+    BACKPRESSURE_MACHINE,
+    LEASE,
+    LEASE_MACHINE,
+    LIFECYCLE,
+    LIFECYCLE_MACHINE,
+    fire,
+)
+from featurestream.core.refs import SampleRef
+from featurestream.stores.base import FeatureStore, StoreHealth
 
 __all__ = [
     "DEFAULT_DEDUP_WINDOW",
@@ -37,9 +47,6 @@ logger = logging.getLogger(__name__)
 DEFAULT_MAX_DELIVERIES = 10
 DEFAULT_DEDUP_WINDOW = 100_000
 
-_LEASE_MACHINE = build_machine(LEASE)
-_BACKPRESSURE_MACHINE = build_machine(BACKPRESSURE)
-_LIFECYCLE_MACHINE = build_machine(LIFECYCLE)
 
 Tracer = Callable[[str, dict[str, object]], None]
 
@@ -87,18 +94,6 @@ class _Flag:
         self.state = initial
 
 
-def _check_watermark(name: str, value: int | None) -> None:
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-        raise ValueError(f"{name} must be a non-negative int or None, got {value!r}")
-
-
-def _check_seconds(name: str, value: float, *, positive: bool = False) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-        raise ValueError(f"{name} must be a finite number of seconds >= 0, got {value!r}")
-    if positive and value == 0:
-        raise ValueError(f"{name} must be > 0 seconds, got {value!r}")
-
-
 class SampleRefQueue:
     """Lease / ack / fail queue over tensor-free ``SampleRef``s.
 
@@ -130,20 +125,18 @@ class SampleRefQueue:
             raise TypeError(f"store must be a FeatureStore, got {type(store).__name__}")
         if visibility_timeout is not None and not isinstance(visibility_timeout, VisibilityTimeout):
             raise TypeError(f"visibility_timeout must be a VisibilityTimeout, got {visibility_timeout!r}")
-        _check_watermark("high_watermark_bytes", high_watermark_bytes)
-        _check_watermark("low_watermark_bytes", low_watermark_bytes)
+        check_count("high_watermark_bytes", high_watermark_bytes, allow_none=True)
+        check_count("low_watermark_bytes", low_watermark_bytes, allow_none=True)
         if high_watermark_bytes is not None and low_watermark_bytes is not None:
             if low_watermark_bytes >= high_watermark_bytes:
                 raise ValueError(
                     f"low_watermark_bytes ({low_watermark_bytes}) must be below "
                     f"high_watermark_bytes ({high_watermark_bytes}) so the hysteresis band is non-empty"
                 )
-        if isinstance(max_deliveries, bool) or not isinstance(max_deliveries, int) or max_deliveries < 1:
-            raise ValueError(f"max_deliveries must be an int >= 1, got {max_deliveries!r}")
-        if isinstance(dedup_window, bool) or not isinstance(dedup_window, int) or dedup_window < 0:
-            raise ValueError(f"dedup_window must be an int >= 0, got {dedup_window!r}")
+        check_count("max_deliveries", max_deliveries, minimum=1)
+        check_count("dedup_window", dedup_window)
         if reaper_interval is not None:
-            _check_seconds("reaper_interval", reaper_interval, positive=True)
+            check_seconds("reaper_interval", reaper_interval, positive=True)
         self._store = store
         self._vt = visibility_timeout or VisibilityTimeout()
         self._high = high_watermark_bytes
@@ -204,7 +197,7 @@ class SampleRefQueue:
         at once, or every producer can stay paused for good.
         """
         self._check_ref(ref)
-        _check_seconds("poll_interval", poll_interval)
+        check_seconds("poll_interval", poll_interval)
         while True:
             if abort_when is not None and abort_when():
                 raise RuntimeError(f"put of sample {ref.sample_id!r} aborted: abort_when() returned True")
@@ -230,7 +223,7 @@ class SampleRefQueue:
         transient empty poll from a closed, drained queue (which returns at once).
         """
         wait = poll_interval if timeout is None else timeout
-        _check_seconds("timeout" if timeout is not None else "poll_interval", wait)
+        check_seconds("timeout" if timeout is not None else "poll_interval", wait)
         give_up = time.monotonic() + wait
         with self._operation():
             while True:
@@ -278,7 +271,7 @@ class SampleRefQueue:
         non-positive or non-finite ``seconds``.
         """
         extra = self._vt.seconds if seconds is None else seconds
-        _check_seconds("seconds", extra, positive=True)
+        check_seconds("seconds", extra, positive=True)
         with self._operation():
             self._reap_due()
             record = self._live_record(lease, "extend")
@@ -287,10 +280,10 @@ class SampleRefQueue:
                     f"lease {getattr(lease, 'lease_id', lease)!r} is not live; "
                     "stop working on it (it was settled or reclaimed)"
                 )
-            fire(_LEASE_MACHINE, "extend", record)
+            fire(LEASE_MACHINE, "extend", record)
             self._set_deadline(record, self._clock() + extra)
             self._counts["extended"] += 1
-            self._trace("Extend", sample_id=lease.ref.sample_id, lease_id=lease.lease_id)
+            self._trace(events.EXTEND, sample_id=lease.ref.sample_id, lease_id=lease.lease_id)
 
     def reclaim_expired(self) -> int:
         """Redeliver (or dead-letter) every lease past its deadline; return how many."""
@@ -301,8 +294,8 @@ class SampleRefQueue:
     def close(self) -> None:
         """Refuse further puts; ``acquire`` drains what is held, then returns ``None`` for good."""
         with self._lock:
-            if fire(_LIFECYCLE_MACHINE, "close", self._lifecycle):
-                self._trace("Close")
+            if fire(LIFECYCLE_MACHINE, "close", self._lifecycle):
+                self._trace(events.CLOSE)
                 self._maybe_drained()
                 self._not_empty.notify_all()
                 self._not_full.notify_all()
@@ -351,9 +344,9 @@ class SampleRefQueue:
         """Draw this queue's machines to ``path``: lease counts per state, current backpressure and lifecycle.
 
         ``format`` is ``svg``, ``png`` or ``dot`` (default: the suffix of ``path``);
-        svg/png need graphviz's ``dot`` binary. See ``featurestream.diagrams.render_queue``.
+        svg/png need graphviz's ``dot`` binary. See ``featurestream.tools.diagrams.render_queue``.
         """
-        from featurestream.diagrams import render_queue  # graphviz is optional: import on use
+        from featurestream.tools.diagrams import render_queue  # graphviz is optional: import on use
 
         render_queue(self, path, format)
 
@@ -386,14 +379,14 @@ class SampleRefQueue:
         outcome = self._recent_terminal.get(sample_id)
         if outcome is not None:
             self._counts["dedup_refused"] += 1
-            self._trace("DedupRefused", sample_id=sample_id)
+            self._trace(events.DEDUP_REFUSED, sample_id=sample_id)
             raise ValueError(
                 f"sample {sample_id!r} was already {outcome}; re-puts of settled samples are refused "
                 "(discard the duplicate from the store)"
             )
         self._store.retain(ref)
         self._counts["put"] += 1
-        self._trace("Put", sample_id=sample_id)
+        self._trace(events.PUT, sample_id=sample_id)
         self._push_pending(_Record(ref, 0))
 
     def _push_pending(self, record: _Record) -> None:
@@ -403,7 +396,7 @@ class SampleRefQueue:
 
     def _lease_head(self) -> Lease:
         record = self._pending.popleft()
-        fire(_LEASE_MACHINE, "lease", record)
+        fire(LEASE_MACHINE, "lease", record)
         lease = Lease(
             ref=record.ref,
             deadline=self._clock() + self._vt.seconds,
@@ -414,7 +407,7 @@ class SampleRefQueue:
         self._live[lease.lease_id] = record
         self._set_deadline(record, lease.deadline)
         self._counts["leased"] += 1
-        self._trace("Acquire", sample_id=record.ref.sample_id, lease_id=lease.lease_id)
+        self._trace(events.ACQUIRE, sample_id=record.ref.sample_id, lease_id=lease.lease_id)
         return lease
 
     def _set_deadline(self, record: _Record, deadline: float) -> None:
@@ -432,7 +425,7 @@ class SampleRefQueue:
         if record is None or record.lease is not lease:
             self._counts["stale_rejected"] += 1
             logger.debug("rejected stale %s of lease %r", action, getattr(lease, "lease_id", lease))
-            self._trace("StaleRejected", op=action, lease_id=getattr(lease, "lease_id", None))
+            self._trace(events.STALE_REJECTED, op=action, lease_id=getattr(lease, "lease_id", None))
             return None
         return record
 
@@ -440,9 +433,9 @@ class SampleRefQueue:
         record = self._live_record(lease, trigger)
         if record is None:
             return None
-        fire(_LEASE_MACHINE, trigger, record)
+        fire(LEASE_MACHINE, trigger, record)
         del self._live[lease.lease_id]
-        self._trace(trigger.capitalize(), sample_id=record.ref.sample_id, lease_id=lease.lease_id)
+        self._trace(events.TRIGGER_EVENTS[trigger], sample_id=record.ref.sample_id, lease_id=lease.lease_id)
         return record
 
     def _reap_due(self) -> int:
@@ -471,7 +464,7 @@ class SampleRefQueue:
             )
             self._dead.append(dead)
             self._counts["dead_lettered"] += 1
-            self._trace("DeadLetter", sample_id=record.ref.sample_id)
+            self._trace(events.DEAD_LETTER, sample_id=record.ref.sample_id)
             self._retire(record.ref, "dead-lettered")
             if self._on_dead_letter is not None:
                 self._outbox.append((self._on_dead_letter, dead))
@@ -492,8 +485,8 @@ class SampleRefQueue:
 
     def _maybe_drained(self) -> None:
         if self._lifecycle.state == "draining" and not self._held:
-            fire(_LIFECYCLE_MACHINE, "drain", self._lifecycle)
-            self._trace("Drain")
+            fire(LIFECYCLE_MACHINE, "drain", self._lifecycle)
+            self._trace(events.DRAIN)
             self._reaper_stop.set()
             self._not_empty.notify_all()
 
@@ -501,13 +494,13 @@ class SampleRefQueue:
         """Apply the hysteresis; return the callback to run (outside the lock), if any."""
         state = self._backpressure.state
         if state == "flowing" and self._should_pause(health):
-            fire(_BACKPRESSURE_MACHINE, "pause", self._backpressure)
+            fire(BACKPRESSURE_MACHINE, "pause", self._backpressure)
             self._counts["producer_pauses"] += 1
-            self._trace("Pause", resident_bytes=health.resident_bytes)
+            self._trace(events.PAUSE, resident_bytes=health.resident_bytes)
             return self._on_pause or _no_callback
         if state == "paused" and self._should_resume(health):
-            fire(_BACKPRESSURE_MACHINE, "resume", self._backpressure)
-            self._trace("Resume", resident_bytes=health.resident_bytes)
+            fire(BACKPRESSURE_MACHINE, "resume", self._backpressure)
+            self._trace(events.RESUME, resident_bytes=health.resident_bytes)
             return self._on_resume or _no_callback
         return None
 

@@ -10,8 +10,8 @@ from typing import Any
 
 import torch
 
-from featurestream.producer import FeatureProducer
-from featurestream.queue import _check_seconds
+from featurestream.core.checks import check_seconds
+from featurestream.pipeline.producer import FeatureProducer
 
 __all__ = ["AsyncFeaturePipeline", "Prompt", "PromptSource"]
 
@@ -64,7 +64,7 @@ class AsyncFeaturePipeline:
         poll_interval: float = 0.1,
         stop_on_exhausted: bool = True,
     ) -> None:
-        _check_seconds("poll_interval", poll_interval)
+        check_seconds("poll_interval", poll_interval)
         if not callable(prompt_source) and not isinstance(prompt_source, Iterable):
             raise TypeError(f"prompt_source must be a callable or an iterable, got {type(prompt_source).__name__}")
         self.producer = producer
@@ -102,7 +102,7 @@ class AsyncFeaturePipeline:
 
     def stop(self, join_timeout: float = 10.0) -> None:
         """Ask the thread to stop (unblocking a paused put), wait for it, and re-raise its error, if any."""
-        _check_seconds("join_timeout", join_timeout)
+        check_seconds("join_timeout", join_timeout)
         self._stop.set()
         thread = self._thread
         if thread is not None:

@@ -9,15 +9,17 @@ metadata ``position_ids``, ``seq_lens``, ``doc_remaining`` is all-or-none.
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 from collections.abc import Iterable, Iterator, Mapping
 
 import torch
 
-from featurestream.refs import FeatureAlgorithm, SampleRef
+from featurestream.core.refs import FeatureAlgorithm, SampleRef
 
 __all__ = [
     "CORE_FEATURES",
+    "Eagle3TargetBackend",
     "FEATURE_ORDER",
     "LOGITS_SUPERVISION",
     "PACKING_FEATURES",
@@ -141,3 +143,32 @@ class Eagle3TargetBatch:
 
     def keys(self) -> list[str]:
         return list(self.tensors())
+
+
+class Eagle3TargetBackend(abc.ABC):
+    """A target model that computes EAGLE-3 supervision; ``FeatureProducer`` infers EAGLE-3 from this base.
+
+    ``generate_batch`` runs one forward and returns an ``Eagle3TargetBatch``
+    (or any object or mapping with its fields) whose tensors are fresh.
+    """
+
+    @abc.abstractmethod
+    def generate_batch(
+        self,
+        *,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        loss_mask: torch.Tensor,
+        position_ids: torch.Tensor | None = None,
+        seq_lens: torch.Tensor | None = None,
+        doc_remaining: torch.Tensor | None = None,
+    ) -> object:
+        """One no-grad forward over the batch; packing metadata is passed through."""
+
+    def get_input_embeddings(self) -> torch.nn.Module:
+        """The target's input embedding (a draft head may share it)."""
+        raise NotImplementedError(f"{type(self).__name__} does not expose its input embeddings")
+
+    def set_vocab_mapping(self, selected_token_ids: torch.Tensor, selected_token_mask: torch.Tensor) -> None:
+        """Restrict supervision to a draft vocabulary (the target token ids kept, and their mask)."""
+        raise NotImplementedError(f"{type(self).__name__} has no draft-vocabulary mapping")

@@ -6,11 +6,11 @@ import threading
 from types import TracebackType
 from typing import Any
 
-from featurestream import eagle3
-from featurestream.lease import Lease
-from featurestream.queue import _check_seconds
-from featurestream.refs import FeatureAlgorithm
-from featurestream.store import FeatureStore, StoreHandle
+from featurestream.core.checks import check_seconds
+from featurestream.core.lease import Lease
+from featurestream.core.refs import FeatureAlgorithm
+from featurestream.pipeline import eagle3
+from featurestream.stores.base import FeatureStore, StoreHandle
 
 __all__ = ["FeatureDataLoader"]
 
@@ -42,7 +42,7 @@ class FeatureDataLoader:
         algorithm: FeatureAlgorithm | None = None,
         acquire_poll_interval: float = 0.05,
     ) -> None:
-        _check_seconds("acquire_poll_interval", acquire_poll_interval)
+        check_seconds("acquire_poll_interval", acquire_poll_interval)
         algorithm = eagle3.require_eagle3(algorithm, "FeatureDataLoader")
         self.queue = queue
         self.store = store

@@ -9,10 +9,10 @@ from typing import Protocol
 
 import torch
 
-from featurestream import eagle3
-from featurestream.refs import FeatureAlgorithm, SampleRef
-from featurestream.store import FeatureStore
-from featurestream.stores._ledger import LedgerFeatureStore
+from featurestream.core.refs import FeatureAlgorithm, SampleRef
+from featurestream.pipeline import eagle3
+from featurestream.stores.base import FeatureStore
+from featurestream.stores.ledger import LedgerFeatureStore
 
 __all__ = ["FeatureProducer", "TargetBackend"]
 

@@ -27,32 +27,16 @@ import threading
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
+from featurestream.core import events
 from featurestream.spec.tlc import TLCResult, run_tlc
-from featurestream.store import FeatureStore
+from featurestream.stores.base import FeatureStore
 
 __all__ = ["TraceConstants", "TraceRecorder", "TraceResult", "validate_trace", "validate_traces"]
 
 Event = tuple[str, Mapping[str, object]]
 
 # Events the queue's tracer emits, plus the recorder's own observations.
-_KNOWN = frozenset(
-    {
-        "Put",
-        "Acquire",
-        "Ack",
-        "Fail",
-        "Reclaim",
-        "Extend",
-        "DeadLetter",
-        "DedupRefused",
-        "StaleRejected",
-        "Close",
-        "Drain",
-        "Pause",
-        "Resume",
-        "Resident",
-    }
-)
+_KNOWN = events.ALL
 
 
 @dataclasses.dataclass(frozen=True)

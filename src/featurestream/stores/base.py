@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from featurestream.refs import FeatureAlgorithm, SampleRef
+from featurestream.core.refs import FeatureAlgorithm, SampleRef
 
 __all__ = ["FeatureStore", "StoreHandle", "StoreHealth"]
 

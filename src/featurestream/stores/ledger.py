@@ -9,8 +9,8 @@ from collections.abc import Mapping
 
 import torch
 
-from featurestream.refs import FeatureAlgorithm, FeatureSpec, SampleRef
-from featurestream.store import FeatureStore, StoreHandle, StoreHealth
+from featurestream.core.refs import FeatureAlgorithm, FeatureSpec, SampleRef
+from featurestream.stores.base import FeatureStore, StoreHandle, StoreHealth
 
 DEFAULT_MAX_SAMPLES = 64
 DEFAULT_MAX_BYTES = 256 * 1024 * 1024

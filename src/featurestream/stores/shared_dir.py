@@ -38,8 +38,8 @@ from collections.abc import Mapping
 
 import torch
 
-from featurestream.refs import SampleRef
-from featurestream.stores._ledger import (
+from featurestream.core.refs import SampleRef
+from featurestream.stores.ledger import (
     DEFAULT_HIGH_WATERMARK,
     DEFAULT_LOW_WATERMARK,
     DEFAULT_MAX_BYTES,

@@ -24,12 +24,12 @@ import torch
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, invariant, multiple, precondition, rule
 
-from featurestream.lease import Lease, VisibilityTimeout
-from featurestream.queue import LeaseLost, SampleRefQueue
-from featurestream.refs import SampleRef
+from featurestream.core.lease import Lease, VisibilityTimeout
+from featurestream.core.queue import LeaseLost, SampleRefQueue
+from featurestream.core.refs import SampleRef
 from featurestream.spec.mirror import SpecConstants, SpecMirror
 from featurestream.spec.trace import TraceRecorder
-from featurestream.store import FeatureStore, StoreHandle
+from featurestream.stores.base import FeatureStore, StoreHandle
 from featurestream.testing.clock import FakeClock
 from featurestream.testing.samples import sample_tensors
 

@@ -29,15 +29,16 @@ from typing import Any
 
 import torch
 
-from featurestream.async_pipeline import AsyncFeaturePipeline
-from featurestream.lease import VisibilityTimeout
-from featurestream.loader import FeatureDataLoader
-from featurestream.models import TinyConfig, TinyEagle3Draft, TinyTargetModel, prompt_batches
-from featurestream.producer import FeatureProducer
-from featurestream.queue import LeaseLost, SampleRefQueue
-from featurestream.store import FeatureStore
+from featurestream.core import events
+from featurestream.core.lease import VisibilityTimeout
+from featurestream.core.queue import LeaseLost, SampleRefQueue
+from featurestream.pipeline.async_pipeline import AsyncFeaturePipeline
+from featurestream.pipeline.loader import FeatureDataLoader
+from featurestream.pipeline.producer import FeatureProducer
+from featurestream.stores.base import FeatureStore
 from featurestream.stores.local import LocalFeatureStore
 from featurestream.stores.shared_dir import DATA_SUFFIX, RETAINED_SUFFIX, SharedDirFeatureStore
+from featurestream.tools.models import TinyConfig, TinyEagle3Draft, TinyTargetModel, prompt_batches
 
 BATCH_SIZE = 4
 SEQ_LEN = 32
@@ -79,7 +80,7 @@ def make_queue(store: FeatureStore, args: argparse.Namespace, tracer: Any) -> Sa
     if getattr(args, "redis", None):
         import uuid
 
-        from featurestream.redis_queue import RedisSampleRefQueue  # redis-py is optional: import on use
+        from featurestream.backends.redis.queue import RedisSampleRefQueue  # redis-py is optional: import on use
 
         return RedisSampleRefQueue(
             store,
@@ -122,11 +123,11 @@ class _Telemetry:
     def __call__(self, action: str, fields: dict[str, object]) -> None:
         # Runs under the queue's lock: record and return.
         sample_id = fields.get("sample_id")
-        if action == "Put":
+        if action == events.PUT:
             self.put_at[sample_id] = time.perf_counter()  # type: ignore[index]
-        elif action == "Acquire":
+        elif action == events.ACQUIRE:
             self.first_lease_at.setdefault(sample_id, time.perf_counter())  # type: ignore[arg-type]
-        elif action == "Ack":
+        elif action == events.ACK:
             self.acks[sample_id] += 1  # type: ignore[index]
 
 

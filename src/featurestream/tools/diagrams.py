@@ -8,7 +8,7 @@ backpressure and lifecycle states.
 
 The graphs come from ``transitions``' own graph support (``GraphMachine`` with
 the ``graphviz`` backend), fed by walking the states and event transitions of
-the queue's machine objects; the table rows of ``featurestream.machines`` only
+the queue's machine objects; the table rows of ``featurestream.core.machines`` only
 supply the words on the edges (queue method, guard, spec action). The DOT text
 is deterministic, so the committed copies in ``diagrams/`` can be compared
 byte for byte with a regeneration (``tests/test_diagrams.py`` does).
@@ -28,15 +28,21 @@ from typing import TYPE_CHECKING
 
 from transitions import Machine, State
 
-from featurestream.machines import BACKPRESSURE, LEASE, LIFECYCLE, MachineTable, Transition
-
-# The queue's own machine objects, not rebuilt copies: what is drawn is what runs.
-from featurestream.queue import _BACKPRESSURE_MACHINE, _LEASE_MACHINE, _LIFECYCLE_MACHINE
+from featurestream.core.machines import (
+    BACKPRESSURE,
+    BACKPRESSURE_MACHINE,
+    LEASE,
+    LEASE_MACHINE,
+    LIFECYCLE,
+    LIFECYCLE_MACHINE,
+    MachineTable,
+    Transition,
+)
 
 if TYPE_CHECKING:
     import graphviz
 
-    from featurestream.queue import SampleRefQueue
+    from featurestream.core.queue import SampleRefQueue
 
 __all__ = [
     "FORMATS",
@@ -64,10 +70,11 @@ INSTALL_PYTHON_GRAPHVIZ = (
     "the `graphviz` Python package is needed to build the diagrams: pip install 'featurestream[diagrams]'"
 )
 
+# The queue's own machine objects, not rebuilt copies: what is drawn is what runs.
 LIVE_MACHINES: tuple[tuple[MachineTable, Machine], ...] = (
-    (LEASE, _LEASE_MACHINE),
-    (BACKPRESSURE, _BACKPRESSURE_MACHINE),
-    (LIFECYCLE, _LIFECYCLE_MACHINE),
+    (LEASE, LEASE_MACHINE),
+    (BACKPRESSURE, BACKPRESSURE_MACHINE),
+    (LIFECYCLE, LIFECYCLE_MACHINE),
 )
 
 # Titles in DOT's escapes: "\n" breaks a line. Edge labels read "trigger: queue method / [guard] / (spec action)".
@@ -137,7 +144,7 @@ def _live_edges(table: MachineTable, machine: Machine) -> list[Transition]:
                 if key not in rows:
                     raise LookupError(
                         f"the {table.name} machine has transition {key} that its table lacks; "
-                        "build the machine with featurestream.machines.build_machine"
+                        "build the machine with featurestream.core.machines.build_machine"
                     )
                 edges.append(rows[key])
     return edges
@@ -216,9 +223,9 @@ def snapshot_dot(snapshot: QueueSnapshot) -> str:
     }
     occupied = [s for s in LEASE.states if s not in LEASE.terminal and snapshot.lease_counts.get(s, 0)]
     parts = (
-        (LEASE, _LEASE_MACHINE, lease_labels, occupied),
-        (BACKPRESSURE, _BACKPRESSURE_MACHINE, {}, [snapshot.backpressure]),
-        (LIFECYCLE, _LIFECYCLE_MACHINE, {}, [snapshot.lifecycle]),
+        (LEASE, LEASE_MACHINE, lease_labels, occupied),
+        (BACKPRESSURE, BACKPRESSURE_MACHINE, {}, [snapshot.backpressure]),
+        (LIFECYCLE, LIFECYCLE_MACHINE, {}, [snapshot.lifecycle]),
     )
     root = graphviz.Digraph(
         "queue_snapshot",

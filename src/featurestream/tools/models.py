@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from featurestream.eagle3 import Eagle3TargetBatch
+from featurestream.pipeline.eagle3 import Eagle3TargetBatch
 
 __all__ = ["TinyConfig", "TinyEagle3Draft", "TinyTargetModel", "prompt_batches"]
 

@@ -23,7 +23,7 @@ KEYS, which would cost more to send than most calls cost to run):
 5. ``done``      hash sample id -> ``outcome \\t lease key \\t lease token \\t put token``:
                  the dedup window, also used to make retried ack/fail/put idempotent.
 6. ``done_order`` list of sample ids in retirement order (evicts the window's oldest).
-7. ``dead``      list of dead-letter JSON (``featurestream.wire`` schema).
+7. ``dead``      list of dead-letter JSON (``featurestream.backends.redis.wire`` schema).
 8. ``meta``      hash: ``state`` (open/draining/drained), fixed config.
 9. ``stats``     hash of the ``QueueStats`` counters. ``leased`` doubles as the lease id
                  sequence; the ``pending`` gauge is derived (put + failed + reclaimed

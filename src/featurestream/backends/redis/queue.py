@@ -4,7 +4,7 @@ Producers and consumers in different processes or on different machines
 share one queue by naming the same Redis server and queue ``name``. The
 protocol is the in-process ``SampleRefQueue``'s, with every state change made
 by one atomic call of a server-side Lua function (Redis 7.0+; see
-``featurestream._redis_scripts`` for the library and the key layout):
+``featurestream.backends.redis.functions`` for the library and the key layout):
 
 - a delivery attempt is a stream entry read through a consumer group; a
   failed or reclaimed sample is appended to the tail as a new entry with
@@ -14,7 +14,7 @@ by one atomic call of a server-side Lua function (Redis 7.0+; see
   ack changes nothing, whichever process sends it;
 - lease deadlines live in a sorted set scored by the server's ``TIME`` (or by
   the injected ``clock``), and every call reaps due leases first;
-- refs cross the wire as strict JSON (``featurestream.wire``), never pickle.
+- refs cross the wire as strict JSON (``featurestream.backends.redis.wire``), never pickle.
 
 Each process binds the queue to its own store instance: the putting process
 ``retain``s, and whichever process settles a sample (the acker, or the
@@ -40,22 +40,22 @@ except ImportError as exc:  # pragma: no cover - exercised only without the opti
         "RedisSampleRefQueue needs redis-py: pip install 'featurestream[redis]' (or pip install 'redis>=5')"
     ) from exc
 
-from featurestream import _redis_scripts
-from featurestream.lease import DeadLetter, Lease, VisibilityTimeout
-from featurestream.machines import LEASE, LIFECYCLE
-from featurestream.queue import (
+from featurestream.backends.redis import functions as _redis_scripts
+from featurestream.backends.redis.wire import dead_letter_from_json, ref_from_json, ref_to_json
+from featurestream.core import events
+from featurestream.core.checks import check_seconds
+from featurestream.core.lease import DeadLetter, Lease, VisibilityTimeout
+from featurestream.core.queue import (
     DEFAULT_DEDUP_WINDOW,
     DEFAULT_MAX_DELIVERIES,
     LeaseLost,
     QueueStats,
     SampleRefQueue,
     Tracer,
-    _check_seconds,
     _start_reaper,
 )
-from featurestream.refs import SampleRef
-from featurestream.store import FeatureStore, StoreHealth
-from featurestream.wire import dead_letter_from_json, ref_from_json, ref_to_json
+from featurestream.core.refs import SampleRef
+from featurestream.stores.base import FeatureStore, StoreHealth
 
 __all__ = ["DEFAULT_REDIS_URL", "RedisLease", "RedisSampleRefQueue"]
 
@@ -64,8 +64,14 @@ logger = logging.getLogger(__name__)
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 
 # Server event kind -> tracer action; the lease and lifecycle machines are the source of these names.
-_ACTIONS = {t.trigger: t.spec_action for table in (LEASE, LIFECYCLE) for t in table.transitions}
-_ACTIONS.update(put="Put", dead="DeadLetter", dedup="DedupRefused", stale="StaleRejected")
+# The server reports events by machine trigger; these are the server's extra kinds.
+_ACTIONS = {
+    **events.TRIGGER_EVENTS,
+    "put": events.PUT,
+    "dead": events.DEAD_LETTER,
+    "dedup": events.DEDUP_REFUSED,
+    "stale": events.STALE_REJECTED,
+}
 
 _RETRYABLE = (redis.ConnectionError, redis.TimeoutError)
 
@@ -140,8 +146,8 @@ class RedisSampleRefQueue(SampleRefQueue):
         if clock is not None and not callable(clock):
             raise TypeError(f"clock must be a callable returning seconds or None, got {clock!r}")
         if reaper_interval is not None:
-            _check_seconds("reaper_interval", reaper_interval, positive=True)
-        _check_seconds("reconnect_timeout", reconnect_timeout)
+            check_seconds("reaper_interval", reaper_interval, positive=True)
+        check_seconds("reconnect_timeout", reconnect_timeout)
         if not isinstance(name, str) or not name or "{" in name or "}" in name:
             raise ValueError(f"name must be a non-empty str without braces (it becomes a key hash tag), got {name!r}")
         if url is not None and client is not None:
@@ -227,7 +233,7 @@ class RedisSampleRefQueue(SampleRefQueue):
         ``RuntimeError`` when the queue is closed or ``abort_when()`` is true.
         """
         self._check_ref(ref)
-        _check_seconds("poll_interval", poll_interval)
+        check_seconds("poll_interval", poll_interval)
         while True:
             if abort_when is not None and abort_when():
                 raise RuntimeError(f"put of sample {ref.sample_id!r} aborted: abort_when() returned True")
@@ -261,7 +267,7 @@ class RedisSampleRefQueue(SampleRefQueue):
         transient empty poll from a closed, drained queue (which returns at once).
         """
         wait = poll_interval if timeout is None else timeout
-        _check_seconds("timeout" if timeout is not None else "poll_interval", wait)
+        check_seconds("timeout" if timeout is not None else "poll_interval", wait)
         give_up = time.monotonic() + wait
         while True:
             token = secrets.token_hex(8)
@@ -310,7 +316,7 @@ class RedisSampleRefQueue(SampleRefQueue):
         non-positive or non-finite ``seconds``.
         """
         extra = self._vt.seconds if seconds is None else seconds
-        _check_seconds("seconds", extra, positive=True)
+        check_seconds("seconds", extra, positive=True)
         key, token, _ = self._proof(lease)
         with self._operation():
             status, events, *rest = self._run("extend", key, token, repr(float(extra)))

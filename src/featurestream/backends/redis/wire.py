@@ -18,8 +18,8 @@ from typing import Any
 
 import torch
 
-from featurestream.lease import DeadLetter
-from featurestream.refs import FeatureAlgorithm, FeatureSpec, SampleRef
+from featurestream.core.lease import DeadLetter
+from featurestream.core.refs import FeatureAlgorithm, FeatureSpec, SampleRef
 
 __all__ = [
     "DTYPES",

@@ -1,0 +1,1 @@
+"""Queue backends beyond the in-process ``SampleRefQueue``, each a ``featurestream.core.protocol.LeaseQueue``."""

@@ -1,0 +1,55 @@
+"""The trace-event vocabulary: the names every queue backend passes to its ``tracer``.
+
+Each name is the ``spec/LeaseQueue.tla`` action the event corresponds to, so
+``featurestream.spec.trace`` can replay a recorded trace through TLC and the
+demo can count events. Backends, the trace validator and the demo import these
+constants instead of spelling the strings.
+"""
+
+from __future__ import annotations
+
+from featurestream.core.machines import LEASE, LIFECYCLE
+
+__all__ = [
+    "ACK",
+    "ACQUIRE",
+    "ALL",
+    "CLOSE",
+    "DEAD_LETTER",
+    "DEDUP_REFUSED",
+    "DRAIN",
+    "EXTEND",
+    "FAIL",
+    "PAUSE",
+    "PUT",
+    "RECLAIM",
+    "RESIDENT",
+    "RESUME",
+    "STALE_REJECTED",
+    "TRIGGER_EVENTS",
+]
+
+PUT = "Put"
+ACQUIRE = "Acquire"
+ACK = "Ack"
+FAIL = "Fail"
+RECLAIM = "Reclaim"
+EXTEND = "Extend"
+DEAD_LETTER = "DeadLetter"
+DEDUP_REFUSED = "DedupRefused"
+STALE_REJECTED = "StaleRejected"
+CLOSE = "Close"
+DRAIN = "Drain"
+PAUSE = "Pause"
+RESUME = "Resume"
+RESIDENT = "Resident"  # a trace recorder's own observation of store residency, not a queue event
+
+# Machine trigger name -> event name, for the lease and lifecycle transitions.
+TRIGGER_EVENTS: dict[str, str] = {t.trigger: t.spec_action for table in (LEASE, LIFECYCLE) for t in table.transitions}
+
+ALL = frozenset(
+    {
+        PUT, ACQUIRE, ACK, FAIL, RECLAIM, EXTEND, DEAD_LETTER, DEDUP_REFUSED,
+        STALE_REJECTED, CLOSE, DRAIN, PAUSE, RESUME, RESIDENT,
+    }
+)  # fmt: skip

@@ -1,0 +1,73 @@
+"""``LeaseQueue``: the contract every queue backend implements.
+
+``SampleRefQueue`` (in-process) and ``RedisSampleRefQueue`` satisfy it; the
+loader, the async pipeline and ``featurestream.testing`` are typed against it,
+so a new backend (Postgres, NATS ...) that implements these members runs the
+same stateful suite. The semantics are those of ``spec/LeaseQueue.tla``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol, runtime_checkable
+
+from featurestream.core.lease import DeadLetter, Lease
+from featurestream.core.refs import SampleRef
+from featurestream.stores.base import FeatureStore
+
+__all__ = ["LeaseQueue"]
+
+
+@runtime_checkable
+class LeaseQueue(Protocol):
+    """A lease / ack / fail queue over tensor-free ``SampleRef``s whose bytes live in ``store``."""
+
+    max_deliveries: int
+    dedup_window: int
+
+    @property
+    def store(self) -> FeatureStore: ...
+
+    def put(self, ref: SampleRef) -> None:
+        """Enqueue at the tail without waiting on backpressure."""
+
+    def put_blocks_until_below(
+        self, ref: SampleRef, poll_interval: float = 0.05, abort_when: Callable[[], bool] | None = None
+    ) -> None:
+        """Enqueue once backpressure lets the producer through; ``RuntimeError`` when closed or aborted."""
+
+    def acquire(self, poll_interval: float = 0.05, *, timeout: float | None = None) -> Lease | None:
+        """Lease the head, waiting up to ``timeout``; ``None`` when the wait ends empty-handed."""
+
+    def ack(self, lease: Lease) -> None:
+        """Settle the lease's sample for good; a stale lease changes nothing."""
+
+    def fail(self, lease: Lease) -> None:
+        """Redeliver the lease's sample from the tail, or dead-letter it; a stale lease changes nothing."""
+
+    def extend(self, lease: Lease, seconds: float | None = None) -> None:
+        """Push the lease's deadline out; ``LeaseLost`` when it is not live."""
+
+    def reclaim_expired(self) -> int:
+        """Redeliver or dead-letter every lease past its deadline; return how many."""
+
+    def close(self) -> None:
+        """Refuse further puts; consumers drain what is held."""
+
+    @property
+    def is_closed(self) -> bool: ...
+
+    @property
+    def lifecycle_state(self) -> str: ...
+
+    @property
+    def backpressure_state(self) -> str: ...
+
+    def pending_count(self) -> int: ...
+
+    def outstanding_count(self) -> int: ...
+
+    def dead_letters(self) -> list[DeadLetter]: ...
+
+    def stats(self) -> object:
+        """A consistent ``QueueStats`` snapshot of counters and gauges."""
