@@ -11,7 +11,7 @@ import torch
 
 pytest.importorskip("transformers", reason="the HF backend tests need transformers: pip install 'featurestream[hf]'")
 
-from featurestream.eagle3 import Eagle3TargetBatch
+from featurestream.eagle3 import Eagle3TargetBackend, Eagle3TargetBatch
 from featurestream.loader import FeatureDataLoader
 from featurestream.pipeline import hf
 from featurestream.pipeline.hf import HFEagle3TargetModel, default_aux_layer_ids
@@ -27,7 +27,7 @@ def stream(target: HFEagle3TargetModel, *inputs: dict[str, torch.Tensor]) -> lis
     """Producer -> LocalFeatureStore -> SampleRefQueue -> FeatureDataLoader; each batch's tensors, cloned."""
     store = LocalFeatureStore()
     queue = SampleRefQueue(store)
-    producer = FeatureProducer(target, store, run_id="hf", algorithm=FeatureAlgorithm.EAGLE3)
+    producer = FeatureProducer(target, store, run_id="hf")
     for given in inputs:
         queue.put(producer.produce(**given))
     queue.close()
@@ -250,3 +250,13 @@ def test_a_missing_transformers_names_the_extra(monkeypatch: pytest.MonkeyPatch)
     assert spec is not None and spec.loader is not None
     with pytest.raises(ImportError, match=r"pip install 'featurestream\[hf\]'"):
         spec.loader.exec_module(importlib.util.module_from_spec(spec))
+
+
+def test_the_producer_infers_eagle3_from_the_backend_class() -> None:
+    target = HFEagle3TargetModel(tiny_model())
+    assert isinstance(target, Eagle3TargetBackend)
+    store = LocalFeatureStore()
+    producer = FeatureProducer(target, store, run_id="r")
+    assert producer.algorithm is FeatureAlgorithm.EAGLE3
+    ref = producer.produce(**as_inputs(*prompts()))
+    assert ref.algorithm is FeatureAlgorithm.EAGLE3 and ref.schema_version == 1

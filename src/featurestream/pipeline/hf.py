@@ -43,7 +43,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
         "pip install 'featurestream[hf]'"
     ) from exc
 
-from featurestream.pipeline.eagle3 import Eagle3TargetBatch
+from featurestream.pipeline.eagle3 import Eagle3TargetBackend, Eagle3TargetBatch
 
 __all__ = ["HFEagle3TargetModel", "default_aux_layer_ids", "find_decoder_layers"]
 
@@ -150,7 +150,7 @@ def _first_tensor(output: Any) -> torch.Tensor:
     return hidden
 
 
-class HFEagle3TargetModel:
+class HFEagle3TargetModel(Eagle3TargetBackend):
     """EAGLE-3 target backend over a Hugging Face causal LM (see the module docstring for the batch it returns).
 
     ``aux_layer_ids``: three distinct decoder-layer indices (low, mid, high),
@@ -163,6 +163,9 @@ class HFEagle3TargetModel:
     submodule's train/eval flag is restored afterwards, also on error); its
     hooks are removed when it returns or raises. Forwards are serialised
     (hooks are per model), so one wrapper may be shared by threads.
+
+    An ``Eagle3TargetBackend``: ``FeatureProducer(HFEagle3TargetModel(...),
+    store, run_id=...)`` infers ``FeatureAlgorithm.EAGLE3``.
     """
 
     def __init__(self, model: nn.Module, aux_layer_ids: Sequence[int] | None = None) -> None:
