@@ -3,8 +3,16 @@
 A sample carries the core features ``aux_hidden_states`` (the target's
 low/mid/high-layer hidden states, concatenated), ``input_ids``,
 ``attention_mask`` and ``loss_mask``; its supervision is exactly one of
-``logits`` or the pair ``target_probs`` + ``position_mask``; the packing
-metadata ``position_ids``, ``seq_lens``, ``doc_remaining`` is all-or-none.
+``logits`` or the pair ``target_probs`` + ``position_mask`` (a precomputed
+draft-vocabulary encoding); the packing metadata ``position_ids``,
+``seq_lens``, ``doc_remaining`` is all-or-none.
+
+The reference's public names (``EAGLE3_*``, ``eagle3_logits_tensors``,
+``eagle3_logits_feature_specs``, ``validate_eagle3_packing_inputs``,
+``validate_eagle3_ref``) are defined here; featurestream's shorter names
+(``CORE_FEATURES``, ``SCHEMA_VERSION``, ``validate_ref`` ...) are the same
+objects. Importing this module registers ``EAGLE3_SCHEMA``, the EAGLE-3
+``AlgorithmSchema`` the producer and the loader look up.
 """
 
 from __future__ import annotations
@@ -15,28 +23,51 @@ from collections.abc import Iterable, Iterator, Mapping
 
 import torch
 
-from featurestream.core.refs import FeatureAlgorithm, SampleRef
+from featurestream.core.refs import REQUIRED_FEATURES, FeatureAlgorithm, FeatureSpec, SampleRef
+from featurestream.pipeline.schemas import AlgorithmSchema, register
 
 __all__ = [
     "CORE_FEATURES",
-    "Eagle3TargetBackend",
+    "EAGLE3_CORE_FEATURES",
+    "EAGLE3_DRAFT_VOCAB_SUPERVISION",
+    "EAGLE3_LOGITS_SUPERVISION",
+    "EAGLE3_PACKING_FEATURES",
+    "EAGLE3_SCHEMA",
+    "EAGLE3_SCHEMA_VERSION",
+    "EAGLE3_SUPERVISION_ENCODINGS",
     "FEATURE_ORDER",
     "LOGITS_SUPERVISION",
     "PACKING_FEATURES",
     "PROBS_SUPERVISION",
     "SCHEMA_VERSION",
+    "Eagle3TargetBackend",
     "Eagle3TargetBatch",
     "check_feature_names",
+    "eagle3_logits_feature_specs",
+    "eagle3_logits_tensors",
     "feature_tensors",
+    "validate_eagle3_packing_inputs",
+    "validate_eagle3_ref",
     "validate_ref",
 ]
 
-SCHEMA_VERSION = 1
-CORE_FEATURES = ("aux_hidden_states", "input_ids", "attention_mask", "loss_mask")
-LOGITS_SUPERVISION = ("logits",)
-PROBS_SUPERVISION = ("target_probs", "position_mask")
-PACKING_FEATURES = ("position_ids", "seq_lens", "doc_remaining")
+EAGLE3_SCHEMA_VERSION = 1
+EAGLE3_CORE_FEATURES = REQUIRED_FEATURES[FeatureAlgorithm.EAGLE3]
+EAGLE3_LOGITS_SUPERVISION = ("logits",)
+EAGLE3_DRAFT_VOCAB_SUPERVISION = ("target_probs", "position_mask")
+# The reference's name for the feature set of a logits-supervised sample (what a producer stores).
+EAGLE3_SUPERVISION_ENCODINGS = EAGLE3_CORE_FEATURES + EAGLE3_LOGITS_SUPERVISION
+EAGLE3_PACKING_FEATURES = ("position_ids", "seq_lens", "doc_remaining")
+
+# featurestream's names for the same sets (one definition each, above).
+SCHEMA_VERSION = EAGLE3_SCHEMA_VERSION
+CORE_FEATURES = EAGLE3_CORE_FEATURES
+LOGITS_SUPERVISION = EAGLE3_LOGITS_SUPERVISION
+PROBS_SUPERVISION = EAGLE3_DRAFT_VOCAB_SUPERVISION
+PACKING_FEATURES = EAGLE3_PACKING_FEATURES
 FEATURE_ORDER = CORE_FEATURES + LOGITS_SUPERVISION + PROBS_SUPERVISION + PACKING_FEATURES
+
+_PACKING_TOGETHER = "pass position_ids, seq_lens, and doc_remaining together (packing metadata is all-or-none)"
 
 
 def require_eagle3(algorithm: FeatureAlgorithm | str | None, owner: str) -> FeatureAlgorithm:
@@ -47,39 +78,66 @@ def require_eagle3(algorithm: FeatureAlgorithm | str | None, owner: str) -> Feat
     return resolved
 
 
+def _check_packing(present: Iterable[str]) -> None:
+    """``ValueError`` unless none or all three packing features are among ``present``."""
+    given = [name for name in PACKING_FEATURES if name in set(present)]
+    if 0 < len(given) < len(PACKING_FEATURES):
+        raise ValueError(f"eagle3 packing metadata: {_PACKING_TOGETHER}; got only {given}")
+
+
+def validate_eagle3_packing_inputs(
+    *, position_ids: torch.Tensor | None, seq_lens: torch.Tensor | None, doc_remaining: torch.Tensor | None
+) -> None:
+    """``ValueError`` unless the three packing inputs are all given or all ``None``."""
+    given = {"position_ids": position_ids, "seq_lens": seq_lens, "doc_remaining": doc_remaining}
+    _check_packing(name for name, value in given.items() if value is not None)
+
+
 def check_feature_names(names: Iterable[str]) -> None:
     """Raise ``ValueError`` unless ``names`` is a valid EAGLE-3 v1 feature set."""
     present = set(names)
-    unknown = present - set(FEATURE_ORDER)
-    if unknown:
-        raise ValueError(f"eagle3 v{SCHEMA_VERSION} has no features {sorted(unknown)}")
     missing = [name for name in CORE_FEATURES if name not in present]
     if missing:
-        raise ValueError(f"eagle3 sample is missing core features {missing}")
+        raise ValueError(f"eagle3 sample is missing required core features {missing}")
+    _check_packing(present)
     has_logits = "logits" in present
     probs = [name for name in PROBS_SUPERVISION if name in present]
-    if has_logits == bool(probs) or 0 < len(probs) < len(PROBS_SUPERVISION):
+    if 0 < len(probs) < len(PROBS_SUPERVISION):
         raise ValueError(
-            "eagle3 supervision must be exactly one of 'logits' or the pair 'target_probs' + 'position_mask', "
-            f"got {sorted(present & {'logits', *PROBS_SUPERVISION})}"
+            f"eagle3 sample has a partial draft-vocab encoding {probs}: 'target_probs' and 'position_mask' go together"
         )
-    packing = [name for name in PACKING_FEATURES if name in present]
-    if 0 < len(packing) < len(PACKING_FEATURES):
-        raise ValueError(f"eagle3 packing metadata {list(PACKING_FEATURES)} is all-or-none, got only {packing}")
+    if has_logits and probs:
+        raise ValueError(
+            "eagle3 sample has both 'logits' and draft-vocab features ('target_probs' + 'position_mask'); "
+            "its supervision must be exactly one encoding"
+        )
+    if not has_logits and not probs:
+        raise ValueError(
+            "eagle3 sample has no supervision encoding: it needs 'logits' or the pair 'target_probs' + 'position_mask'"
+        )
+    unknown = present - set(FEATURE_ORDER)
+    if unknown:
+        raise ValueError(f"eagle3 v{SCHEMA_VERSION} has no features {sorted(unknown)} (known: {list(FEATURE_ORDER)})")
 
 
-def validate_ref(ref: SampleRef) -> None:
+def validate_eagle3_ref(ref: SampleRef) -> None:
     """Raise ``ValueError`` when ``ref`` is not an EAGLE-3 v1 sample (checked before materialising)."""
     if ref.algorithm is not FeatureAlgorithm.EAGLE3:
-        raise ValueError(f"sample {ref.sample_id!r} is {ref.algorithm.value}, not eagle3")
+        raise ValueError(
+            f"sample {ref.sample_id!r}: ref.algorithm must be FeatureAlgorithm.EAGLE3 (got {ref.algorithm!r}) "
+            "for an EAGLE-3 consumer; route it to a consumer of its algorithm"
+        )
     if ref.schema_version != SCHEMA_VERSION:
         raise ValueError(
-            f"sample {ref.sample_id!r} has eagle3 schema version {ref.schema_version}, expected {SCHEMA_VERSION}"
+            f"sample {ref.sample_id!r}: eagle3 schema_version must be {SCHEMA_VERSION}, got {ref.schema_version}"
         )
     try:
-        check_feature_names(ref.feature_names())
+        check_feature_names(ref.feature_keys)
     except ValueError as exc:
         raise ValueError(f"sample {ref.sample_id!r}: {exc}") from None
+
+
+validate_ref = validate_eagle3_ref
 
 
 def feature_tensors(batch: object) -> dict[str, torch.Tensor]:
@@ -96,11 +154,82 @@ def feature_tensors(batch: object) -> dict[str, torch.Tensor]:
     return tensors
 
 
+def _logits_tensors(batch: object) -> dict[str, torch.Tensor]:
+    """What a producer stores from a backend's output: the logits encoding only (``ValueError`` otherwise)."""
+    tensors = feature_tensors(batch)
+    if "logits" not in tensors:
+        raise ValueError(
+            "the target backend returned a batch without 'logits' (a precomputed draft-vocab encoding "
+            "'target_probs' + 'position_mask'); FeatureProducer stores the logits encoding only"
+        )
+    return tensors
+
+
+def eagle3_logits_tensors(
+    *,
+    aux_hidden_states: torch.Tensor,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    loss_mask: torch.Tensor,
+    logits: torch.Tensor,
+    position_ids: torch.Tensor | None = None,
+    seq_lens: torch.Tensor | None = None,
+    doc_remaining: torch.Tensor | None = None,
+) -> dict[str, torch.Tensor]:
+    """The tensors of a logits-supervised sample, keyed in schema order; packing ones only when given (all three)."""
+    return _logits_tensors(
+        {
+            "aux_hidden_states": aux_hidden_states,
+            "input_ids": input_ids,
+            "attention_mask": attention_mask,
+            "loss_mask": loss_mask,
+            "logits": logits,
+            "position_ids": position_ids,
+            "seq_lens": seq_lens,
+            "doc_remaining": doc_remaining,
+        }
+    )
+
+
+def eagle3_logits_feature_specs(
+    aux_hidden_states: torch.Tensor,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    loss_mask: torch.Tensor,
+    logits: torch.Tensor,
+    position_ids: torch.Tensor | None = None,
+    seq_lens: torch.Tensor | None = None,
+    doc_remaining: torch.Tensor | None = None,
+) -> dict[str, FeatureSpec]:
+    """The ``FeatureSpec`` (exact shape and dtype) of each tensor ``eagle3_logits_tensors`` would return."""
+    tensors = eagle3_logits_tensors(
+        aux_hidden_states=aux_hidden_states,
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        loss_mask=loss_mask,
+        logits=logits,
+        position_ids=position_ids,
+        seq_lens=seq_lens,
+        doc_remaining=doc_remaining,
+    )
+    return {name: FeatureSpec(tuple(tensor.shape), tensor.dtype) for name, tensor in tensors.items()}
+
+
+def _check_inputs(inputs: Mapping[str, torch.Tensor | None]) -> None:
+    validate_eagle3_packing_inputs(
+        position_ids=inputs.get("position_ids"),
+        seq_lens=inputs.get("seq_lens"),
+        doc_remaining=inputs.get("doc_remaining"),
+    )
+
+
 @dataclasses.dataclass
 class Eagle3TargetBatch:
     """One materialised EAGLE-3 sample: what the draft trainer steps on.
 
-    Validated on construction (``ValueError`` for a broken feature set).
+    The reference's field set and order. Validated on construction
+    (``ValueError`` for a broken feature set); ``to_trainer_inputs()`` gives
+    the trainer's forward keywords.
     Features read as attributes or by name (``batch["logits"]``), so code
     written against a plain ``dict`` batch keeps working.
     """
@@ -128,6 +257,14 @@ class Eagle3TargetBatch:
     def tensors(self) -> dict[str, torch.Tensor]:
         """The features present, in schema order."""
         return feature_tensors(self)
+
+    def to_trainer_inputs(self) -> dict[str, torch.Tensor]:
+        """The draft trainer's forward keywords for the encoding this batch carries.
+
+        The core features, then ``logits`` or ``target_probs`` + ``position_mask``,
+        then the packing metadata when present; absent (``None``) features are left out.
+        """
+        return self.tensors()
 
     def __getitem__(self, name: str) -> torch.Tensor:
         value = getattr(self, name, None) if name in FEATURE_ORDER else None
@@ -172,3 +309,19 @@ class Eagle3TargetBackend(abc.ABC):
     def set_vocab_mapping(self, selected_token_ids: torch.Tensor, selected_token_mask: torch.Tensor) -> None:
         """Restrict supervision to a draft vocabulary (the target token ids kept, and their mask)."""
         raise NotImplementedError(f"{type(self).__name__} has no draft-vocabulary mapping")
+
+
+EAGLE3_SCHEMA = register(
+    AlgorithmSchema(
+        algorithm=FeatureAlgorithm.EAGLE3,
+        schema_version=EAGLE3_SCHEMA_VERSION,
+        required_features=EAGLE3_CORE_FEATURES,
+        optional_features=LOGITS_SUPERVISION + PROBS_SUPERVISION + PACKING_FEATURES,
+        validate_ref=validate_eagle3_ref,
+        feature_tensors=feature_tensors,
+        produced_tensors=_logits_tensors,
+        check_inputs=_check_inputs,
+        batch_type=Eagle3TargetBatch,
+        backend_type=Eagle3TargetBackend,
+    )
+)

@@ -1,0 +1,164 @@
+"""The algorithm schema registry: what the producer and the loader look up instead of hard-wiring EAGLE-3.
+
+An ``AlgorithmSchema`` says, for one ``FeatureAlgorithm``, which features a
+sample carries (required and optional, in batch order), how a ref is checked
+before it is materialised, how a backend's output becomes the ordered tensor
+dict the store holds, which batch class a loader yields by default, and which
+backend base class lets ``FeatureProducer`` infer the algorithm.
+
+``schema_for(algorithm)`` returns the registered schema (the built-in ones are
+imported on first use); ``register(schema)`` adds one.
+
+Adding an algorithm (DFlash, say) is adding one schema module:
+
+1. write ``featurestream/pipeline/dflash.py`` with its feature tuples (the core
+   set is ``featurestream.core.refs.REQUIRED_FEATURES[FeatureAlgorithm.DFLASH]``,
+   defined there once), its ``validate_ref``, its tensor packer, its batch
+   class (a ``from_tensors`` classmethod and ``to_trainer_inputs()``) and its
+   backend base class;
+2. at the end of that module, ``register(AlgorithmSchema(FeatureAlgorithm.DFLASH, ...))``;
+3. name the module in ``_BUILTIN_SCHEMAS`` below, so ``schema_for`` finds it
+   without the caller importing it first.
+
+The producer, the loader and the stores then handle DFlash samples unchanged.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+
+from featurestream.core.refs import REQUIRED_FEATURES, FeatureAlgorithm, SampleRef
+
+__all__ = ["AlgorithmSchema", "make_batch", "register", "registered_schemas", "schema_for"]
+
+# Schemas shipped with featurestream: imported on first lookup (each module registers its schema when imported).
+_BUILTIN_SCHEMAS: Mapping[FeatureAlgorithm, str] = {FeatureAlgorithm.EAGLE3: "featurestream.pipeline.eagle3"}
+
+_registry: dict[FeatureAlgorithm, AlgorithmSchema] = {}
+_registry_lock = threading.Lock()
+
+
+@dataclasses.dataclass(frozen=True)
+class AlgorithmSchema:
+    """One algorithm's feature schema; every callable field is a plain function (not a method).
+
+    - ``required_features``: the core features every sample has, in batch
+      order (must be ``REQUIRED_FEATURES[algorithm]``, the control plane's set);
+    - ``optional_features``: every other feature a sample may carry, in batch order;
+    - ``validate_ref(ref)``: ``ValueError`` unless ``ref`` is a valid sample
+      of this schema (called before materialising);
+    - ``feature_tensors(batch_like)``: the schema's tensors of an object or
+      mapping, validated, in schema order (``ValueError``/``TypeError``);
+    - ``produced_tensors(batch_like)``: what a producer stores from its
+      backend's output (may be stricter than ``feature_tensors``);
+    - ``check_inputs(inputs)``: ``ValueError`` for producer inputs (a dict of
+      the ``produce`` keywords, ``None`` when absent) refused before the forward;
+    - ``batch_type``: the default batch class a loader yields; it has a
+      ``from_tensors(mapping)`` classmethod and a ``to_trainer_inputs()`` method;
+    - ``backend_type``: the base class of this algorithm's target backends
+      (``FeatureProducer`` infers the algorithm from it), or ``None``.
+    """
+
+    algorithm: FeatureAlgorithm
+    schema_version: int
+    required_features: tuple[str, ...]
+    optional_features: tuple[str, ...]
+    validate_ref: Callable[[SampleRef], None]
+    feature_tensors: Callable[[object], dict[str, torch.Tensor]]
+    produced_tensors: Callable[[object], dict[str, torch.Tensor]]
+    check_inputs: Callable[[Mapping[str, torch.Tensor | None]], None]
+    batch_type: type
+    backend_type: type | None = None
+
+    def __post_init__(self) -> None:
+        algorithm = FeatureAlgorithm(self.algorithm)
+        object.__setattr__(self, "algorithm", algorithm)
+        if isinstance(self.schema_version, bool) or not isinstance(self.schema_version, int) or self.schema_version < 0:
+            raise ValueError(f"schema_version must be a non-negative int, got {self.schema_version!r}")
+        required, optional = tuple(self.required_features), tuple(self.optional_features)
+        if set(required) != set(REQUIRED_FEATURES[algorithm]):
+            raise ValueError(
+                f"{algorithm!r} requires exactly {list(REQUIRED_FEATURES[algorithm])} (featurestream.core.refs."
+                f"REQUIRED_FEATURES), but the schema's required_features are {list(required)}"
+            )
+        overlap = set(required) & set(optional)
+        if overlap or len(set(optional)) != len(optional):
+            raise ValueError(f"optional_features {list(optional)} repeat a name or overlap the required ones")
+        object.__setattr__(self, "required_features", required)
+        object.__setattr__(self, "optional_features", optional)
+        for name in ("validate_ref", "feature_tensors", "produced_tensors", "check_inputs"):
+            if not callable(getattr(self, name)):
+                raise TypeError(f"AlgorithmSchema.{name} must be callable, got {getattr(self, name)!r}")
+        for name in ("from_tensors", "to_trainer_inputs"):
+            if not callable(getattr(self.batch_type, name, None)):
+                raise TypeError(f"batch_type {self.batch_type.__name__} has no {name}()")
+        if self.backend_type is not None and not isinstance(self.backend_type, type):
+            raise TypeError(f"backend_type must be a class or None, got {self.backend_type!r}")
+
+    @property
+    def feature_order(self) -> tuple[str, ...]:
+        """Every feature this schema knows, in batch order: the required ones, then the optional ones."""
+        return self.required_features + self.optional_features
+
+    def make_batch(self, tensors: Mapping[str, torch.Tensor], batch_type: type | None = None) -> Any:
+        """A batch of ``batch_type`` (default ``self.batch_type``) from name -> tensor; see ``make_batch``."""
+        return make_batch(tensors, batch_type or self.batch_type)
+
+
+def make_batch(tensors: Mapping[str, torch.Tensor], batch_type: type) -> Any:
+    """Build ``batch_type`` from ``tensors``: through its ``from_tensors`` classmethod when it has one.
+
+    A recipe's own batch class (the reference's ``Eagle3TargetBatch``, say: a
+    dataclass whose fields are the feature names, optional ones defaulting to
+    ``None``) has no ``from_tensors``; it is built with the tensors as keywords.
+    """
+    from_tensors = getattr(batch_type, "from_tensors", None)
+    if callable(from_tensors):
+        return from_tensors(tensors)
+    return batch_type(**tensors)
+
+
+def register(schema: AlgorithmSchema) -> AlgorithmSchema:
+    """Make ``schema`` the one for its algorithm; ``ValueError`` if another is registered for it already.
+
+    Registering the same schema object again is a no-op (a module imported twice).
+    """
+    if not isinstance(schema, AlgorithmSchema):
+        raise TypeError(f"register expects an AlgorithmSchema, got {type(schema).__name__}")
+    with _registry_lock:
+        current = _registry.get(schema.algorithm)
+        if current is not None and current is not schema:
+            raise ValueError(f"a schema for {schema.algorithm!r} is already registered; there is one per algorithm")
+        _registry[schema.algorithm] = schema
+    return schema
+
+
+def schema_for(algorithm: FeatureAlgorithm | str) -> AlgorithmSchema:
+    """The registered schema of ``algorithm``; ``ValueError`` naming it and the registered ones if there is none."""
+    try:
+        resolved = FeatureAlgorithm(algorithm)
+    except ValueError:
+        raise ValueError(
+            f"{algorithm!r} is not a FeatureAlgorithm (one of {[a.value for a in FeatureAlgorithm]})"
+        ) from None
+    schemas = registered_schemas()
+    if resolved not in schemas:
+        raise ValueError(
+            f"no feature schema is registered for {resolved}; registered: {', '.join(map(str, schemas)) or 'none'} "
+            "(an algorithm gets one by registering an AlgorithmSchema, see featurestream.pipeline.schemas)"
+        )
+    return schemas[resolved]
+
+
+def registered_schemas() -> dict[FeatureAlgorithm, AlgorithmSchema]:
+    """Every registered schema by algorithm, the built-in ones included (imported here if not yet)."""
+    for module in _BUILTIN_SCHEMAS.values():
+        importlib.import_module(module)  # registers on first import; a no-op afterwards
+    with _registry_lock:
+        return dict(_registry)
