@@ -1,7 +1,9 @@
 ----------------------------- MODULE LeaseQueue -----------------------------
 (***************************************************************************)
 (* The featurestream lease / ack / fail queue with its store residency,   *)
-(* backpressure and close/drain lifecycle.                                 *)
+(* backpressure and close/drain lifecycle -- and the world around it:      *)
+(* producers that store a sample and block in put_blocks_until_below, and *)
+(* a store whose calls may fail.                                           *)
 (*                                                                         *)
 (* Every delivery attempt of a sample is one lease, <<sample, attempt>>,  *)
 (* that walks the lease machine below (featurestream.machines.LEASE).      *)
@@ -10,6 +12,9 @@
 (* Each action names the method of the code it models.  The Python mirror *)
 (* (featurestream/spec/mirror.py) has the same variables and actions; a    *)
 (* test checks that its reachable-state count equals TLC's.                *)
+(*                                                                         *)
+(* TLC runs WITH deadlock checking: the only state with nothing left to do *)
+(* is the end of the run, and there the explicit step Done is enabled.     *)
 (***************************************************************************)
 EXTENDS Naturals, Sequences, FiniteSets
 
@@ -18,13 +23,13 @@ LeaseStates == {"pending", "leased", "acked", "failed", "reclaimed"}
 LeaseTransitions == {<<"Acquire", "pending", "leased">>, <<"Extend", "leased", "leased">>, <<"Ack", "leased", "acked">>, <<"Fail", "leased", "failed">>, <<"Reclaim", "leased", "reclaimed">>}
 
 CONSTANTS
-    Samples,            \* sample ids the producer may write
+    Samples,            \* sample ids the producers may write
     Consumers,          \* consumer processes
     MaxDeliveries,      \* SampleRefQueue(max_deliveries=...)
     HighWatermark,      \* pause at/above this many resident bytes
     LowWatermark,       \* resume at/below this many resident bytes
     MaxHeld,            \* leases one consumer holds at once (a model bound)
-    SampleBytes,        \* every sample's size
+    SampleBytes,        \* the size of every sample not in LargeSamples
     \* Each switch re-enables one defect of the reference (DESIGN.md "Known defects").
     BugStaleRelease,    \* A: the last handle release frees a sample the queue still holds
     BugNoScrub,         \* B: a settled sample is only un-retained, never scrubbed
@@ -32,19 +37,46 @@ CONSTANTS
     BugNoDeliveryLimit, \* D: no max_deliveries, no dead letter
     BugNoReaper         \* E: nothing ever reclaims an expired lease
 
+(***************************************************************************)
+(* Model parameters with defaults.  A config assigns them exactly like the *)
+(* constants above (`Producers = {p1, p2}` under CONSTANTS: TLC replaces   *)
+(* the definition).  The defaults -- no producers, no store faults, no     *)
+(* eviction from the dedup window, one size -- are the world of the trace  *)
+(* validation configs (featurestream.spec.trace), which drive the queue    *)
+(* actions directly.                                                       *)
+(***************************************************************************)
+Producers == {}               \* producer processes (each stores one sample at a time and puts it)
+LargeSamples == {}            \* samples of size LargeBytes instead of SampleBytes: mixed sizes
+LargeBytes == SampleBytes
+MaxFaults == 0                \* how many store calls may fail in one behaviour (each fault is one-shot)
+DedupWindow == Cardinality(Samples)  \* SampleRefQueue(dedup_window=...): settled ids remembered, oldest evicted
+BugProducerBytesCounted == FALSE     \* the OLD backpressure rule: a paused producer never enqueues
+BugScrubFailUnsettles == FALSE       \* the OLD fault behaviour: an ack whose scrub fails is not recorded as settled
+
 ASSUME /\ MaxDeliveries \in Nat \ {0}
        /\ LowWatermark \in Nat /\ HighWatermark \in Nat /\ LowWatermark < HighWatermark
-       /\ MaxHeld \in Nat \ {0} /\ SampleBytes \in Nat \ {0}
-       /\ \A b \in {BugStaleRelease, BugNoScrub, BugNoDedup, BugNoDeliveryLimit, BugNoReaper} : b \in BOOLEAN
+       /\ MaxHeld \in Nat \ {0} /\ SampleBytes \in Nat \ {0} /\ LargeBytes \in Nat \ {0}
+       /\ LargeSamples \subseteq Samples
+       /\ MaxFaults \in Nat /\ DedupWindow \in Nat \ {0}
+       /\ \A b \in {BugStaleRelease, BugNoScrub, BugNoDedup, BugNoDeliveryLimit, BugNoReaper,
+                    BugProducerBytesCounted, BugScrubFailUnsettles} : b \in BOOLEAN
 
 NoLease == "none"            \* an attempt that was never created
+NoSample == "nothing"        \* what an idle producer holds
 Attempts == 0..MaxDeliveries \* one slot past the limit, reachable only with BugNoDeliveryLimit
-Statuses == {"absent", "stored", "pending", "leased", "acked", "dead"}
+Statuses == {"absent", "stored", "pending", "leased", "acked", "dead", "discarded"}
 Terminal == {"acked", "dead"}
 HeldByQueue == {"pending", "leased"}
+ProducerStates == {"idle", "waiting", "aborted"}
 
 Source(name) == (CHOOSE t \in LeaseTransitions : t[1] = name)[2]
 Dest(name) == (CHOOSE t \in LeaseTransitions : t[1] = name)[3]
+
+SampleSize(s) == IF s \in LargeSamples THEN LargeBytes ELSE SampleBytes
+MaxSampleSize == IF LargeSamples # {} /\ LargeBytes > SampleBytes THEN LargeBytes ELSE SampleBytes
+Max(a, b) == IF a >= b THEN a ELSE b
+RECURSIVE Bytes(_)
+Bytes(S) == IF S = {} THEN 0 ELSE LET x == CHOOSE x \in S : TRUE IN SampleSize(x) + Bytes(S \ {x})
 
 VARIABLES
     status,        \* [Samples -> Statuses]: the queue-level status of each sample
@@ -55,13 +87,21 @@ VARIABLES
     handles,       \* [Consumers -> SUBSET Samples]: store handles a consumer knows it holds
     hcount,        \* [Samples -> Nat]: handles the store counts (crashed consumers' included)
     resident,      \* samples whose bytes the store holds
-    retained,      \* samples a queue holds (FeatureStore.retain ... scrub)
+    retained,      \* samples a queue holds (FeatureStore.retain ... scrub / unretain)
     residentBytes, \* the store's byte counter (StoreHealth.resident_bytes)
     bp,            \* backpressure machine: "flowing" | "paused"
-    lifecycle      \* lifecycle machine: "open" | "draining" | "drained"
+    lifecycle,     \* lifecycle machine: "open" | "draining" | "drained"
+    window,        \* the dedup window: settled ids, oldest first, at most DedupWindow of them
+    backlog,       \* settled (or refused) samples whose scrub (unretain) failed: retried until it succeeds
+    faults,        \* store faults that have happened so far (at most MaxFaults)
+    pc,            \* [Producers -> ProducerStates]: where each producer is
+    owns           \* [Producers -> Samples \cup {NoSample}]: the sample a producer stored and has not let go
 
 storeVars == <<resident, retained, hcount, residentBytes>>
-vars == <<status, queue, deliveries, lease, held, handles, hcount, resident, retained, residentBytes, bp, lifecycle>>
+faultVars == <<window, backlog, faults>>
+envVars == <<pc, owns>>
+vars == <<status, queue, deliveries, lease, held, handles, hcount, resident, retained, residentBytes, bp, lifecycle,
+          window, backlog, faults, pc, owns>>
 
 TypeOK ==
     /\ status \in [Samples -> Statuses]
@@ -75,6 +115,11 @@ TypeOK ==
     /\ residentBytes \in Nat
     /\ bp \in {"flowing", "paused"}
     /\ lifecycle \in {"open", "draining", "drained"}
+    /\ window \in Seq(Samples) /\ Len(window) <= DedupWindow
+    /\ backlog \subseteq Samples
+    /\ faults \in 0..MaxFaults
+    /\ pc \in [Producers -> ProducerStates]
+    /\ owns \in [Producers -> Samples \cup {NoSample}]
 
 Init ==
     /\ status = [s \in Samples |-> "absent"]
@@ -87,17 +132,30 @@ Init ==
     /\ resident = {} /\ retained = {} /\ residentBytes = 0
     /\ bp = "flowing"
     /\ lifecycle = "open"
+    /\ window = <<>> /\ backlog = {} /\ faults = 0
+    /\ pc = [p \in Producers |-> "idle"]
+    /\ owns = [p \in Producers |-> NoSample]
 
 (* The lease machine: attempt k of s may take transition `name` iff it is in its source state. *)
 CanFire(name, s, k) == lease[s][k] = Source(name)
 Fired(name, s, k) == [lease EXCEPT ![s][k] = Dest(name)]
+
+(* The queue holds nothing: no sample is pending or leased. *)
+QueueEmpty == \A s \in Samples : status[s] \notin HeldByQueue
+QueueEmptyAfter == \A s \in Samples : status'[s] \notin HeldByQueue
+InWindow(s) == \E i \in 1..Len(window) : window[i] = s
+(* The queue still knows s is settled: in the dedup window, or its scrub is still being retried. *)
+KnownSettled(s) == InWindow(s) \/ s \in backlog
+
+(* A store call that fails: one of the MaxFaults faults a behaviour may see. *)
+Fault == faults < MaxFaults /\ faults' = faults + 1
 
 (* LedgerFeatureStore._forget: the store drops s's bytes and bookkeeping. *)
 Free(s) ==
     /\ resident' = resident \ {s}
     /\ retained' = retained \ {s}
     /\ hcount' = [hcount EXCEPT ![s] = 0]
-    /\ residentBytes' = residentBytes - (IF s \in resident THEN SampleBytes ELSE 0)
+    /\ residentBytes' = residentBytes - (IF s \in resident THEN SampleSize(s) ELSE 0)
 
 (* SampleRefQueue._retire -> FeatureStore.scrub: free a settled sample whatever handles are out. *)
 Scrub(s) ==
@@ -106,33 +164,56 @@ Scrub(s) ==
          /\ UNCHANGED <<resident, hcount, residentBytes>>
     ELSE Free(s)
 
+(* The dedup window after s settles: appended, the oldest id evicted past DedupWindow. *)
+Remember(s) == LET w == Append(window, s) IN IF Len(w) > DedupWindow THEN Tail(w) ELSE w
+
+(***************************************************************************)
+(* SampleRefQueue._retire: s settles as `outcome` (acked or dead).  The    *)
+(* settlement always stands: s is in the dedup window and never delivered  *)
+(* again.  Then the store scrubs s; if that call fails (`fault`), s stays  *)
+(* resident and joins the backlog that RetryScrub works off.               *)
+(* BugScrubFailUnsettles: a failed scrub during ack leaves s unknown to    *)
+(* the queue (not in the window, not in the backlog): the reference bug.   *)
+(***************************************************************************)
+Retire(s, outcome, fault) ==
+    /\ status' = [status EXCEPT ![s] = outcome]
+    /\ IF fault
+       THEN /\ Fault
+            /\ UNCHANGED storeVars
+            /\ IF BugScrubFailUnsettles /\ outcome = "acked"
+               THEN UNCHANGED <<window, backlog>>
+               ELSE /\ window' = Remember(s)
+                    /\ backlog' = backlog \cup {s}
+       ELSE /\ Scrub(s)
+            /\ window' = Remember(s)
+            /\ UNCHANGED <<backlog, faults>>
+
 (* SampleRefQueue._redeliver: to the tail as a new lease, or dead once deliveries are spent. *)
-Redeliver(s, l) ==
+Redeliver(s, l, fault) ==
     LET next == deliveries[s] + 1 IN
     IF next >= MaxDeliveries /\ ~BugNoDeliveryLimit
-    THEN /\ status' = [status EXCEPT ![s] = "dead"]
-         /\ lease' = l
-         /\ Scrub(s)
+    THEN /\ lease' = l
+         /\ Retire(s, "dead", fault)
          /\ UNCHANGED <<queue, deliveries>>
-    ELSE /\ status' = [status EXCEPT ![s] = "pending"]
+    ELSE /\ ~fault
+         /\ status' = [status EXCEPT ![s] = "pending"]
          /\ deliveries' = [deliveries EXCEPT ![s] = next]
          /\ lease' = [l EXCEPT ![s][next] = "pending"]
          /\ queue' = Append(queue, s)
-         /\ UNCHANGED storeVars
+         /\ UNCHANGED <<storeVars, faultVars>>
+
+(* SampleRefQueue._maybe_drained, which the code calls at the end of close and of every settle. *)
+DrainIfIdle ==
+    lifecycle' = IF lifecycle = "draining" /\ QueueEmptyAfter THEN "drained" ELSE lifecycle
 
 -----------------------------------------------------------------------------
-(* Producer *)
+(* The queue's actions.  Each XxxCore leaves the producers' variables and  *)
+(* the lifecycle to its callers: the producer actions and the XxxStep      *)
+(* actions of Next below, and the single-step operators (Put, Ack, ...)    *)
+(* that trace validation matches recorded events against.                  *)
 
-(* FeatureStore.put: the producer writes a new sample's bytes. *)
-StorePut(s) ==
-    /\ status[s] = "absent"
-    /\ status' = [status EXCEPT ![s] = "stored"]
-    /\ resident' = resident \cup {s}
-    /\ residentBytes' = residentBytes + SampleBytes
-    /\ UNCHANGED <<queue, deliveries, lease, held, handles, hcount, retained, bp, lifecycle>>
-
-(* SampleRefQueue.put / put_blocks_until_below: enqueue a stored sample; the store retains it. *)
-Put(s) ==
+(* SampleRefQueue.put: enqueue a stored sample; the store retains it. *)
+PutCore(s) ==
     /\ status[s] = "stored"
     /\ lifecycle = "open"
     /\ status' = [status EXCEPT ![s] = "pending"]
@@ -140,37 +221,7 @@ Put(s) ==
     /\ lease' = [lease EXCEPT ![s][0] = "pending"]
     /\ queue' = Append(queue, s)
     /\ retained' = retained \cup ({s} \cap resident)
-    /\ UNCHANGED <<held, handles, hcount, resident, residentBytes, bp, lifecycle>>
-
-(* SampleRefQueue.put of an id already acked or dead: refused by the dedup window (DedupRefused). *)
-Reput(s) ==
-    /\ status[s] \in Terminal
-    /\ lifecycle = "open"
-    /\ IF ~BugNoDedup
-       THEN UNCHANGED vars
-       ELSE /\ status' = [status EXCEPT ![s] = "pending"]
-            /\ deliveries' = [deliveries EXCEPT ![s] = 0]
-            /\ lease' = [lease EXCEPT ![s] = [k \in Attempts |-> IF k = 0 THEN "pending" ELSE NoLease]]
-            /\ queue' = Append(queue, s)
-            /\ resident' = resident \cup {s}
-            /\ retained' = retained \cup {s}
-            /\ residentBytes' = residentBytes + (IF s \in resident THEN 0 ELSE SampleBytes)
-            /\ UNCHANGED <<held, handles, hcount, bp, lifecycle>>
-
-(* SampleRefQueue.put_blocks_until_below -> _update_backpressure: pause at/above the high watermark. *)
-Pause ==
-    /\ bp = "flowing" /\ residentBytes >= HighWatermark
-    /\ bp' = "paused"
-    /\ UNCHANGED <<status, queue, deliveries, lease, held, handles, hcount, resident, retained, residentBytes, lifecycle>>
-
-(* ... and resume at/below the low one; inside the band the state is kept. *)
-Resume ==
-    /\ bp = "paused" /\ residentBytes <= LowWatermark
-    /\ bp' = "flowing"
-    /\ UNCHANGED <<status, queue, deliveries, lease, held, handles, hcount, resident, retained, residentBytes, lifecycle>>
-
------------------------------------------------------------------------------
-(* Consumers *)
+    /\ UNCHANGED <<held, handles, hcount, resident, residentBytes, bp, lifecycle, faultVars>>
 
 (* SampleRefQueue.acquire -> _lease_head: lease the FIFO head to consumer c. *)
 Acquire(c) ==
@@ -183,32 +234,42 @@ Acquire(c) ==
           /\ status' = [status EXCEPT ![s] = "leased"]
           /\ queue' = Tail(queue)
           /\ held' = [held EXCEPT ![c] = @ \cup {<<s, k>>}]
-    /\ UNCHANGED <<deliveries, handles, hcount, resident, retained, residentBytes, bp, lifecycle>>
+    /\ UNCHANGED <<deliveries, handles, storeVars, bp, lifecycle, faultVars, envVars>>
 
 (* SampleRefQueue.ack: settle the live lease (the store scrubs the sample); a stale lease is rejected. *)
-Ack(c, t) ==
+AckCore(c, t, fault) ==
     LET s == t[1]
         k == t[2]
     IN /\ t \in held[c]
        /\ held' = [held EXCEPT ![c] = @ \ {t}]
        /\ IF CanFire("Ack", s, k)
           THEN /\ lease' = Fired("Ack", s, k)
-               /\ status' = [status EXCEPT ![s] = "acked"]
-               /\ Scrub(s)
+               /\ Retire(s, "acked", fault)
                /\ UNCHANGED <<queue, deliveries>>
-          ELSE UNCHANGED <<status, queue, deliveries, lease, hcount, resident, retained, residentBytes>>
-       /\ UNCHANGED <<handles, bp, lifecycle>>
+          ELSE /\ ~fault
+               /\ UNCHANGED <<status, queue, deliveries, lease, storeVars, faultVars>>
+       /\ UNCHANGED <<handles, bp>>
 
 (* SampleRefQueue.fail: give the live lease back (redeliver or dead-letter); a stale lease is rejected. *)
-Fail(c, t) ==
+FailCore(c, t, fault) ==
     LET s == t[1]
         k == t[2]
     IN /\ t \in held[c]
        /\ held' = [held EXCEPT ![c] = @ \ {t}]
        /\ IF CanFire("Fail", s, k)
-          THEN Redeliver(s, Fired("Fail", s, k))
-          ELSE UNCHANGED <<status, queue, deliveries, lease, hcount, resident, retained, residentBytes>>
-       /\ UNCHANGED <<handles, bp, lifecycle>>
+          THEN Redeliver(s, Fired("Fail", s, k), fault)
+          ELSE /\ ~fault
+               /\ UNCHANGED <<status, queue, deliveries, lease, storeVars, faultVars>>
+       /\ UNCHANGED <<handles, bp>>
+
+(* SampleRefQueue._reap_due (every call) / reclaim_expired / the reaper thread: the live lease of s *)
+(* passed its deadline and is reclaimed.  BugNoReaper: nothing ever does this.                     *)
+ReclaimCore(s, fault) ==
+    /\ ~BugNoReaper
+    /\ status[s] = "leased"
+    /\ CanFire("Reclaim", s, deliveries[s])
+    /\ Redeliver(s, Fired("Reclaim", s, deliveries[s]), fault)
+    /\ UNCHANGED <<held, handles, bp>>
 
 (* SampleRefQueue.extend: a live lease's deadline moves (time is abstract: no variable changes); *)
 (* a stale lease raises LeaseLost and changes nothing either.                                      *)
@@ -216,7 +277,7 @@ Extend(c, t) ==
     /\ t \in held[c]
     /\ \/ CanFire("Extend", t[1], t[2]) /\ lease' = Fired("Extend", t[1], t[2])
        \/ ~CanFire("Extend", t[1], t[2]) /\ UNCHANGED lease
-    /\ UNCHANGED <<status, queue, deliveries, held, handles, hcount, resident, retained, residentBytes, bp, lifecycle>>
+    /\ UNCHANGED <<status, queue, deliveries, held, handles, storeVars, bp, lifecycle, faultVars, envVars>>
 
 (* FeatureStore.get by a consumer holding a (possibly stale) lease of s. *)
 Get(c, s) ==
@@ -225,7 +286,8 @@ Get(c, s) ==
     /\ \E k \in Attempts : <<s, k>> \in held[c]
     /\ handles' = [handles EXCEPT ![c] = @ \cup {s}]
     /\ hcount' = [hcount EXCEPT ![s] = @ + 1]
-    /\ UNCHANGED <<status, queue, deliveries, lease, held, resident, retained, residentBytes, bp, lifecycle>>
+    /\ UNCHANGED <<status, queue, deliveries, lease, held, resident, retained, residentBytes, bp, lifecycle,
+                   faultVars, envVars>>
 
 (* FeatureStore.release: the last handle frees a sample no queue retains; a scrubbed sample's *)
 (* handle is a no-op.  BugStaleRelease frees it even while the queue retains it.              *)
@@ -238,57 +300,248 @@ Release(c, s) ==
             THEN Free(s)
             ELSE /\ hcount' = [hcount EXCEPT ![s] = @ - 1]
                  /\ UNCHANGED <<resident, retained, residentBytes>>
-    /\ UNCHANGED <<status, queue, deliveries, lease, held, bp, lifecycle>>
+    /\ UNCHANGED <<status, queue, deliveries, lease, held, bp, lifecycle, faultVars, envVars>>
 
 (* A consumer process dies: it forgets its leases and handles; the store still counts the handles. *)
 Crash(c) ==
     /\ held[c] \cup handles[c] # {}
     /\ held' = [held EXCEPT ![c] = {}]
     /\ handles' = [handles EXCEPT ![c] = {}]
-    /\ UNCHANGED <<status, queue, deliveries, lease, hcount, resident, retained, residentBytes, bp, lifecycle>>
+    /\ UNCHANGED <<status, queue, deliveries, lease, storeVars, bp, lifecycle, faultVars, envVars>>
+
+(* SampleRefQueue._update_backpressure, evaluated on a fresh store.health():        *)
+(* pause at/above the high watermark, resume at/below the low one, keep the state   *)
+(* inside the band.  (on_pause / on_resume run after each, outside the lock.)       *)
+Pause ==
+    /\ bp = "flowing" /\ residentBytes >= HighWatermark
+    /\ bp' = "paused"
+    /\ UNCHANGED <<status, queue, deliveries, lease, held, handles, storeVars, lifecycle, faultVars, envVars>>
+
+Resume ==
+    /\ bp = "paused" /\ residentBytes <= LowWatermark
+    /\ bp' = "flowing"
+    /\ UNCHANGED <<status, queue, deliveries, lease, held, handles, storeVars, lifecycle, faultVars, envVars>>
+
+(* The scrub backlog: a later queue operation (or FeatureStore.gc's sweep) retries the store call  *)
+(* that failed -- scrub for a settled sample, unretain for a refused put -- until it succeeds.    *)
+(* A retry that fails again changes nothing but the fault count (this is also "gc fails").        *)
+RetryScrub(s, fault) ==
+    /\ s \in backlog
+    /\ IF fault
+       THEN /\ Fault
+            /\ UNCHANGED <<storeVars, window, backlog>>
+       ELSE /\ backlog' = backlog \ {s}
+            /\ IF status[s] \in Terminal \cup {"discarded"}
+               THEN Free(s)
+               ELSE /\ retained' = retained \ {s}
+                    /\ UNCHANGED <<resident, hcount, residentBytes>>
+            /\ UNCHANGED <<window, faults>>
+    /\ UNCHANGED <<status, queue, deliveries, lease, held, handles, bp, lifecycle, envVars>>
 
 -----------------------------------------------------------------------------
-(* Time, reaper, lifecycle *)
+(***************************************************************************)
+(* Producers.  A producer stores a sample (FeatureStore.put), then calls   *)
+(* put_blocks_until_below.  Each round of its loop, under the queue lock:  *)
+(* a closed queue raises; store.health() is read (it may fail: the put     *)
+(* raises); the hysteresis is applied (Pause / Resume); then the producer  *)
+(* enqueues if the queue is flowing below the high watermark -- or, THE   *)
+(* FIX, if the queue holds nothing at all (nothing pending or leased:      *)
+(* then nothing the queue does can lower residency, so waiting could last *)
+(* for ever).  Otherwise it waits for an ack/scrub or its poll interval;   *)
+(* abort_when() may end the wait.  Whenever its put raises or aborts, the  *)
+(* producer discards the sample (evicts it from the store) and goes on     *)
+(* with a new one: it does not retry the same id.                          *)
+(***************************************************************************)
 
-(* SampleRefQueue._reap_due (every call) / reclaim_expired / the reaper thread: the live lease of s *)
-(* passed its deadline and is reclaimed.  BugNoReaper: nothing ever does this.                     *)
-Reclaim(s) ==
-    /\ ~BugNoReaper
-    /\ status[s] = "leased"
-    /\ CanFire("Reclaim", s, deliveries[s])
-    /\ Redeliver(s, Fired("Reclaim", s, deliveries[s]))
-    /\ UNCHANGED <<held, handles, bp, lifecycle>>
+(* The producer's decision after the hysteresis: may it enqueue now? *)
+MayEnqueue ==
+    \/ bp = "flowing" /\ residentBytes < HighWatermark
+    \/ ~BugProducerBytesCounted /\ QueueEmpty
 
-(* SampleRefQueue.close: refuse further puts; acquire keeps draining. *)
-Close ==
+(* An id a producer may store: a fresh one, or a settled one the queue has forgotten (evicted from *)
+(* the dedup window, its bytes gone).  Model bound: no consumer still holds a lease or handle of   *)
+(* the old incarnation (the code's lease ids are unique; the model's <<s, attempt>> names are not). *)
+Storable(s) ==
+    \/ status[s] = "absent"
+    \/ /\ status[s] \in Terminal /\ ~KnownSettled(s) /\ s \notin resident
+       /\ \A c \in Consumers : s \notin handles[c] /\ \A k \in Attempts : <<s, k>> \notin held[c]
+
+(* FeatureStore.put, then the producer enters put_blocks_until_below.  (A store after close is the *)
+(* same as a store just before it, whose put then raises: ClosedRaise.)                             *)
+ProducerStore(p, s) ==
+    /\ pc[p] = "idle" /\ lifecycle = "open"
+    /\ Storable(s)
+    /\ status' = [status EXCEPT ![s] = "stored"]
+    /\ deliveries' = [deliveries EXCEPT ![s] = 0]
+    /\ lease' = [lease EXCEPT ![s] = [k \in Attempts |-> NoLease]]
+    /\ resident' = resident \cup {s}
+    /\ residentBytes' = residentBytes + SampleSize(s)
+    /\ pc' = [pc EXCEPT ![p] = "waiting"]
+    /\ owns' = [owns EXCEPT ![p] = s]
+    /\ UNCHANGED <<queue, held, handles, hcount, retained, bp, lifecycle, faultVars>>
+
+Waiting(p) == pc[p] = "waiting" /\ lifecycle = "open"
+
+(* The hysteresis step of a waiting producer's round (store.health() succeeded). *)
+PauseP(p) == Waiting(p) /\ Pause
+ResumeP(p) == Waiting(p) /\ Resume
+
+(* The round ends in the enqueue: retain succeeds, the sample is pending. *)
+Enqueue(p) ==
+    /\ Waiting(p)
+    /\ MayEnqueue
+    /\ PutCore(owns[p])
+    /\ pc' = [pc EXCEPT ![p] = "idle"]
+    /\ owns' = [owns EXCEPT ![p] = NoSample]
+
+(* ... or store.retain fails: the put is refused and raises; queue and store are unchanged. *)
+RetainFails(p) ==
+    /\ Waiting(p)
+    /\ MayEnqueue
+    /\ Fault
+    /\ pc' = [pc EXCEPT ![p] = "aborted"]
+    /\ UNCHANGED <<status, queue, deliveries, lease, held, handles, storeVars, bp, lifecycle, window, backlog, owns>>
+
+(* store.health() fails: the put raises (the producer treats it as an abort and discards). *)
+HealthFails(p) ==
+    /\ Waiting(p)
+    /\ Fault
+    /\ pc' = [pc EXCEPT ![p] = "aborted"]
+    /\ UNCHANGED <<status, queue, deliveries, lease, held, handles, storeVars, bp, lifecycle, window, backlog, owns>>
+
+(* abort_when() returned True: the put raises. *)
+Abort(p) ==
+    /\ pc[p] = "waiting"
+    /\ pc' = [pc EXCEPT ![p] = "aborted"]
+    /\ UNCHANGED <<status, queue, deliveries, lease, held, handles, storeVars, bp, lifecycle, faultVars, owns>>
+
+(***************************************************************************)
+(* close() wakes every waiting producer and its put raises.  A put whose    *)
+(* retain succeeded before the close was seen (the Redis backend retains   *)
+(* outside its lock) is refused after it: the queue calls store.unretain.  *)
+(* If that fails (`fault`) the sample stays retained but not queued; the   *)
+(* queue keeps it in the backlog and RetryScrub retries the unretain.      *)
+(***************************************************************************)
+ClosedRaise(p, fault) ==
+    /\ pc[p] = "waiting" /\ lifecycle # "open"
+    /\ pc' = [pc EXCEPT ![p] = "aborted"]
+    /\ IF fault
+       THEN /\ Fault
+            /\ retained' = retained \cup {owns[p]}
+            /\ backlog' = backlog \cup {owns[p]}
+       ELSE UNCHANGED <<retained, backlog, faults>>
+    /\ UNCHANGED <<status, queue, deliveries, lease, held, handles, resident, hcount, residentBytes, bp, lifecycle,
+                   window, owns>>
+
+(* The producer evicts the sample whose put raised or aborted.  A sample still retained (its *)
+(* unretain is in the backlog) keeps its bytes until the retry unretains it.                  *)
+Discard(p) ==
+    LET s == owns[p] IN
+    /\ pc[p] = "aborted"
+    /\ status' = [status EXCEPT ![s] = "discarded"]
+    /\ IF s \in retained THEN UNCHANGED storeVars ELSE Free(s)
+    /\ pc' = [pc EXCEPT ![p] = "idle"]
+    /\ owns' = [owns EXCEPT ![p] = NoSample]
+    /\ UNCHANGED <<queue, deliveries, lease, held, handles, bp, lifecycle, faultVars>>
+
+(* SampleRefQueue.put of an id the queue still knows is settled: refused by dedup (DedupRefused).  *)
+(* The queue accepts an id it does not know; in this spec that happens only through a bug (with    *)
+(* the fix, an unknown settled id has no bytes left, and a producer stores it anew: ProducerStore). *)
+Reput(s) ==
+    /\ status[s] \in Terminal
     /\ lifecycle = "open"
-    /\ lifecycle' = "draining"
-    /\ UNCHANGED <<status, queue, deliveries, lease, held, handles, hcount, resident, retained, residentBytes, bp>>
+    /\ IF KnownSettled(s) /\ ~BugNoDedup
+       THEN UNCHANGED vars
+       ELSE /\ BugNoDedup \/ s \in resident
+            /\ status' = [status EXCEPT ![s] = "pending"]
+            /\ deliveries' = [deliveries EXCEPT ![s] = 0]
+            /\ lease' = [lease EXCEPT ![s] = [k \in Attempts |-> IF k = 0 THEN "pending" ELSE NoLease]]
+            /\ queue' = Append(queue, s)
+            /\ resident' = resident \cup {s}
+            /\ retained' = retained \cup {s}
+            /\ residentBytes' = residentBytes + (IF s \in resident THEN 0 ELSE SampleSize(s))
+            /\ UNCHANGED <<held, handles, hcount, bp, lifecycle, faultVars, envVars>>
 
-(* SampleRefQueue._maybe_drained: a closed queue holding nothing pending or leased is drained. *)
-Drain ==
-    /\ lifecycle = "draining"
-    /\ \A s \in Samples : status[s] \notin HeldByQueue
-    /\ lifecycle' = "drained"
-    /\ UNCHANGED <<status, queue, deliveries, lease, held, handles, hcount, resident, retained, residentBytes, bp>>
+-----------------------------------------------------------------------------
+(* Steps of Next: the queue's settling actions end with _maybe_drained, as the code does. *)
 
-Settle(c) == \E t \in held[c] : Ack(c, t) \/ Fail(c, t)
+AckStep(c, t, fault) == AckCore(c, t, fault) /\ DrainIfIdle /\ UNCHANGED envVars
+FailStep(c, t, fault) == FailCore(c, t, fault) /\ DrainIfIdle /\ UNCHANGED envVars
+ReclaimStep(s, fault) == ReclaimCore(s, fault) /\ DrainIfIdle /\ UNCHANGED envVars
+
+(* SampleRefQueue.close: refuse further puts, wake blocked producers; drained at once if it holds nothing. *)
+CloseStep ==
+    /\ lifecycle = "open"
+    /\ lifecycle' = IF QueueEmpty THEN "drained" ELSE "draining"
+    /\ UNCHANGED <<status, queue, deliveries, lease, held, handles, storeVars, bp, faultVars, envVars>>
+
+(* The end of a run: drained, every producer finished, the scrub backlog worked off. *)
+Finished == lifecycle = "drained" /\ backlog = {} /\ \A p \in Producers : pc[p] = "idle"
+Done == Finished /\ UNCHANGED vars
+
+Settle(c) == \E t \in held[c], f \in BOOLEAN : AckStep(c, t, f) \/ FailStep(c, t, f)
 
 Next ==
-    \/ \E s \in Samples : StorePut(s) \/ Put(s) \/ Reput(s) \/ Reclaim(s)
-    \/ \E c \in Consumers : Acquire(c) \/ Crash(c) \/ \E t \in held[c] : Ack(c, t) \/ Fail(c, t) \/ Extend(c, t)
+    \/ \E p \in Producers :
+          \/ \E s \in Samples : ProducerStore(p, s)
+          \/ PauseP(p) \/ ResumeP(p) \/ Enqueue(p) \/ RetainFails(p) \/ HealthFails(p) \/ Abort(p)
+          \/ \E f \in BOOLEAN : ClosedRaise(p, f)
+          \/ Discard(p)
+    \/ \E s \in Samples : Reput(s) \/ \E f \in BOOLEAN : ReclaimStep(s, f) \/ RetryScrub(s, f)
+    \/ \E c \in Consumers : Acquire(c) \/ Crash(c) \/ \E t \in held[c] : Extend(c, t)
+    \/ \E c \in Consumers : Settle(c)
     \/ \E c \in Consumers, s \in Samples : Get(c, s) \/ Release(c, s)
-    \/ Pause \/ Resume \/ Close \/ Drain
+    \/ CloseStep
+    \/ Done
 
 Spec == Init /\ [][Next]_vars
 
-(* Fairness for invariant 10: consumers eventually ack or fail what they hold (or have crashed),  *)
-(* idle consumers eventually acquire, time passes and the reaper runs, a closed queue drains.      *)
+(***************************************************************************)
+(* Fairness (the assumptions the liveness properties rest on):             *)
+(* - consumers: an idle consumer eventually acquires (WF), and a consumer  *)
+(*   eventually acks or fails what it holds -- or has crashed (WF Settle); *)
+(* - time passes and the reaper runs: a live lease is eventually reclaimed *)
+(*   unless settled first (WF Reclaim);                                    *)
+(* - a waiting producer keeps polling: it applies the hysteresis (WF Pause *)
+(*   and Resume), and it takes the enqueue if the enqueue is enabled again *)
+(*   and again (STRONG fairness: the enqueue is only intermittently        *)
+(*   enabled -- the queue empties and refills, the state flips);           *)
+(* - close() wakes waiting producers (WF ClosedRaise), a producer whose    *)
+(*   put raised discards its sample (WF Discard);                          *)
+(* - the scrub backlog is retried and, once faults have cleared (at most   *)
+(*   MaxFaults of them), the retry succeeds (WF on the successful retry).  *)
+(* No fairness: storing samples, abort_when, store faults, close itself.   *)
+(***************************************************************************)
 FairSpec ==
     /\ Spec
     /\ \A c \in Consumers : WF_vars(Acquire(c)) /\ WF_vars(Settle(c))
-    /\ \A s \in Samples : WF_vars(Reclaim(s))
-    /\ WF_vars(Drain)
+    /\ \A s \in Samples : WF_vars(\E f \in BOOLEAN : ReclaimStep(s, f)) /\ WF_vars(RetryScrub(s, FALSE))
+    /\ \A p \in Producers : /\ SF_vars(Enqueue(p))
+                            /\ WF_vars(PauseP(p)) /\ WF_vars(ResumeP(p))
+                            /\ WF_vars(\E f \in BOOLEAN : ClosedRaise(p, f)) /\ WF_vars(Discard(p))
+
+-----------------------------------------------------------------------------
+(* Single-step queue actions without producers or faults, for trace validation             *)
+(* (featurestream.spec.trace matches each recorded event against one of these; the queue  *)
+(* records Drain as an event of its own).                                                   *)
+StorePut(s) ==
+    /\ status[s] = "absent"
+    /\ status' = [status EXCEPT ![s] = "stored"]
+    /\ resident' = resident \cup {s}
+    /\ residentBytes' = residentBytes + SampleSize(s)
+    /\ UNCHANGED <<queue, deliveries, lease, held, handles, hcount, retained, bp, lifecycle, faultVars, envVars>>
+Put(s) == PutCore(s) /\ UNCHANGED envVars
+Ack(c, t) == AckCore(c, t, FALSE) /\ UNCHANGED <<lifecycle, envVars>>
+Fail(c, t) == FailCore(c, t, FALSE) /\ UNCHANGED <<lifecycle, envVars>>
+Reclaim(s) == ReclaimCore(s, FALSE) /\ UNCHANGED <<lifecycle, envVars>>
+Close ==
+    /\ lifecycle = "open"
+    /\ lifecycle' = "draining"
+    /\ UNCHANGED <<status, queue, deliveries, lease, held, handles, storeVars, bp, faultVars, envVars>>
+Drain ==
+    /\ lifecycle = "draining" /\ QueueEmpty
+    /\ lifecycle' = "drained"
+    /\ UNCHANGED <<status, queue, deliveries, lease, held, handles, storeVars, bp, faultVars, envVars>>
 
 -----------------------------------------------------------------------------
 (* The invariants of DESIGN.md, by number. *)
@@ -300,27 +553,39 @@ OneLiveLease == \A s \in Samples :
     /\ (status[s] = "pending") <=> /\ Cardinality({i \in 1..Len(queue) : queue[i] = s}) = 1
                                   /\ Cardinality({k \in Attempts : lease[s][k] = "pending"}) = 1
 
-(* 2. Exactly-once: an acked sample stays acked -- never delivered or acked again, whatever re-puts. *)
-ExactlyOnce == [][\A s \in Samples : status[s] = "acked" => status'[s] = "acked"]_vars
+(* 2. Exactly-once: an acked sample stays acked -- never delivered or acked again, whatever re-puts and *)
+(* store faults -- until its id has left the dedup window and its bytes the store; a producer may then *)
+(* store the id anew (the window's documented limit).                                                  *)
+ExactlyOnce == [][\A s \in Samples :
+    status[s] = "acked" => status'[s] = "acked" \/ (~KnownSettled(s) /\ status'[s] = "stored")]_vars
 
-(* 3. Stale-ack rejection: terminal lease states never change ... *)
+(* 12. Settled for good: the same for dead letters, whatever the store does after the settlement ... *)
+SettledForGood == [][\A s \in Samples : status[s] \in Terminal =>
+    status'[s] = status[s] \/ (~KnownSettled(s) /\ status'[s] = "stored")]_vars
+
+(* ... and a settled id stays known to the queue (dedup window or backlog) while its bytes are in the store. *)
+SettledKnown == \A s \in Samples : status[s] \in Terminal /\ s \in resident => KnownSettled(s)
+
+(* 3. Stale-ack rejection: terminal lease states never change (a new incarnation of a forgotten id *)
+(* starts a fresh lease history) ...                                                                *)
 StaleAckRejection == [][\A s \in Samples, k \in Attempts :
-    lease[s][k] \in LeaseStates \ {"pending", "leased"} => lease'[s][k] = lease[s][k]]_vars
+    lease[s][k] \in LeaseStates \ {"pending", "leased"} /\ status'[s] # "stored" => lease'[s][k] = lease[s][k]]_vars
 
 (* ... and every lease-state change is an edge of the lease machine. *)
 LeaseStepsFollowMachine == [][\A s \in Samples, k \in Attempts :
-    (lease[s][k] # NoLease /\ lease'[s][k] # lease[s][k]) =>
+    (lease[s][k] # NoLease /\ lease'[s][k] # lease[s][k] /\ status'[s] # "stored") =>
         \E t \in LeaseTransitions : t[2] = lease[s][k] /\ t[3] = lease'[s][k]]_vars
 
 (* 4. No loss: a pending or leased sample is resident, whatever stale consumers release or crash. *)
 NoLoss == \A s \in Samples : status[s] \in HeldByQueue => s \in resident
 
-(* 5. No leak: a settled sample's bytes have left the store, even with a crashed consumer's handle out. *)
-NoLeak == \A s \in Samples : status[s] \in Terminal => s \notin resident
+(* 5. No leak: a settled or discarded sample's bytes have left the store, even with a crashed *)
+(* consumer's handle out -- unless its scrub (unretain) failed and is in the retry backlog.    *)
+NoLeak == \A s \in Samples : status[s] \in Terminal \cup {"discarded"} /\ s \notin backlog => s \notin resident
 
 (* 6. Residency is exact and non-negative. *)
 ResidencyExact ==
-    /\ residentBytes = Cardinality(resident) * SampleBytes
+    /\ residentBytes = Bytes(resident)
     /\ residentBytes >= 0
     /\ \A s \in Samples : hcount[s] >= 0
 
@@ -331,14 +596,44 @@ BoundedDelivery == \A s \in Samples : deliveries[s] < MaxDeliveries
 Hysteresis == [][/\ (bp = "flowing" /\ bp' = "paused") => residentBytes >= HighWatermark
                  /\ (bp = "paused" /\ bp' = "flowing") => residentBytes <= LowWatermark]_vars
 
+(***************************************************************************)
+(* 8/11. The residency bound the backpressure rule guarantees.  A sample   *)
+(* is enqueued either while flowing below the high watermark -- its bytes  *)
+(* are already resident, so afterwards the queue holds < HighWatermark     *)
+(* bytes -- or into an empty queue, which then holds that one sample.      *)
+(* Nothing else adds bytes to the queue, so at all times                   *)
+(*   QueuedBytes <= QueueBound = Max(HighWatermark - 1, MaxSampleSize)     *)
+(* and the store holds no more than that plus what producers hold unqueued *)
+(* (stored, not yet enqueued or discarded: at most one sample each) plus   *)
+(* the scrub backlog (settled or refused, store call being retried).       *)
+(***************************************************************************)
+QueueBound == Max(HighWatermark - 1, MaxSampleSize)
+QueuedBytes == Bytes({s \in Samples : status[s] \in HeldByQueue})
+ProducerBytes == Bytes({s \in Samples : status[s] = "stored"})
+ResidencyBound ==
+    /\ QueuedBytes <= QueueBound
+    /\ residentBytes <= QueueBound + ProducerBytes + Bytes(backlog)
+    /\ Cardinality({s \in Samples : status[s] = "stored"}) <= Cardinality(Producers)
+    /\ \A p \in Producers : (pc[p] = "idle") <=> (owns[p] = NoSample)
+    /\ \A p \in Producers : pc[p] # "idle" => status[owns[p]] = "stored"
+
 (* 9. Close/drain: drained only when nothing is pending or leased ... *)
-CloseDrain == lifecycle = "drained" => \A s \in Samples : status[s] \notin HeldByQueue
+CloseDrain == lifecycle = "drained" => QueueEmpty
 
 (* ... after close no put is accepted, and drained is final. *)
 ClosedRefusesPuts == [][/\ lifecycle # "open" =>
-                            \A s \in Samples : status[s] \in {"absent", "stored"} => status'[s] \in {"absent", "stored"}
+                            \A s \in Samples : status[s] \notin HeldByQueue => status'[s] \notin HeldByQueue
                         /\ lifecycle = "drained" => lifecycle' = "drained"]_vars
 
 (* 10. Liveness: every enqueued sample is eventually acked or dead-lettered. *)
 EventuallySettled == \A s \in Samples : status[s] \in HeldByQueue ~> status[s] \in Terminal
+
+(* 11. Producer progress: a put blocked by backpressure eventually enqueues or raises (abort, close, *)
+(* a failed store call) -- for any number of producers, whatever they hold unqueued.                *)
+ProducerProgress == \A p \in Producers : pc[p] = "waiting" ~> pc[p] # "waiting"
+
+(* 9/13. A closed queue eventually drains, and once faults have cleared the run finishes: every *)
+(* producer done, the backlog worked off, nothing resident.                                      *)
+EventuallyDrained == lifecycle = "draining" ~> lifecycle = "drained"
+DrainAfterFaults == lifecycle # "open" ~> (Finished /\ resident = {})
 =============================================================================

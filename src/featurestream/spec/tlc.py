@@ -21,6 +21,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 __all__ = [
+    "Simulation",
     "TLCResult",
     "ToolMissing",
     "find_jar",
@@ -64,6 +65,28 @@ class TLCResult:
             f"TLC: {verdict}; {self.distinct_states} distinct states, {self.states_generated} generated, "
             f"depth {self.depth}, {self.seconds:.1f} s"
         )
+
+
+@dataclasses.dataclass(frozen=True)
+class Simulation:
+    """TLC's ``-simulate`` mode: ``traces`` random behaviours of up to ``depth`` steps, ``seconds`` at most.
+
+    TLC 2.15 bounds a simulation by trace count (``-simulate num=N``) and
+    depth only; ``seconds`` is a wall-time bound the runner adds (it stops TLC
+    there; without a verdict line, a stopped run is clean when TLC printed no
+    error). ``seed`` makes the run reproducible (``-seed``); ``traces=None``
+    simulates until the time bound.
+    """
+
+    depth: int = 100
+    seconds: float = 60.0
+    seed: int | None = None
+    traces: int | None = 4000
+
+    def arguments(self) -> list[str]:
+        simulate = ["-simulate"] if self.traces is None else ["-simulate", f"num={self.traces}"]
+        seed = [] if self.seed is None else ["-seed", str(self.seed)]
+        return [*simulate, "-depth", str(self.depth), *seed]
 
 
 def find_java() -> str:
@@ -116,6 +139,8 @@ def spec_dir() -> Path:
 _STATES = re.compile(r"([\d,]+) states generated, ([\d,]+) distinct states found, [\d,]+ states left on queue")
 _DEPTH = re.compile(r"The depth of the complete state graph search is (\d+)")
 _VIOLATION = re.compile(r"Error: (?:Invariant|Action property) (\w+) is violated")
+_SIMULATED = re.compile(r"Progress: ([\d,]+) states checked")
+_ERROR_LINE = re.compile(r"^Error:", re.M)
 _PROPERTY_BLOCK = re.compile(r"^\s*PROPERT(?:Y|IES)\b(.*?)(?=^\s*[A-Z_]{4,}\b|\Z)", re.M | re.S)
 
 
@@ -126,11 +151,21 @@ def _config_properties(config_text: str) -> list[str]:
     return names
 
 
-def parse_output(output: str, returncode: int, seconds: float, config_text: str = "") -> TLCResult:
-    """Turn TLC's console output into a ``TLCResult``."""
+def parse_output(
+    output: str, returncode: int, seconds: float, config_text: str = "", *, simulated: bool = False
+) -> TLCResult:
+    """Turn TLC's console output into a ``TLCResult``.
+
+    A simulation (``simulated``) has no "No error has been found" line when it
+    is stopped at its time bound: it is ``ok`` when it printed no error and
+    its return code is 0; ``states_generated`` is then the states it checked.
+    """
     found = _STATES.findall(output)
     generated = int(found[-1][0].replace(",", "")) if found else None
     distinct = int(found[-1][1].replace(",", "")) if found else None
+    if simulated and generated is None:
+        checked = _SIMULATED.findall(output)
+        generated = int(checked[-1].replace(",", "")) if checked else None
     depth_match = _DEPTH.search(output)
     errors = [line.strip() for line in output.splitlines() if line.startswith("Error:")]
     violated = None
@@ -142,7 +177,10 @@ def parse_output(output: str, returncode: int, seconds: float, config_text: str 
         violated = properties[0] if len(properties) == 1 else "<temporal>"
     elif "Deadlock reached" in output:
         violated = "<deadlock>"
-    ok = returncode == 0 and "No error has been found" in output and not errors
+    finished = "No error has been found" in output or (
+        simulated and ("Finished in" in output or "[featurestream] simulation stopped" in output)
+    )
+    ok = returncode == 0 and finished and not errors
     return TLCResult(
         ok=ok,
         distinct_states=distinct,
@@ -164,12 +202,19 @@ def run_tlc(
     workers: int = 2,
     timeout: float | None = None,
     extra_args: Sequence[str] = (),
+    check_deadlock: bool | None = None,
+    simulate: Simulation | None = None,
 ) -> TLCResult:
     """Model-check ``main_module`` under ``config`` with TLC in a scratch directory.
 
     ``LeaseQueue.tla`` is always copied in; ``modules`` adds more (e.g. a
-    generated trace module, which is then ``main_module``). Deadlock checking is
-    off: a finished run legitimately has nothing left to do. Raises
+    generated trace module, which is then ``main_module``). Deadlock checking
+    is ON for ``LeaseQueue.tla`` -- TLC's default, as a reviewer runs it: the
+    spec's only state with nothing left to do is the end of a run, where its
+    ``Done`` step is enabled. ``check_deadlock=None`` turns it off for any
+    other main module (a generated trace module stops when its trace ends);
+    pass ``True``/``False`` to choose. ``simulate`` runs TLC's random
+    simulation instead of the exhaustive search (see ``Simulation``). Raises
     ``ToolMissing`` when Java, the jar or the spec cannot be found, and
     ``subprocess.TimeoutExpired`` past ``timeout`` seconds.
     """
@@ -184,6 +229,8 @@ def run_tlc(
         for module in (spec / MODULE, *map(Path, modules)):
             shutil.copy(module, work / module.name)
         shutil.copy(config, work / "model.cfg")
+        if check_deadlock is None:
+            check_deadlock = main_module == MODULE
         command = [
             java,
             "-XX:+UseParallelGC",
@@ -193,7 +240,8 @@ def run_tlc(
             "tlc2.TLC",
             "-workers",
             str(workers),
-            "-deadlock",
+            *([] if check_deadlock else ["-deadlock"]),
+            *(simulate.arguments() if simulate is not None else []),
             "-cleanup",
             "-metadir",
             str(work / "states"),
@@ -203,6 +251,37 @@ def run_tlc(
             main_module,
         ]
         started = time.perf_counter()
-        completed = subprocess.run(command, cwd=work, capture_output=True, text=True, timeout=timeout, check=False)
+        if simulate is None:
+            completed = subprocess.run(command, cwd=work, capture_output=True, text=True, timeout=timeout, check=False)
+            output, returncode = completed.stdout + completed.stderr, completed.returncode
+        else:
+            output, returncode = _run_bounded(command, work, simulate.seconds, timeout)
         seconds = time.perf_counter() - started
-    return parse_output(completed.stdout + completed.stderr, completed.returncode, seconds, config.read_text())
+    return parse_output(output, returncode, seconds, config.read_text(), simulated=simulate is not None)
+
+
+def _run_bounded(command: list[str], cwd: Path, seconds: float, timeout: float | None) -> tuple[str, int]:
+    """Run TLC for at most ``seconds`` of wall time, then stop it (SIGINT: TLC prints its totals).
+
+    TLC 2.15 has no wall-time bound for ``-simulate``; a run stopped at the
+    bound that found no error counts as clean (return code 0 here).
+    """
+    with tempfile.TemporaryFile("w+") as sink:
+        process = subprocess.Popen(command, cwd=cwd, stdout=sink, stderr=subprocess.STDOUT, text=True)
+        stopped = False
+        try:
+            process.wait(timeout=seconds)
+        except subprocess.TimeoutExpired:
+            stopped = True
+            process.terminate()
+            try:
+                process.wait(timeout=30 if timeout is None else max(1.0, timeout - seconds))
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        sink.seek(0)
+        output = sink.read()
+    if stopped:
+        output += f"\n[featurestream] simulation stopped at its {seconds:g} s wall-time bound\n"
+        return output, 0 if not _ERROR_LINE.search(output) else 1
+    return output, process.returncode
