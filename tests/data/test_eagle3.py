@@ -29,11 +29,12 @@ def test_valid_feature_sets(names: list[str]) -> None:
 @pytest.mark.parametrize(
     ("names", "match"),
     [
-        (CORE, "exactly one"),
-        ([*CORE, "logits", "target_probs", "position_mask"], "exactly one"),
-        ([*CORE, "target_probs"], "exactly one"),
-        ([*CORE, "logits", "position_ids"], "all-or-none"),
-        ([*CORE[1:], "logits"], "missing core"),
+        (CORE, "no supervision encoding"),
+        ([*CORE, "logits", "target_probs", "position_mask"], "both 'logits' and draft-vocab features"),
+        ([*CORE, "target_probs"], "partial draft-vocab encoding"),
+        ([*CORE, "logits", "position_mask"], "partial draft-vocab encoding"),
+        ([*CORE, "logits", "position_ids"], "position_ids, seq_lens, and doc_remaining together"),
+        ([*CORE[1:], "logits"], "missing required core features"),
         ([*CORE, "logits", "extra"], "no features"),
     ],
 )
@@ -45,12 +46,12 @@ def test_invalid_feature_sets(names: list[str], match: str) -> None:
 def test_validate_ref_checks_algorithm_version_and_names() -> None:
     store = LocalFeatureStore()
     validate_ref(store.put("ok", eagle3_sample(0)))
-    with pytest.raises(ValueError, match=r"schema version 2"):
+    with pytest.raises(ValueError, match=r"'v2': eagle3 schema_version must be 1, got 2"):
         validate_ref(store.put("v2", eagle3_sample(0), schema_version=2))
-    with pytest.raises(ValueError, match=r"'nologits'.*exactly one"):
+    with pytest.raises(ValueError, match=r"'nologits'.*no supervision encoding"):
         validate_ref(store.put("nologits", {n: t for n, t in eagle3_sample(0).items() if n != "logits"}))
     dflash = {"hidden_states": torch.zeros(1), **{n: torch.zeros(1) for n in CORE[1:]}}
-    with pytest.raises(ValueError, match=r"dflash, not eagle3"):
+    with pytest.raises(ValueError, match=r"must be FeatureAlgorithm.EAGLE3 \(got <FeatureAlgorithm.DFLASH"):
         validate_ref(store.put("d", dflash, algorithm=FeatureAlgorithm.DFLASH))
 
 
@@ -61,7 +62,7 @@ def test_batch_reads_by_attribute_and_by_name_in_schema_order() -> None:
     assert list(batch) == [*CORE, "logits"] and "logits" in batch and "target_probs" not in batch
     with pytest.raises(KeyError):
         batch["target_probs"]
-    with pytest.raises(ValueError, match=r"exactly one"):
+    with pytest.raises(ValueError, match=r"no supervision encoding"):
         Eagle3TargetBatch(**{n: tensors[n] for n in CORE})
     with pytest.raises(TypeError, match=r"must be a torch.Tensor"):
         feature_tensors({**tensors, "logits": [1.0]})

@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 
 import torch
 
-__all__ = ["FeatureAlgorithm", "FeatureSpec", "SampleRef", "assert_no_tensors"]
+__all__ = ["REQUIRED_FEATURES", "FeatureAlgorithm", "FeatureSpec", "SampleRef", "assert_no_tensors"]
 
 
 class FeatureAlgorithm(str, enum.Enum):
@@ -21,13 +21,14 @@ class FeatureAlgorithm(str, enum.Enum):
     DSPARK = "dspark"
 
 
-REQUIRED_FEATURES: Mapping[FeatureAlgorithm, frozenset[str]] = MappingProxyType(
+# The one definition of each algorithm's core (required) features, in the order batches list them. It lives in
+# the control plane because every ``SampleRef`` is checked against it; the algorithm schemas in
+# ``featurestream.pipeline`` (``EAGLE3_CORE_FEATURES`` ...) take their core sets from here.
+REQUIRED_FEATURES: Mapping[FeatureAlgorithm, tuple[str, ...]] = MappingProxyType(
     {
-        FeatureAlgorithm.EAGLE3: frozenset({"aux_hidden_states", "input_ids", "attention_mask", "loss_mask"}),
-        FeatureAlgorithm.DFLASH: frozenset({"hidden_states", "input_ids", "attention_mask", "loss_mask"}),
-        FeatureAlgorithm.DSPARK: frozenset(
-            {"target_hidden_states", "target_last_hidden_states", "input_ids", "loss_mask"}
-        ),
+        FeatureAlgorithm.EAGLE3: ("aux_hidden_states", "input_ids", "attention_mask", "loss_mask"),
+        FeatureAlgorithm.DFLASH: ("hidden_states", "input_ids", "attention_mask", "loss_mask"),
+        FeatureAlgorithm.DSPARK: ("target_hidden_states", "target_last_hidden_states", "input_ids", "loss_mask"),
     }
 )
 
@@ -52,7 +53,10 @@ def assert_no_tensors(obj: object, *, path: str = "ref") -> None:
     if isinstance(obj, _PRIMITIVES) or isinstance(obj, enum.Enum):
         return
     if _is_tensor_like(obj):
-        raise ValueError(f"{path} holds a tensor-like {type(obj).__name__}; refs must be tensor-free")
+        raise ValueError(
+            f"{path} holds a {type(obj).__name__}: a tensor-like object is not allowed in the control plane "
+            "(refs must be tensor-free; tensors belong in the FeatureStore)"
+        )
     if isinstance(obj, torch.dtype):
         return
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
@@ -62,7 +66,7 @@ def assert_no_tensors(obj: object, *, path: str = "ref") -> None:
     if isinstance(obj, Mapping):
         for key, value in obj.items():
             if not isinstance(key, str):
-                raise ValueError(f"{path} has a non-str key {key!r}; mapping keys must be str")
+                raise ValueError(f"{path} has a non-str key {key!r}: control-plane dicts must be str-keyed")
             assert_no_tensors(value, path=f"{path}[{key!r}]")
         return
     if isinstance(obj, (list, tuple)):
@@ -78,10 +82,15 @@ class FeatureSpec:
     dtype: torch.dtype
 
     def __post_init__(self) -> None:
-        shape = tuple(self.shape)
+        try:
+            shape = tuple(self.shape)
+        except TypeError:
+            raise ValueError(f"FeatureSpec shape must be a tuple of non-negative ints, got {self.shape!r}") from None
         for dim in shape:
             if isinstance(dim, bool) or not isinstance(dim, int) or dim < 0:
-                raise ValueError(f"FeatureSpec shape {shape!r} has invalid dimension {dim!r}")
+                raise ValueError(
+                    f"FeatureSpec shape must be a tuple of non-negative ints, got {shape!r} (invalid dimension {dim!r})"
+                )
         if not isinstance(self.dtype, torch.dtype):
             raise ValueError(f"FeatureSpec dtype must be a torch.dtype, got {self.dtype!r}")
         object.__setattr__(self, "shape", shape)
@@ -107,7 +116,7 @@ def _str_mapping(value: object, name: str, kind: type[_V]) -> dict[str, _V]:
     out = dict(value)
     for key, item in out.items():
         if not isinstance(key, str):
-            raise ValueError(f"SampleRef.{name} has a non-str key {key!r}")
+            raise ValueError(f"SampleRef.{name} has a non-str key {key!r}: control-plane dicts must be str-keyed")
         if not isinstance(item, kind):
             _refuse_tensor(item, f"ref.{name}[{key!r}]")
             raise ValueError(f"SampleRef.{name}[{key!r}] must be a {kind.__name__}, got {item!r}")
@@ -161,11 +170,12 @@ class SampleRef:
         specs = _str_mapping(self.feature_specs, "feature_specs", FeatureSpec)
         if set(keys) != set(specs):
             raise ValueError(
-                f"SampleRef feature_keys {sorted(keys)} and feature_specs {sorted(specs)} name different features"
+                f"SampleRef feature_keys {sorted(keys)} and feature_specs {sorted(specs)} must name the same "
+                "feature set"
             )
-        missing = REQUIRED_FEATURES[algorithm] - set(keys)
+        missing = [name for name in REQUIRED_FEATURES[algorithm] if name not in keys]
         if missing:
-            raise ValueError(f"SampleRef for {algorithm.value} is missing required features {sorted(missing)}")
+            raise ValueError(f"SampleRef for {algorithm.value} is missing required core features {missing}")
         _require_count("schema_version", self.schema_version)
         _require_count("num_tokens", self.num_tokens)
         _require_count("estimated_bytes", self.estimated_bytes)
@@ -176,9 +186,9 @@ class SampleRef:
     def __hash__(self) -> int:
         return hash((self.sample_id, self.run_id, self.store_uri))
 
-    def feature_names(self) -> list[str]:
-        """Feature names in insertion order (the order batches are built in)."""
-        return list(self.feature_keys)
+    def feature_names(self) -> tuple[str, ...]:
+        """Feature names in insertion order of ``feature_keys`` (the order batches are built in)."""
+        return tuple(self.feature_keys)
 
     def __reduce__(self) -> tuple[Any, ...]:
         # MappingProxyType cannot be pickled; rebuild from plain dicts.
