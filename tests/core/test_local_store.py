@@ -18,7 +18,7 @@ def test_put_describes_a_contiguous_detached_copy() -> None:
     assert ref.estimated_bytes == sum(t.numel() * t.element_size() for t in tensors.values())
     tensors["input_ids"].fill_(-1)
     got, _ = store.get(ref)
-    assert list(got) == ref.feature_names()
+    assert tuple(got) == ref.feature_names()
     assert (got["input_ids"] >= 0).all(), "the store must hold its own copy"
     got["input_ids"].fill_(-7)
     again, _ = store.get(ref)
@@ -32,10 +32,11 @@ def test_store_uris_are_unique() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
-        ({"max_samples": None, "max_bytes": None}, "both be None"),
-        ({"max_samples": 0}, "max_samples"),
-        ({"max_bytes": -1}, "max_bytes"),
-        ({"high_watermark_bytes": 10, "low_watermark_bytes": 10}, "below"),
+        ({"max_samples": None, "max_bytes": None}, "at least one of max_samples / max_bytes"),
+        ({"max_samples": 0}, "max_samples must be a positive int or None, got 0"),
+        ({"max_bytes": -1}, "max_bytes must be a positive int or None, got -1"),
+        ({"high_watermark_bytes": 10, "low_watermark_bytes": 10}, r"\(10\) must be strictly less than .*\(10\)"),
+        ({"max_bytes": 100, "high_watermark_bytes": None, "low_watermark_bytes": 100}, "strictly less than"),
     ],
 )
 def test_config_errors(kwargs: dict[str, object], match: str) -> None:
@@ -55,13 +56,13 @@ def test_put_errors_store_nothing() -> None:
     with pytest.raises(ValueError, match="non-empty mapping"):
         store.put("s", {})
     put_sample(store, "s0")
-    with pytest.raises(ValueError, match="already"):
+    with pytest.raises(ValueError, match="'s0' is already present"):
         put_sample(store, "s0")
-    with pytest.raises(MemoryError, match="max_samples"):
+    with pytest.raises(MemoryError, match="sample-count cap max_samples=1"):
         put_sample(store, "s1")
     assert store.health().sample_count == 1
     small = LocalFeatureStore(max_bytes=64, high_watermark_bytes=64, low_watermark_bytes=0)
-    with pytest.raises(MemoryError, match="max_bytes"):
+    with pytest.raises(MemoryError, match="byte cap max_bytes=64"):
         put_sample(small, "big")
     assert small.health().resident_bytes == 0 and not small.is_resident("big")
 
@@ -70,7 +71,7 @@ def test_get_errors() -> None:
     store = LocalFeatureStore()
     other = LocalFeatureStore()
     ref = put_sample(store, "s0")
-    with pytest.raises(KeyError, match="lives in"):
+    with pytest.raises(KeyError, match="does not match this store's URI"):
         other.get(ref)
     _, handle = store.get(ref)
     store.release(handle)
@@ -104,11 +105,23 @@ def test_release_of_a_foreign_handle_is_refused() -> None:
     store, other = LocalFeatureStore(), LocalFeatureStore()
     ref = put_sample(store, "s0")
     _, handle = store.get(ref)
-    with pytest.raises(ValueError, match="another store"):
+    with pytest.raises(ValueError, match="minted by a different store"):
         other.release(handle)
     forged = StoreHandle(store, "s0", ref, 999_999)
     store.release(forged)
     assert store.is_resident("s0")
+
+
+def test_a_handle_built_without_an_id_gets_a_fresh_one_that_releases_nothing() -> None:
+    store = LocalFeatureStore()
+    ref = put_sample(store, "s0")
+    _, real = store.get(ref)
+    first, second = StoreHandle(store, "s0", ref), StoreHandle(store, "s0", ref)
+    assert len({first.handle_id, second.handle_id, real.handle_id}) == 3
+    store.release(first)
+    assert store.is_resident("s0"), "a handle the store never minted must not release the real one"
+    store.release(real)
+    assert not store.is_resident("s0")
 
 
 def test_health_watermarks() -> None:

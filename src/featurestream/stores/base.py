@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import itertools
 from collections.abc import Mapping
 from typing import Any
 
@@ -11,17 +12,29 @@ import torch
 
 from featurestream.core.refs import FeatureAlgorithm, SampleRef
 
-__all__ = ["FeatureStore", "StoreHandle", "StoreHealth"]
+__all__ = ["FeatureStore", "StoreHandle", "StoreHealth", "new_handle_id"]
+
+# ``next`` on an ``itertools.count`` is atomic in CPython, so ids are unique across threads without a lock.
+_handle_ids = itertools.count(1)
+
+
+def new_handle_id() -> int:
+    """A process-wide unique handle id (what ``StoreHandle`` gets when none is given)."""
+    return next(_handle_ids)
 
 
 @dataclasses.dataclass(frozen=True)
 class StoreHandle:
-    """Proof of one ``get``; hand it to ``FeatureStore.release`` when done."""
+    """Proof of one ``get``; hand it to ``FeatureStore.release`` when done.
+
+    ``handle_id`` defaults to a fresh process-wide unique id, so a store may
+    build ``StoreHandle(store, sample_id, ref)`` and let every ``get`` mint its own.
+    """
 
     store: Any
     sample_id: str
     ref: SampleRef
-    handle_id: int
+    handle_id: int = dataclasses.field(default_factory=new_handle_id)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,8 +72,17 @@ class FeatureStore(abc.ABC):
         target_model_version: str = "0",
         draft_weight_version: str = "0",
         num_tokens: int = 0,
+        take_ownership: bool = False,
     ) -> SampleRef:
-        """Store ``tensors`` under ``sample_id`` and return the ref describing them."""
+        """Store ``tensors`` under ``sample_id`` and return the ref describing them.
+
+        ``take_ownership=True`` hands the tensors over: the caller promises
+        never to touch them again, so the store may keep them instead of a
+        copy. A store may ignore it (it is only an allowance); the built-in
+        stores skip their defensive copy. ``FeatureProducer`` passes it only
+        to stores whose ``put`` declares it, so a store written against the
+        reference contract (without the keyword) keeps working.
+        """
 
     @abc.abstractmethod
     def get(

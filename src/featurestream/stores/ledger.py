@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import abc
-import itertools
 import threading
 from collections.abc import Mapping
 
 import torch
 
 from featurestream.core.refs import FeatureAlgorithm, FeatureSpec, SampleRef
-from featurestream.stores.base import FeatureStore, StoreHandle, StoreHealth
+from featurestream.stores.base import FeatureStore, StoreHandle, StoreHealth, new_handle_id
 
 DEFAULT_MAX_SAMPLES = 64
 DEFAULT_MAX_BYTES = 256 * 1024 * 1024
@@ -82,7 +81,9 @@ class LedgerFeatureStore(FeatureStore):
         low_watermark_bytes: int | None,
     ) -> None:
         if max_samples is None and max_bytes is None:
-            raise ValueError("max_samples and max_bytes cannot both be None; set at least one cap")
+            raise ValueError(
+                "max_samples and max_bytes cannot both be None: set at least one of max_samples / max_bytes"
+            )
         _check_cap("max_samples", max_samples)
         _check_cap("max_bytes", max_bytes)
         _check_cap("high_watermark_bytes", high_watermark_bytes)
@@ -93,7 +94,10 @@ class LedgerFeatureStore(FeatureStore):
         high = high_watermark_bytes if high_watermark_bytes is not None else max_bytes
         low = low_watermark_bytes if low_watermark_bytes is not None else 0
         if high is not None and low >= high:
-            raise ValueError(f"low_watermark_bytes ({low}) must be below high_watermark_bytes ({high})")
+            raise ValueError(
+                f"low_watermark_bytes ({low}) must be strictly less than high_watermark_bytes ({high}), "
+                "or no band is left below the high watermark (high defaults to max_bytes, low to 0)"
+            )
         self.store_uri = store_uri
         self.max_samples = max_samples
         self.max_bytes = max_bytes
@@ -104,7 +108,6 @@ class LedgerFeatureStore(FeatureStore):
         self._foreign: dict[str, _Resident] = {}
         self._handles: dict[int, str] = {}
         self._orphan_handles: list[int] = []
-        self._handle_ids = itertools.count(1)
         self._resident_bytes = 0
         self._closed = False
 
@@ -195,7 +198,10 @@ class LedgerFeatureStore(FeatureStore):
     def release(self, handle: StoreHandle) -> None:
         """Drop ``handle``; the last release frees a sample no queue retains."""
         if handle.store is not self:
-            raise ValueError(f"handle {handle.handle_id} of sample {handle.sample_id!r} belongs to another store")
+            raise ValueError(
+                f"handle {handle.handle_id} of sample {handle.sample_id!r} belongs to another store: it was minted "
+                f"by a different store ({getattr(handle.store, 'store_uri', handle.store)!r}), not {self.store_uri}"
+            )
         with self._lock:
             sample_id = self._handles.pop(handle.handle_id, None)
             if sample_id is None:
@@ -288,16 +294,16 @@ class LedgerFeatureStore(FeatureStore):
         with self._lock:
             self._require_open(f"put sample {ref.sample_id!r}")
             if ref.sample_id in self._resident:
-                raise ValueError(f"sample {ref.sample_id!r} is already in {self.store_uri}")
+                raise ValueError(f"sample {ref.sample_id!r} is already present in {self.store_uri}; ids must be unique")
             if self.max_samples is not None and len(self._resident) + 1 > self.max_samples:
                 raise MemoryError(
-                    f"sample {ref.sample_id!r} refused: store holds {len(self._resident)} samples, "
-                    f"max_samples={self.max_samples}"
+                    f"sample {ref.sample_id!r} refused: the store holds {len(self._resident)} samples, "
+                    f"at its sample-count cap max_samples={self.max_samples}"
                 )
             if self.max_bytes is not None and self._resident_bytes + ref.estimated_bytes > self.max_bytes:
                 raise MemoryError(
-                    f"sample {ref.sample_id!r} ({ref.estimated_bytes} B) refused: {self._resident_bytes} B resident, "
-                    f"max_bytes={self.max_bytes}"
+                    f"sample {ref.sample_id!r} ({ref.estimated_bytes} B) refused: with {self._resident_bytes} B "
+                    f"resident it would exceed the byte cap max_bytes={self.max_bytes}"
                 )
             self._resident[ref.sample_id] = _Resident(ref.estimated_bytes)
             self._resident_bytes += ref.estimated_bytes
@@ -324,14 +330,17 @@ class LedgerFeatureStore(FeatureStore):
         with self._lock:
             self._require_open(f"get sample {ref.sample_id!r}")
             if ref.store_uri != self.store_uri:
-                raise KeyError(f"sample {ref.sample_id!r} lives in {ref.store_uri}, not in {self.store_uri}")
+                raise KeyError(
+                    f"sample {ref.sample_id!r} lives in {ref.store_uri}, which does not match this store's URI "
+                    f"{self.store_uri}"
+                )
             entry = self._resident.get(ref.sample_id) or self._foreign.get(ref.sample_id)
             if entry is None:
                 if not self.adopts_foreign:
                     raise KeyError(f"sample {ref.sample_id!r} is not resident in {self.store_uri}")
                 # Written by another instance: ``_load`` raises KeyError if its bytes are gone.
                 entry = self._foreign[ref.sample_id] = _Resident(0)
-            handle_id = next(self._handle_ids)
+            handle_id = new_handle_id()
             entry.handles.add(handle_id)
             self._handles[handle_id] = ref.sample_id
             return handle_id

@@ -230,7 +230,10 @@ class SharedDirFeatureStore(LedgerFeatureStore):
         super()._check_sample_id(sample_id)
         assert isinstance(sample_id, str)
         if "/" in sample_id or ".." in sample_id or "\0" in sample_id:
-            raise ValueError(f"sample_id {sample_id!r} may not contain '/', '..' or NUL (it names a file)")
+            raise ValueError(
+                f"sample_id {sample_id!r} may not contain '/', '..' or NUL: it names a file, and would escape "
+                "the store directory"
+            )
 
     def data_path(self, sample_id: str) -> str:
         """Where ``sample_id``'s file lives; ``ValueError`` for an id that would escape the directory."""
@@ -271,7 +274,10 @@ class SharedDirFeatureStore(LedgerFeatureStore):
                     os.close(fd)
                 os.link(temp, final)
             except FileExistsError:
-                raise ValueError(f"sample {sample_id!r} is already in {self.store_uri} (written elsewhere)") from None
+                raise ValueError(
+                    f"sample {sample_id!r} is already in {self.store_uri} (written elsewhere): "
+                    "a sample already present is never overwritten"
+                ) from None
             except OSError as exc:
                 raise self._io_error(exc, action, final) from exc
         finally:
