@@ -25,7 +25,9 @@ __all__ = [
     "RECLAIM",
     "RESIDENT",
     "RESUME",
+    "SCRUB_RETRIED",
     "STALE_REJECTED",
+    "STORE_FAULT",
     "TRIGGER_EVENTS",
 ]
 
@@ -42,6 +44,8 @@ CLOSE = "Close"
 DRAIN = "Drain"
 PAUSE = "Pause"
 RESUME = "Resume"
+STORE_FAULT = "StoreFault"  # a store call the queue made raised (fields: call, sample_id, error)
+SCRUB_RETRIED = "ScrubRetried"  # an owed scrub/unretain finally went through (fields: call, sample_id)
 RESIDENT = "Resident"  # a trace recorder's own observation of store residency, not a queue event
 
 # Machine trigger name -> event name, for the lease and lifecycle transitions.
@@ -50,6 +54,6 @@ TRIGGER_EVENTS: dict[str, str] = {t.trigger: t.spec_action for table in (LEASE, 
 ALL = frozenset(
     {
         PUT, ACQUIRE, ACK, FAIL, RECLAIM, EXTEND, DEAD_LETTER, DEDUP_REFUSED,
-        STALE_REJECTED, CLOSE, DRAIN, PAUSE, RESUME, RESIDENT,
+        STALE_REJECTED, CLOSE, DRAIN, PAUSE, RESUME, STORE_FAULT, SCRUB_RETRIED, RESIDENT,
     }
 )  # fmt: skip

@@ -39,6 +39,7 @@ __all__ = [
     "SampleRefQueue",
     "VisibilityTimeout",
     "_lease_id_counter",
+    "store_error",
     "_next_lease_id",
 ]
 
@@ -57,7 +58,13 @@ class LeaseLost(RuntimeError):
 
 @dataclasses.dataclass(frozen=True)
 class QueueStats:
-    """Counters since construction, plus the current gauges."""
+    """Counters since construction, plus the current gauges.
+
+    ``store_errors`` counts store calls made by the queue that raised (each
+    failed retry counts again); ``scrub_backlog`` is the gauge of settled
+    samples (or refused puts) whose ``scrub`` (``unretain``) the queue still
+    owes the store and retries.
+    """
 
     put: int = 0
     leased: int = 0
@@ -69,8 +76,10 @@ class QueueStats:
     stale_rejected: int = 0
     dedup_refused: int = 0
     producer_pauses: int = 0
+    store_errors: int = 0
     pending: int = 0
     outstanding: int = 0
+    scrub_backlog: int = 0
 
 
 class _Record:
@@ -103,6 +112,32 @@ class SampleRefQueue:
     While the queue holds a sample its store retains it; when the sample is
     acked or dead the store scrubs it. Expired leases are reclaimed by every
     call (and by an optional reaper thread). Every method is thread-safe.
+
+    Store faults. A queue operation either takes effect completely or changes
+    nothing, whatever the store raises:
+
+    - ``retain`` raises: the put raises an error of the same type naming the
+      sample; nothing is enqueued and the store is left as it was (the queue
+      un-retains the sample, retrying that ``unretain`` if it fails too).
+    - ``scrub`` raises after an ack or a dead-letter (in ``ack``, ``fail``, a
+      reap by any call, or the reaper thread): the settlement stands -- the
+      sample is recorded in the dedup window, never delivered again, and
+      ``on_dead_letter`` runs exactly once. ``ack`` returns normally; the error
+      is logged, counted in ``stats().store_errors``, and the sample joins the
+      scrub backlog (``stats().scrub_backlog``), retried at the start of every
+      later queue call and by the reaper thread until the bytes leave the store.
+      A put of a sample whose scrub is still owed is refused.
+    - ``health`` raises in ``put_blocks_until_below``: that call raises an
+      error of the store's type naming the sample; nothing changed.
+    - ``gc`` raises: logged, counted, ignored.
+
+    A fault belonging to one sample never surfaces from another caller (a
+    consumer's ``acquire`` or a producer's ``put`` that reaped an expired
+    lease) and never stops that caller's own work. Callbacks (``on_pause``,
+    ``on_resume``, ``on_dead_letter``) run outside the queue's lock, so they
+    may call the queue; one that raises is logged and ignored. ``close`` moves
+    to ``drained`` once nothing is pending or leased: it does not wait for the
+    scrub backlog.
     """
 
     def __init__(
@@ -158,6 +193,8 @@ class SampleRefQueue:
         self._deadlines: list[tuple[float, int]] = []
         self._recent_terminal: collections.OrderedDict[str, str] = collections.OrderedDict()
         self._dead: list[DeadLetter] = []
+        # sample id -> (store call, ref) the queue still owes the store: a scrub or unretain that raised.
+        self._owed: collections.OrderedDict[str, tuple[str, SampleRef]] = collections.OrderedDict()
         self._outbox: list[tuple[Callable[..., None], object]] = []
         self._backpressure = _Flag(BACKPRESSURE.initial)
         self._lifecycle = _Flag(LIFECYCLE.initial)
@@ -171,8 +208,9 @@ class SampleRefQueue:
         """Enqueue ``ref`` at the tail; never blocks on backpressure.
 
         Raises ``TypeError`` for a non-ref, ``ValueError`` for a ref of another
-        store, an id already queued or recently acked/dead, ``RuntimeError``
-        once closed. A refused put changes nothing.
+        store, an id already queued, recently acked/dead or still being
+        scrubbed, ``RuntimeError`` once closed, and the store's error type when
+        its ``retain`` fails. A refused put changes nothing.
         """
         self._check_ref(ref)
         with self._operation():
@@ -187,14 +225,25 @@ class SampleRefQueue:
     ) -> None:
         """Enqueue ``ref``, first waiting while the producer is paused by backpressure.
 
-        Pauses at/above the high watermark, resumes at/below the low one, and
-        keeps its state inside the band. Wakes on every ack/scrub and at least
-        every ``poll_interval`` seconds to re-check the store and ``abort_when``.
-        Raises ``RuntimeError`` when the queue is closed or ``abort_when()`` is true.
+        Hysteresis on the store's ``health()``: pause at/above the high
+        watermark, resume at/below the low one, keep the state inside the band
+        (``on_pause``/``on_resume`` run on each transition). A paused producer
+        still enqueues when the queue holds nothing (no sample pending or
+        leased): then nothing the queue does can lower residency, and waiting
+        could last forever -- so any number of producers, whatever they hold
+        unqueued, always make progress. Residency bound this keeps: the bytes
+        the queue holds (pending + leased) stay below the high watermark, or
+        are one sample when it was admitted into an empty queue; the store's
+        resident bytes are at most that plus what producers hold unqueued plus
+        settled samples whose scrub is still owed (``stats().scrub_backlog``).
+        ``put`` (non-blocking) is not bounded by backpressure.
 
-        The producer's own sample is already in the store and counts towards
-        ``resident_bytes``: keep the low watermark above what all producers hold
-        at once, or every producer can stay paused for good.
+        Wakes on every settle and close, and at least every ``poll_interval``
+        seconds to re-check the store and ``abort_when``. Raises
+        ``RuntimeError`` when the queue is closed (also while waiting: ``close``
+        wakes every blocked producer) or ``abort_when()`` is true, and the
+        store's error type, naming the sample, when ``health()`` raises; in
+        every such case nothing was enqueued.
         """
         self._check_ref(ref)
         check_seconds("poll_interval", poll_interval)
@@ -204,13 +253,13 @@ class SampleRefQueue:
             with self._operation():
                 self._reap_due()
                 self._require_open(ref)
-                health = self._store.health()
+                health = self._read_health(ref)
                 callback = self._update_backpressure(health)
                 if callback is not None:
                     self._outbox.append((callback, health))
                     continue
-                if self._backpressure.state == "flowing":
-                    self._enqueue_new(ref)
+                if self._backpressure.state == "flowing" or not self._held:
+                    self._enqueue_new(ref, health)
                     return
                 self._not_full.wait(poll_interval)
 
@@ -243,14 +292,19 @@ class SampleRefQueue:
         """Mark ``lease``'s sample consumed: it is never delivered again and its store scrubs it.
 
         A stale lease (reclaimed, already settled, copied, or from another
-        queue) is rejected and changes nothing.
+        queue) is rejected and changes nothing. The ack stands even when the
+        store's ``scrub`` fails: the scrub is then retried later (see the class
+        docstring) and ``ack`` returns normally.
         """
         with self._operation():
             self._reap_due()
             record = self._settle(lease, "ack")
             if record is not None:
                 self._counts["acked"] += 1
-                self._retire(record.ref, "acked")
+                self._release_hold(record.ref.sample_id, "acked")
+                self._emit(events.ACK, record, lease_id=lease.lease_id)
+                self._scrub(record.ref)
+                self._maybe_drained()
 
     def fail(self, lease: Lease) -> None:
         """Give ``lease``'s sample back: redelivered from the tail, or dead once deliveries are spent.
@@ -262,7 +316,7 @@ class SampleRefQueue:
             record = self._settle(lease, "fail")
             if record is not None:
                 self._counts["failed"] += 1
-                self._redeliver(record, "failed")
+                self._redeliver(record, events.FAIL, "failed")
 
     def extend(self, lease: Lease, seconds: float | None = None) -> None:
         """Push ``lease.deadline`` to now + ``seconds`` (default: the visibility timeout).
@@ -283,7 +337,7 @@ class SampleRefQueue:
             fire(LEASE_MACHINE, "extend", record)
             self._set_deadline(record, self._clock() + extra)
             self._counts["extended"] += 1
-            self._trace(events.EXTEND, sample_id=lease.ref.sample_id, lease_id=lease.lease_id)
+            self._emit(events.EXTEND, record, lease_id=lease.lease_id, deadline=record.deadline)
 
     def reclaim_expired(self) -> int:
         """Redeliver (or dead-letter) every lease past its deadline; return how many."""
@@ -292,10 +346,13 @@ class SampleRefQueue:
 
     # -- lifecycle and introspection -----------------------------------------
     def close(self) -> None:
-        """Refuse further puts; ``acquire`` drains what is held, then returns ``None`` for good."""
-        with self._lock:
+        """Refuse further puts and wake every blocked producer (their puts raise ``RuntimeError``).
+
+        ``acquire`` drains what is pending or leased, then returns ``None`` for good.
+        """
+        with self._operation():
             if fire(LIFECYCLE_MACHINE, "close", self._lifecycle):
-                self._trace(events.CLOSE)
+                self._emit(events.CLOSE)
                 self._maybe_drained()
                 self._not_empty.notify_all()
                 self._not_full.notify_all()
@@ -317,27 +374,29 @@ class SampleRefQueue:
 
     def pending_count(self) -> int:
         """Samples waiting to be leased."""
-        with self._lock:
+        with self._observing():
             return len(self._pending)
 
     def outstanding_count(self) -> int:
         """Samples currently leased."""
-        with self._lock:
+        with self._observing():
             return len(self._live)
 
     def dead_letters(self) -> list[DeadLetter]:
         """Samples whose deliveries were spent, oldest first."""
-        with self._lock:
+        with self._observing():
             return list(self._dead)
 
     def stats(self) -> QueueStats:
         """A consistent snapshot of the counters and gauges."""
-        with self._lock:
-            return QueueStats(**self._counts, pending=len(self._pending), outstanding=len(self._live))
+        with self._observing():
+            return QueueStats(
+                **self._counts, pending=len(self._pending), outstanding=len(self._live), scrub_backlog=len(self._owed)
+            )
 
     def lease_state_counts(self) -> dict[str, int]:
         """How many leases sit in each live state (terminal leases are not kept)."""
-        with self._lock:
+        with self._observing():
             return {"pending": len(self._pending), "leased": len(self._live)}
 
     def render(self, path: str | os.PathLike[str], format: str | None = None) -> None:
@@ -369,7 +428,14 @@ class SampleRefQueue:
         if self._lifecycle.state != "open":
             raise RuntimeError(f"cannot put sample {ref.sample_id!r}: the queue is closed")
 
-    def _enqueue_new(self, ref: SampleRef) -> None:
+    def _read_health(self, ref: SampleRef) -> StoreHealth:
+        try:
+            return self._store.health()
+        except Exception as exc:
+            self._store_fault("health", ref.sample_id, exc)
+            raise store_error(exc, f"put_blocks_until_below of sample {ref.sample_id!r} enqueued nothing") from exc
+
+    def _enqueue_new(self, ref: SampleRef, health: StoreHealth | None = None) -> None:
         self._require_open(ref)
         sample_id = ref.sample_id
         if sample_id in self._held:
@@ -379,15 +445,28 @@ class SampleRefQueue:
         outcome = self._recent_terminal.get(sample_id)
         if outcome is not None:
             self._counts["dedup_refused"] += 1
-            self._trace(events.DEDUP_REFUSED, sample_id=sample_id)
+            self._emit(events.DEDUP_REFUSED, sample_id=sample_id)
             raise ValueError(
                 f"sample {sample_id!r} was already {outcome}; re-puts of settled samples are refused "
                 "(discard the duplicate from the store)"
             )
-        self._store.retain(ref)
+        owed = self._owed.get(sample_id)
+        if owed is not None and owed[0] == "scrub":
+            raise ValueError(
+                f"sample {sample_id!r} was settled and the store still has to scrub it; re-puts are refused"
+            )
+        try:
+            self._store.retain(ref)
+        except Exception as exc:
+            self._store_fault("retain", sample_id, exc)
+            self._owe("unretain", ref)  # a retain that failed halfway must not pin the bytes
+            raise store_error(exc, f"put of sample {sample_id!r} refused, nothing enqueued") from exc
+        self._owed.pop(sample_id, None)  # an unretain still owed for an earlier refused put would undo this retain
         self._counts["put"] += 1
-        self._trace(events.PUT, sample_id=sample_id)
-        self._push_pending(_Record(ref, 0))
+        record = _Record(ref, 0)
+        self._push_pending(record)
+        extra = {} if health is None else {"resident_bytes": health.resident_bytes}
+        self._emit(events.PUT, record, **extra)
 
     def _push_pending(self, record: _Record) -> None:
         self._pending.append(record)
@@ -407,7 +486,7 @@ class SampleRefQueue:
         self._live[lease.lease_id] = record
         self._set_deadline(record, lease.deadline)
         self._counts["leased"] += 1
-        self._trace(events.ACQUIRE, sample_id=record.ref.sample_id, lease_id=lease.lease_id)
+        self._emit(events.ACQUIRE, record, lease_id=lease.lease_id, deadline=record.deadline)
         return lease
 
     def _set_deadline(self, record: _Record, deadline: float) -> None:
@@ -425,17 +504,19 @@ class SampleRefQueue:
         if record is None or record.lease is not lease:
             self._counts["stale_rejected"] += 1
             logger.debug("rejected stale %s of lease %r", action, getattr(lease, "lease_id", lease))
-            self._trace(events.STALE_REJECTED, op=action, lease_id=getattr(lease, "lease_id", None))
+            sample_id = getattr(getattr(lease, "ref", None), "sample_id", None)
+            n = getattr(lease, "redelivery_count", None)
+            self._emit(events.STALE_REJECTED, op=action, lease_id=lease_id, sample_id=sample_id, n=n)
             return None
         return record
 
     def _settle(self, lease: Lease, trigger: str) -> _Record | None:
+        """Fire ``trigger`` on the live lease and forget it; the caller traces and finishes the step."""
         record = self._live_record(lease, trigger)
         if record is None:
             return None
         fire(LEASE_MACHINE, trigger, record)
         del self._live[lease.lease_id]
-        self._trace(events.TRIGGER_EVENTS[trigger], sample_id=record.ref.sample_id, lease_id=lease.lease_id)
         return record
 
     def _reap_due(self) -> int:
@@ -452,43 +533,91 @@ class SampleRefQueue:
                 continue
             self._settle(record.lease, "reclaim")
             self._counts["reclaimed"] += 1
-            self._redeliver(record, "expired")
+            self._redeliver(record, events.RECLAIM, "expired", deadline=deadline)
             count += 1
         return count
 
-    def _redeliver(self, record: _Record, reason: str) -> None:
+    def _redeliver(self, record: _Record, action: str, reason: str, **fields: object) -> None:
+        """Finish a Fail or Reclaim: the sample goes back to the tail, or is dead once deliveries are spent."""
+        assert record.lease is not None
+        lease_id = record.lease.lease_id
         deliveries = record.redelivery_count + 1
-        if deliveries >= self.max_deliveries:
-            dead = DeadLetter(
-                record.ref, f"{reason} {deliveries} times (max_deliveries={self.max_deliveries})", deliveries
-            )
-            self._dead.append(dead)
-            self._counts["dead_lettered"] += 1
-            self._trace(events.DEAD_LETTER, sample_id=record.ref.sample_id)
-            self._retire(record.ref, "dead-lettered")
-            if self._on_dead_letter is not None:
-                self._outbox.append((self._on_dead_letter, dead))
+        sample_id = record.ref.sample_id
+        if deliveries < self.max_deliveries:
+            del self._held[sample_id]
+            self._push_pending(_Record(record.ref, deliveries))
+            self._emit(action, record, lease_id=lease_id, **fields)
             return
-        del self._held[record.ref.sample_id]
-        self._push_pending(_Record(record.ref, deliveries))
+        dead = DeadLetter(record.ref, f"{reason} {deliveries} times (max_deliveries={self.max_deliveries})", deliveries)
+        self._dead.append(dead)
+        self._counts["dead_lettered"] += 1
+        self._release_hold(sample_id, "dead-lettered")
+        self._emit(action, record, lease_id=lease_id, **fields)
+        self._emit(events.DEAD_LETTER, record)
+        if self._on_dead_letter is not None:
+            self._outbox.append((self._on_dead_letter, dead))
+        self._scrub(record.ref)
+        self._maybe_drained()
 
-    def _retire(self, ref: SampleRef, outcome: str) -> None:
-        sample_id = ref.sample_id
+    def _release_hold(self, sample_id: str, outcome: str) -> None:
+        """The sample is settled for good: no longer held, remembered by the dedup window."""
         del self._held[sample_id]
-        self._store.scrub(ref)
         if self.dedup_window:
             self._recent_terminal[sample_id] = outcome
             if len(self._recent_terminal) > self.dedup_window:
                 self._recent_terminal.popitem(last=False)
         self._not_full.notify_all()
-        self._maybe_drained()
+
+    def _scrub(self, ref: SampleRef) -> None:
+        if self._owe("scrub", ref):
+            self._not_full.notify_all()
+
+    def _owe(self, call: str, ref: SampleRef) -> bool:
+        """Make the store call ``call(ref)``; if it raises, log, count and keep it in the backlog. ``True``: done."""
+        try:
+            getattr(self._store, call)(ref)
+        except Exception as exc:
+            self._store_fault(call, ref.sample_id, exc)
+            self._owed[ref.sample_id] = (call, ref)
+            self._owed.move_to_end(ref.sample_id)
+            return False
+        return True
+
+    def _pay_owed(self) -> None:
+        """Retry owed scrubs/unretains, oldest first; one that fails again goes to the back and ends the round.
+
+        So a store that keeps failing costs one store call per queue operation, not one per owed sample.
+        """
+        while self._owed:
+            sample_id, (call, ref) = next(iter(self._owed.items()))
+            try:
+                getattr(self._store, call)(ref)
+            except Exception as exc:
+                self._store_fault(call, sample_id, exc)
+                self._owed.move_to_end(sample_id)
+                return
+            del self._owed[sample_id]
+            self._emit(events.SCRUB_RETRIED, sample_id=sample_id, call=call)
+            self._not_full.notify_all()
+        if self._lifecycle.state == "drained":
+            self._reaper_stop.set()
+
+    def _store_fault(self, call: str, sample_id: str | None, exc: BaseException) -> None:
+        self._counts["store_errors"] += 1
+        logger.warning("store %s(%r) raised %r; the queue carries on", call, sample_id, exc, exc_info=exc)
+        self._emit(events.STORE_FAULT, call=call, sample_id=sample_id, error=repr(exc))
 
     def _maybe_drained(self) -> None:
         if self._lifecycle.state == "draining" and not self._held:
             fire(LIFECYCLE_MACHINE, "drain", self._lifecycle)
-            self._trace(events.DRAIN)
-            self._reaper_stop.set()
+            self._emit(events.DRAIN)
+            if not self._owed:
+                self._reaper_stop.set()
             self._not_empty.notify_all()
+
+    def _reaper_finished(self) -> bool:
+        """Whether the reaper thread has nothing left to do: drained, and no store call owed."""
+        return self._lifecycle.state == "drained" and not self._owed
 
     def _update_backpressure(self, health: StoreHealth) -> Callable[[StoreHealth], None] | None:
         """Apply the hysteresis; return the callback to run (outside the lock), if any."""
@@ -496,11 +625,11 @@ class SampleRefQueue:
         if state == "flowing" and self._should_pause(health):
             fire(BACKPRESSURE_MACHINE, "pause", self._backpressure)
             self._counts["producer_pauses"] += 1
-            self._trace(events.PAUSE, resident_bytes=health.resident_bytes)
+            self._trace_state(events.PAUSE, resident_bytes=health.resident_bytes)
             return self._on_pause or _no_callback
         if state == "paused" and self._should_resume(health):
             fire(BACKPRESSURE_MACHINE, "resume", self._backpressure)
-            self._trace(events.RESUME, resident_bytes=health.resident_bytes)
+            self._trace_state(events.RESUME, resident_bytes=health.resident_bytes)
             return self._on_resume or _no_callback
         return None
 
@@ -515,22 +644,51 @@ class SampleRefQueue:
         return health.low_watermark_hit
 
     def _trace(self, action: str, **fields: object) -> None:
+        """Pass one event to the tracer as given (backends that keep their state elsewhere call this)."""
         if self._tracer is not None:
             self._tracer(action, fields)
+
+    def _trace_state(self, action: str, **fields: object) -> None:
+        """Trace ``action`` with the state it left: ``pending``/``outstanding`` counts and the clock ``now``.
+
+        ``_update_backpressure`` calls this; a backend whose pending/leased state lives elsewhere overrides it.
+        """
+        if self._tracer is not None:
+            state = {"pending": len(self._pending), "outstanding": len(self._live), "now": self._clock()}
+            self._tracer(action, {**fields, **state})
+
+    def _emit(self, action: str, record: _Record | None = None, **fields: object) -> None:
+        """Trace ``action`` with the state it changed: the sample, its lease's redelivery count ``n``, the gauges."""
+        if self._tracer is None:
+            return
+        if record is not None:
+            fields = {"sample_id": record.ref.sample_id, "n": record.redelivery_count, **fields}
+        self._trace_state(action, **fields)
 
     # -- around the lock ----------------------------------------------------------
     @contextlib.contextmanager
     def _operation(self) -> Iterator[None]:
-        """Hold the lock for the body; then, even if it raised, run queued callbacks and the store's gc."""
+        """Hold the lock for the body (after retrying owed store calls); then, even if it raised,
+        run queued callbacks and the store's gc."""
         outbox: list[tuple[Callable[..., None], object]] = []
         try:
             with self._lock:
                 try:
+                    if self._owed:
+                        self._pay_owed()
                     yield
                 finally:
                     outbox, self._outbox = self._outbox, []
         finally:
             self._after(outbox)
+
+    @contextlib.contextmanager
+    def _observing(self) -> Iterator[None]:
+        """Hold the lock for a read-only body, after retrying owed store calls (no callbacks, no gc)."""
+        with self._lock:
+            if self._owed:
+                self._pay_owed()
+            yield
 
     def _after(self, outbox: list[tuple[Callable[..., None], object]]) -> None:
         for callback, argument in outbox:
@@ -540,8 +698,30 @@ class SampleRefQueue:
                 logger.exception("queue callback %r raised; the queue carries on", callback)
         try:
             self._store.gc()
-        except Exception:
-            logger.exception("store gc() raised; the queue carries on")
+        except Exception as exc:
+            with self._lock:
+                self._store_fault("gc", None, exc)
+
+
+def store_error(exc: Exception, doing: str) -> Exception:
+    """An exception of ``exc``'s type whose message says what the queue was doing (raise it ``from exc``).
+
+    Keeps the type callers catch (``OSError`` and its errno, ...); falls back to ``RuntimeError``
+    for an exception type that cannot be built from a message.
+    """
+    if isinstance(exc, OSError):
+        reason = exc.strerror or str(exc)
+        args: tuple[object, ...] = (
+            (exc.errno, f"{doing}: the store raised {reason}")
+            if exc.errno
+            else (f"{doing}: the store raised {reason}",)
+        )
+    else:
+        args = (f"{doing}: the store raised {type(exc).__name__}: {exc}",)
+    try:
+        return type(exc)(*args)
+    except Exception:
+        return RuntimeError(*args[-1:])
 
 
 def _no_callback(health: StoreHealth) -> None:
@@ -549,16 +729,20 @@ def _no_callback(health: StoreHealth) -> None:
 
 
 def _start_reaper(queue: SampleRefQueue, interval: float) -> None:
-    """Reclaim expired leases every ``interval`` seconds until the queue drains or is collected."""
+    """Reclaim expired leases and retry owed store calls every ``interval`` seconds until there is nothing
+    left to do (drained, nothing owed) or the queue is collected. Survives any error of a round."""
     ref = weakref.ref(queue)
     stop = queue._reaper_stop
 
     def run() -> None:
         while not stop.wait(interval):
             target = ref()
-            if target is None or target.lifecycle_state == "drained":
+            if target is None or target._reaper_finished():
                 return
-            target.reclaim_expired()
+            try:
+                target.reclaim_expired()
+            except Exception:
+                logger.exception("the reaper's round raised; it carries on")
             del target
 
     threading.Thread(target=run, name="featurestream-reaper", daemon=True).start()
