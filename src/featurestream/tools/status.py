@@ -1,0 +1,135 @@
+"""Queue status snapshots: one plain dict with stable keys, for a trainer's logs and ``featurestream status``.
+
+``snapshot(queue)`` reads any ``LeaseQueue`` (in-process ``SampleRefQueue`` or
+``RedisSampleRefQueue``) through the protocol alone. ``StatusWatcher(queue)``
+does the same and adds per-second rates of every counter over the interval
+since its previous snapshot. The keys (``docs/operations.md`` is the reference):
+
+- ``lifecycle``: ``"open"``, ``"draining"`` (closed, still holding samples) or ``"drained"``;
+- ``pending``: samples waiting to be leased; ``leased``: samples leased right now;
+  ``scrub_backlog``: settled samples whose store scrub the queue still owes and retries;
+- ``oldest_lease_age_s``: seconds since the oldest live lease was issued, ``None`` when none is out;
+- ``counters``: the ``QueueStats`` counters since the queue was created (``put``, ``leased`` --
+  every lease ever issued --, ``acked``, ``failed``, ``reclaimed``, ``dead_lettered``, ...);
+- ``rates``: counter name -> events per second over ``interval_s``; ``None`` (and
+  ``interval_s`` ``None``) from ``snapshot`` and on a watcher's first snapshot;
+- ``backpressure``: this process's producer state, ``"flowing"`` or ``"paused"``; ``None``
+  when unknown (an operator's handle on a shared Redis queue produces nothing: each
+  producer process has its own state; ``counters["producer_pauses"]`` counts them all);
+- ``dead_letters``: ``{"count": n, "newest": [{"sample_id", "reason", "deliveries"}, ...]}``,
+  newest first, at most ``newest_dead_letters`` entries.
+
+Keys are only ever added, never renamed or removed (``SCHEMA`` names this version).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from featurestream.core.checks import check_count
+from featurestream.core.protocol import LeaseQueue
+from featurestream.core.queue import QueueStats
+
+__all__ = ["COUNTERS", "GAUGES", "SCHEMA", "StatusWatcher", "snapshot"]
+
+SCHEMA = 1
+# The gauges of QueueStats -> their top-level snapshot keys; every other field is a cumulative counter.
+# (QueueStats does not mark its gauges, so a new gauge must be added here or it is reported as a counter.)
+_GAUGE_KEYS = {"pending": "pending", "outstanding": "leased", "scrub_backlog": "scrub_backlog"}
+_FIELDS = tuple(f.name for f in dataclasses.fields(QueueStats))
+_GAUGE_FIELDS = tuple((name, _GAUGE_KEYS[name]) for name in _FIELDS if name in _GAUGE_KEYS)
+COUNTERS: tuple[str, ...] = tuple(name for name in _FIELDS if name not in _GAUGE_KEYS)
+GAUGES: tuple[str, ...] = tuple(key for _, key in _GAUGE_FIELDS)
+DEFAULT_NEWEST_DEAD_LETTERS = 5
+
+
+def snapshot(
+    queue: LeaseQueue, *, newest_dead_letters: int = DEFAULT_NEWEST_DEAD_LETTERS, backpressure: bool = True
+) -> dict[str, Any]:
+    """One status snapshot of ``queue`` (``rates`` and ``interval_s`` are ``None``: see ``StatusWatcher``).
+
+    ``newest_dead_letters`` caps the dead-letter reasons listed (the count is
+    always exact). ``backpressure=False`` reports the backpressure state as
+    ``None``: pass it for a handle that produces nothing (an operator's view of
+    a shared queue), whose own state says nothing about the producers.
+    Thread-safe: every read is one of the queue's own thread-safe calls.
+    """
+    _check_arguments(queue, newest_dead_letters, backpressure)
+    stats = queue.stats()
+    dead = queue.dead_letters()
+    newest = dead[::-1][:newest_dead_letters]
+    return {
+        "schema": SCHEMA,
+        "lifecycle": queue.lifecycle_state,
+        **{key: getattr(stats, name) for name, key in _GAUGE_FIELDS},
+        "oldest_lease_age_s": queue.oldest_lease_age(),
+        "counters": {name: getattr(stats, name) for name in COUNTERS},
+        "rates": None,
+        "interval_s": None,
+        "backpressure": queue.backpressure_state if backpressure else None,
+        "dead_letters": {
+            "count": len(dead),
+            "newest": [
+                {"sample_id": letter.ref.sample_id, "reason": letter.reason, "deliveries": letter.deliveries}
+                for letter in newest
+            ],
+        },
+    }
+
+
+class StatusWatcher:
+    """Snapshots of one queue with counter rates over the interval since this watcher's previous snapshot.
+
+    The first snapshot has ``rates`` ``None`` (no interval yet). ``clock`` is
+    the monotonic clock the intervals are measured on (inject
+    ``featurestream.testing.FakeClock`` in tests). Thread-safe: concurrent
+    ``snapshot`` calls are serialised, so each interval is measured between
+    two consecutive snapshots.
+    """
+
+    def __init__(
+        self,
+        queue: LeaseQueue,
+        *,
+        newest_dead_letters: int = DEFAULT_NEWEST_DEAD_LETTERS,
+        backpressure: bool = True,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        _check_arguments(queue, newest_dead_letters, backpressure)
+        if not callable(clock):
+            raise TypeError(f"clock must be a callable returning seconds, got {clock!r}")
+        self.queue = queue
+        self._newest = newest_dead_letters
+        self._backpressure = backpressure
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._previous: tuple[float, dict[str, int]] | None = None
+
+    def snapshot(self) -> dict[str, Any]:
+        """A ``snapshot`` of the queue, with ``rates`` and ``interval_s`` filled from the second call on."""
+        with self._lock:
+            now = self._clock()
+            status = snapshot(self.queue, newest_dead_letters=self._newest, backpressure=self._backpressure)
+            counters = status["counters"]
+            if self._previous is not None:
+                then, before = self._previous
+                interval = now - then
+                status["interval_s"] = interval
+                # Two snapshots in the same clock tick have no measurable rate: report 0 rather than divide by 0.
+                status["rates"] = {
+                    name: (counters[name] - before[name]) / interval if interval > 0 else 0.0 for name in COUNTERS
+                }
+            self._previous = (now, counters)
+            return status
+
+
+def _check_arguments(queue: object, newest_dead_letters: object, backpressure: object) -> None:
+    if not isinstance(queue, LeaseQueue):
+        raise TypeError(f"queue must implement featurestream.core.protocol.LeaseQueue, got {type(queue).__name__}")
+    check_count("newest_dead_letters", newest_dead_letters)
+    if not isinstance(backpressure, bool):
+        raise TypeError(f"backpressure must be a bool, got {backpressure!r}")
