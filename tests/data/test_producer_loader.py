@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from typing import Any
 
@@ -13,7 +14,10 @@ from featurestream import (
     FeatureAlgorithm,
     FeatureDataLoader,
     FeatureProducer,
+    FeatureSpec,
+    FeatureStore,
     LocalFeatureStore,
+    SampleRef,
     SampleRefQueue,
 )
 from featurestream.tools.models import TinyConfig, TinyTargetModel, prompt_batches
@@ -29,10 +33,10 @@ class RecordingTarget(TinyTargetModel):
     def __init__(self) -> None:
         super().__init__(CONFIG, seed=0)
         self.outputs: list[Eagle3TargetBatch] = []
-        self.calls: list[set[str]] = []
+        self.calls: list[dict[str, bool]] = []
 
     def generate_batch(self, **inputs: Any) -> Eagle3TargetBatch:  # type: ignore[override]
-        self.calls.append(set(inputs))
+        self.calls.append({name: value is not None for name, value in inputs.items()})
         batch = super().generate_batch(**inputs)
         self.outputs.append(batch)
         return batch
@@ -52,17 +56,20 @@ class TestProducer:
         producer = FeatureProducer(target, store, run_id="r", target_model_version="t1", draft_weight_version="d2")
         input_ids, attention_mask, loss_mask = prompt()
         ref = producer.produce(input_ids=input_ids, attention_mask=attention_mask, loss_mask=loss_mask)
-        assert ref.sample_id == "sample-r-0" and producer.produce(**dict(zip(
-            ("input_ids", "attention_mask", "loss_mask"), prompt(), strict=True))).sample_id == "sample-r-1"
+        assert ref.sample_id == "sample-r-1" and producer.produce(**dict(zip(
+            ("input_ids", "attention_mask", "loss_mask"), prompt(), strict=True))).sample_id == "sample-r-2"
         assert ref.algorithm is FeatureAlgorithm.EAGLE3 and ref.schema_version == 1 and ref.run_id == "r"
         assert (ref.target_model_version, ref.draft_weight_version) == ("t1", "d2")
-        assert ref.num_tokens == int(attention_mask.sum())
-        assert ref.feature_names() == ["aux_hidden_states", "input_ids", "attention_mask", "loss_mask", "logits"]
+        assert ref.num_tokens == int(loss_mask.sum()) < int(attention_mask.sum()), "supervised tokens only"
+        assert ref.feature_names() == ("aux_hidden_states", "input_ids", "attention_mask", "loss_mask", "logits")
         logits, aux = target(input_ids, attention_mask)
         got, _ = store.get(ref)
         assert torch.allclose(got["logits"], logits) and torch.allclose(got["aux_hidden_states"], aux)
         assert got["aux_hidden_states"].shape == (2, 8, 3 * CONFIG.hidden_size)
-        assert target.calls[0] == {"input_ids", "attention_mask", "loss_mask"}, "no packing keywords unless given"
+        assert target.calls[0] == {
+            "input_ids": True, "attention_mask": True, "loss_mask": True,
+            "position_ids": False, "seq_lens": False, "doc_remaining": False,
+        }, "every keyword is passed, None when absent"  # fmt: skip
 
     def test_computed_outputs_are_handed_over_and_the_callers_inputs_copied(self) -> None:
         target, store = RecordingTarget(), LocalFeatureStore()
@@ -78,8 +85,8 @@ class TestProducer:
 
     def test_packing_ids_factory_and_discard(self) -> None:
         target, store = RecordingTarget(), LocalFeatureStore()
-        ids = iter(["a", "b"])
-        producer = FeatureProducer(target, store, run_id="r", sample_id_factory=lambda: next(ids))
+        seen: list[int] = []
+        producer = FeatureProducer(target, store, run_id="r", sample_id_factory=lambda n: seen.append(n) or "ab"[n - 1])
         input_ids, attention_mask, loss_mask = prompt()
         packing = {
             "position_ids": torch.arange(8).repeat(2, 1),
@@ -87,18 +94,119 @@ class TestProducer:
             "doc_remaining": torch.zeros(2, dtype=torch.long),
         }
         ref = producer.produce(input_ids=input_ids, attention_mask=attention_mask, loss_mask=loss_mask, **packing)
-        assert ref.sample_id == "a" and set(packing) <= set(ref.feature_names())
-        assert set(packing) <= target.calls[0]
+        assert ref.sample_id == "a" and seen == [1] and set(packing) <= set(ref.feature_names())
+        assert all(target.calls[0][name] for name in packing)
         producer.discard(ref)
         assert store.health().sample_count == 0 and not store.is_resident("a")
 
     def test_bad_construction(self) -> None:
-        with pytest.raises(TypeError, match=r"generate_batch"):
+        with pytest.raises(ValueError, match=r"cannot infer FeatureAlgorithm from a object backend"):
             FeatureProducer(object(), LocalFeatureStore(), run_id="r")  # type: ignore[arg-type]
-        with pytest.raises(ValueError, match=r"eagle3 schema only"):
+        with pytest.raises(TypeError, match=r"generate_batch"):
+            FeatureProducer(object(), LocalFeatureStore(), run_id="r", algorithm=FeatureAlgorithm.EAGLE3)  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match=r"no feature schema is registered for FeatureAlgorithm.DFLASH"):
             FeatureProducer(RecordingTarget(), LocalFeatureStore(), run_id="r", algorithm=FeatureAlgorithm.DFLASH)
         with pytest.raises(ValueError, match=r"run_id"):
             FeatureProducer(RecordingTarget(), LocalFeatureStore(), run_id="")
+
+    def test_inputs_and_outputs_the_schema_refuses_store_nothing(self) -> None:
+        target, store = RecordingTarget(), LocalFeatureStore()
+        producer = FeatureProducer(target, store, run_id="r")
+        input_ids, attention_mask, loss_mask = prompt()
+        with pytest.raises(ValueError, match=r"position_ids, seq_lens, and doc_remaining together"):
+            producer.produce(
+                input_ids=input_ids, attention_mask=attention_mask, loss_mask=loss_mask, seq_lens=torch.tensor([8, 8])
+            )
+        assert target.calls == [], "partial packing is refused before the forward"
+
+        class DraftVocabTarget(RecordingTarget):
+            def generate_batch(self, **inputs: Any) -> Eagle3TargetBatch:  # type: ignore[override]
+                batch = super().generate_batch(**inputs)
+                probs = batch.logits.softmax(-1)  # type: ignore[union-attr]
+                return Eagle3TargetBatch(
+                    batch.aux_hidden_states, batch.input_ids, batch.attention_mask, batch.loss_mask,
+                    target_probs=probs, position_mask=torch.ones_like(batch.loss_mask),
+                )  # fmt: skip
+
+        producer = FeatureProducer(DraftVocabTarget(), store, run_id="r")
+        with pytest.raises(ValueError, match=r"without 'logits'"):
+            producer.produce(input_ids=input_ids, attention_mask=attention_mask, loss_mask=loss_mask)
+        assert store.health().sample_count == 0
+
+    def test_a_ref_that_misdescribes_the_tensors_is_evicted(self) -> None:
+        class MisdescribingStore(LocalFeatureStore):
+            def put(self, sample_id: str, tensors: Any, **kwargs: Any) -> SampleRef:
+                ref = super().put(sample_id, tensors, **kwargs)
+                specs = dict(ref.feature_specs)
+                specs["logits"] = FeatureSpec((1,), torch.float16)
+                return dataclasses.replace(ref, feature_specs=specs)
+
+        store = MisdescribingStore()
+        producer = FeatureProducer(RecordingTarget(), store, run_id="r")
+        input_ids, attention_mask, loss_mask = prompt()
+        with pytest.raises(RuntimeError, match=r"'sample-r-1'.*logits \(1,\)/torch.float16.*evicted"):
+            producer.produce(input_ids=input_ids, attention_mask=attention_mask, loss_mask=loss_mask)
+        assert store.health().sample_count == 0 and not store.is_resident("sample-r-1")
+
+    def test_a_reference_contract_store_without_take_ownership_or_scrub_works(self) -> None:
+        class ReferenceStore(FeatureStore):
+            """A user store written against the reference contract: no take_ownership, no scrub."""
+
+            def __init__(self) -> None:
+                self.inner = LocalFeatureStore()
+                self.store_uri = self.inner.store_uri
+                self.put_keywords: list[set[str]] = []
+
+            def put(self, sample_id: str, tensors: Any, **kwargs: Any) -> SampleRef:  # type: ignore[override]
+                self.put_keywords.append(set(kwargs))
+                return self.inner.put(sample_id, tensors, **kwargs)
+
+            def get(self, ref: SampleRef, device: Any = None) -> Any:
+                return self.inner.get(ref, device)
+
+            def release(self, handle: Any) -> None:
+                self.inner.release(handle)
+
+            def gc(self) -> int:
+                return self.inner.gc()
+
+            def health(self) -> Any:
+                return self.inner.health()
+
+            def close(self) -> None:
+                self.inner.close()
+
+        store = ReferenceStore()
+        producer = FeatureProducer(RecordingTarget(), store, run_id="r")
+        input_ids, attention_mask, loss_mask = prompt()
+        ref = producer.produce(input_ids=input_ids, attention_mask=attention_mask, loss_mask=loss_mask)
+        assert "take_ownership" not in store.put_keywords[0]
+        assert store.health().sample_count == 1
+        producer.discard(ref)
+        assert store.health().sample_count == 0, "discard falls back to get + release without a scrub hook"
+
+    def test_algorithm_inference_forwarding_and_close(self) -> None:
+        class DuckTarget:
+            def generate_batch(self, **inputs: Any) -> Any:
+                raise AssertionError("never called")
+
+        with pytest.raises(ValueError, match=r"cannot infer FeatureAlgorithm from a DuckTarget backend"):
+            FeatureProducer(DuckTarget(), LocalFeatureStore(), run_id="r")
+        producer = FeatureProducer(DuckTarget(), LocalFeatureStore(), run_id="r", algorithm=FeatureAlgorithm.EAGLE3)
+        assert producer.algorithm is FeatureAlgorithm.EAGLE3
+        target = RecordingTarget()
+        producer = FeatureProducer(target, LocalFeatureStore(), run_id="r")
+        assert producer.algorithm is FeatureAlgorithm.EAGLE3
+        assert producer.get_input_embeddings() is target.get_input_embeddings()
+        calls: list[tuple[torch.Tensor, torch.Tensor]] = []
+        target.set_vocab_mapping = lambda ids, mask: calls.append((ids, mask))  # type: ignore[method-assign]
+        ids, mask = torch.tensor([1, 2]), torch.ones(CONFIG.vocab_size, dtype=torch.bool)
+        producer.set_vocab_mapping(ids, mask)
+        assert calls == [(ids, mask)]
+        producer.close()
+        producer.close()
+        with pytest.raises(RuntimeError, match=r"closed"):
+            producer.produce(**dict(zip(("input_ids", "attention_mask", "loss_mask"), prompt(), strict=True)))
 
 
 class CountingQueue(SampleRefQueue):

@@ -80,7 +80,8 @@ def require_eagle3(algorithm: FeatureAlgorithm | str | None, owner: str) -> Feat
 
 def _check_packing(present: Iterable[str]) -> None:
     """``ValueError`` unless none or all three packing features are among ``present``."""
-    given = [name for name in PACKING_FEATURES if name in set(present)]
+    names = set(present)
+    given = [name for name in PACKING_FEATURES if name in names]
     if 0 < len(given) < len(PACKING_FEATURES):
         raise ValueError(f"eagle3 packing metadata: {_PACKING_TOGETHER}; got only {given}")
 

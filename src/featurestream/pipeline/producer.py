@@ -2,46 +2,62 @@
 
 from __future__ import annotations
 
+import inspect
 import itertools
 import threading
 from collections.abc import Callable
-from typing import Protocol
+from types import TracebackType
+from typing import Any, Protocol
 
 import torch
 
-from featurestream.core.refs import FeatureAlgorithm, SampleRef
-from featurestream.pipeline import eagle3
+from featurestream.core.refs import FeatureAlgorithm, FeatureSpec, SampleRef
+from featurestream.pipeline.schemas import AlgorithmSchema, registered_schemas, schema_for
 from featurestream.stores.base import FeatureStore
-from featurestream.stores.ledger import LedgerFeatureStore
 
 __all__ = ["FeatureProducer", "TargetBackend"]
 
 
 class TargetBackend(Protocol):
-    """What a producer drives: a target model that computes EAGLE-3 supervision.
+    """What a producer drives: a target model that computes an algorithm's supervision.
 
-    ``generate_batch`` receives ``input_ids``, ``attention_mask`` and
-    ``loss_mask`` as keywords (plus ``position_ids``, ``seq_lens`` and
-    ``doc_remaining`` when packing) and returns an object (or mapping) with
-    ``aux_hidden_states, input_ids, attention_mask, loss_mask`` and either
-    ``logits`` or ``target_probs`` + ``position_mask``.
+    ``generate_batch`` receives ``input_ids``, ``attention_mask``,
+    ``loss_mask``, ``position_ids``, ``seq_lens`` and ``doc_remaining`` as
+    keywords (the last three ``None`` unless packing) and returns an object
+    (or mapping) with the schema's features; for EAGLE-3
+    ``aux_hidden_states, input_ids, attention_mask, loss_mask, logits``.
+    The algorithm is inferred from the backend's base class (for EAGLE-3,
+    ``featurestream.eagle3.Eagle3TargetBackend``); any other backend needs
+    ``FeatureProducer(..., algorithm=...)``.
     """
 
-    def generate_batch(self, **inputs: torch.Tensor) -> object: ...
+    def generate_batch(self, **inputs: torch.Tensor | None) -> object: ...
 
 
 class FeatureProducer:
     """Run the target backend on prompts and put its outputs in ``store``.
 
-    ``produce`` returns the ``SampleRef`` to enqueue; a ref that will never be
-    enqueued must be handed to ``discard``. Default sample ids are
-    ``sample-{run_id}-{n}`` (``n`` from 0); ``sample_id_factory()`` replaces them.
+    The algorithm's ``AlgorithmSchema`` (``featurestream.pipeline.schemas``)
+    decides what is stored: with ``algorithm=None`` it is inferred from the
+    backend's class (an ``Eagle3TargetBackend`` is EAGLE-3), else
+    ``ValueError`` (``cannot infer FeatureAlgorithm``).
 
-    Copies: the backend's freshly computed outputs are handed to the store
-    without a copy (``put(..., take_ownership=True)`` on the built-in stores),
-    so the backend must return new tensors on each call, not buffers it
-    reuses. Outputs that share memory with the caller's inputs (a backend may
-    echo ``input_ids`` back) are copied, because the caller still owns those.
+    ``produce`` returns the ``SampleRef`` to enqueue; a ref that will never be
+    enqueued must be handed to ``discard``. Sample ids are
+    ``sample_id_factory(n)`` for the 1-based sequence number ``n``, by default
+    ``sample-{run_id}-{n}``. ``num_tokens`` on the ref is the number of
+    supervised tokens, ``int(loss_mask.sum())``.
+
+    Copies: when the store's ``put`` declares ``take_ownership`` (the
+    built-in stores do) the backend's freshly computed outputs are handed
+    over without a copy, so the backend must return new tensors on each
+    call, not buffers it reuses. Outputs that share memory with the caller's
+    inputs (a backend may echo ``input_ids`` back) are copied, because the
+    caller still owns those. A store without the keyword (written against the
+    reference contract) is called without it and copies as it likes.
+
+    Thread-safe: concurrent ``produce`` calls get distinct ids (the backend
+    itself must tolerate concurrent forwards if they are made).
     """
 
     def __init__(
@@ -53,8 +69,9 @@ class FeatureProducer:
         algorithm: FeatureAlgorithm | None = None,
         target_model_version: str = "0",
         draft_weight_version: str = "0",
-        sample_id_factory: Callable[[], str] | None = None,
+        sample_id_factory: Callable[[int], str] | None = None,
     ) -> None:
+        schema = _infer_schema(target_backend) if algorithm is None else schema_for(algorithm)
         if not callable(getattr(target_backend, "generate_batch", None)):
             raise TypeError(
                 f"target_backend must have a generate_batch(...) method, got {type(target_backend).__name__}"
@@ -63,17 +80,32 @@ class FeatureProducer:
             raise TypeError(f"store must be a FeatureStore, got {type(store).__name__}")
         if not isinstance(run_id, str) or not run_id:
             raise ValueError(f"run_id must be a non-empty str, got {run_id!r}")
-        algorithm = eagle3.require_eagle3(algorithm, "FeatureProducer")
+        if sample_id_factory is not None and not callable(sample_id_factory):
+            raise TypeError(f"sample_id_factory must be callable as factory(n) -> str, got {sample_id_factory!r}")
         self.target_backend = target_backend
         self.store = store
         self.run_id = run_id
-        self.algorithm = algorithm
+        self.schema: AlgorithmSchema = schema
+        self.algorithm = schema.algorithm
         self.target_model_version = target_model_version
         self.draft_weight_version = draft_weight_version
         self._sample_id_factory = sample_id_factory
-        self._counter = itertools.count()
-        self._counter_lock = threading.Lock()
+        self._counter = itertools.count(1)
+        self._lock = threading.Lock()
+        self._closed = False
+        # Decided once: the keyword is an allowance a store declares, and reference-contract stores lack it.
+        self._take_ownership = _accepts_keyword(store.put, "take_ownership")
 
+    # -- the backend's extras -----------------------------------------------------
+    def set_vocab_mapping(self, selected_token_ids: torch.Tensor, selected_token_mask: torch.Tensor) -> None:
+        """Forward the draft-vocabulary mapping to the target backend."""
+        self.target_backend.set_vocab_mapping(selected_token_ids, selected_token_mask)  # type: ignore[attr-defined]
+
+    def get_input_embeddings(self) -> torch.nn.Module:
+        """The target backend's input embeddings (a draft head may share them)."""
+        return self.target_backend.get_input_embeddings()  # type: ignore[attr-defined,no-any-return]
+
+    # -- producing -------------------------------------------------------------------
     def produce(
         self,
         *,
@@ -84,38 +116,122 @@ class FeatureProducer:
         seq_lens: torch.Tensor | None = None,
         doc_remaining: torch.Tensor | None = None,
     ) -> SampleRef:
-        """One no-grad target forward; store its supervision and return the ref describing it."""
-        inputs = {"input_ids": input_ids, "attention_mask": attention_mask, "loss_mask": loss_mask}
-        packing = {"position_ids": position_ids, "seq_lens": seq_lens, "doc_remaining": doc_remaining}
-        inputs.update({name: value for name, value in packing.items() if value is not None})
+        """One no-grad target forward; store its supervision and return the ref describing it.
+
+        Errors: inputs the schema refuses (EAGLE-3: partial packing metadata)
+        -> ``ValueError`` before the forward; a backend output the schema
+        refuses (EAGLE-3: no ``logits``) -> ``ValueError``, nothing stored;
+        a store whose ref describes the tensors differently from what was put
+        -> the sample is evicted and ``RuntimeError``; after ``close()`` ->
+        ``RuntimeError``.
+        """
+        with self._lock:
+            if self._closed:
+                raise RuntimeError(f"FeatureProducer for run {self.run_id!r} is closed")
+        inputs = {
+            "input_ids": input_ids,
+            "attention_mask": attention_mask,
+            "loss_mask": loss_mask,
+            "position_ids": position_ids,
+            "seq_lens": seq_lens,
+            "doc_remaining": doc_remaining,
+        }
+        self.schema.check_inputs(inputs)
         with torch.no_grad():
             batch = self.target_backend.generate_batch(**inputs)
-        tensors = eagle3.feature_tensors(batch)
-        for name, tensor in tensors.items():
-            if any(_shares_memory(tensor, given) for given in inputs.values()):
-                tensors[name] = tensor.clone()
-        put_options = {"take_ownership": True} if isinstance(self.store, LedgerFeatureStore) else {}
-        return self.store.put(
+        tensors = self.schema.produced_tensors(batch)
+        if self._take_ownership:
+            for name, tensor in tensors.items():
+                if any(_shares_memory(tensor, given) for given in inputs.values() if given is not None):
+                    tensors[name] = tensor.clone()
+        measured = {name: FeatureSpec(tuple(t.shape), t.dtype) for name, t in tensors.items()}
+        options: dict[str, Any] = {"take_ownership": True} if self._take_ownership else {}
+        ref = self.store.put(
             self._next_sample_id(),
             tensors,
             run_id=self.run_id,
             algorithm=self.algorithm,
-            schema_version=eagle3.SCHEMA_VERSION,
+            schema_version=self.schema.schema_version,
             target_model_version=self.target_model_version,
             draft_weight_version=self.draft_weight_version,
-            num_tokens=int(attention_mask.sum()),
-            **put_options,
+            num_tokens=int(loss_mask.sum()),
+            **options,
         )
+        if dict(ref.feature_specs) != measured:
+            mismatch = (
+                f"sample {ref.sample_id!r}: the store's ref describes {_describe(ref.feature_specs)}, but the "
+                f"tensors put were {_describe(measured)}"
+            )
+            try:
+                self.discard(ref)
+            except Exception as exc:
+                raise RuntimeError(f"{mismatch}; evicting it from {ref.store_uri} failed too: {exc!r}") from exc
+            raise RuntimeError(f"{mismatch}; the sample was evicted from {ref.store_uri}")
+        return ref
 
     def discard(self, ref: SampleRef) -> None:
-        """Evict a produced sample that will never be enqueued (so it is not orphaned in the store)."""
-        self.store.scrub(ref)
+        """Evict a produced sample that will never be enqueued (so it is not orphaned in the store).
+
+        Stores with the ``scrub`` hook free it at once; a reference-contract
+        store (no ``scrub``) frees an unqueued sample on its last release, so
+        it is fetched and released.
+        """
+        if type(self.store).scrub is not FeatureStore.scrub:
+            self.store.scrub(ref)
+            return
+        _, handle = self.store.get(ref)
+        self.store.release(handle)
+
+    def close(self) -> None:
+        """Refuse later ``produce`` calls (idempotent); the store and the backend stay open (others share them)."""
+        with self._lock:
+            self._closed = True
+
+    def __enter__(self) -> FeatureProducer:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
 
     def _next_sample_id(self) -> str:
+        with self._lock:
+            n = next(self._counter)
         if self._sample_id_factory is not None:
-            return self._sample_id_factory()
-        with self._counter_lock:
-            return f"sample-{self.run_id}-{next(self._counter)}"
+            return self._sample_id_factory(n)
+        return f"sample-{self.run_id}-{n}"
+
+
+def _infer_schema(backend: object) -> AlgorithmSchema:
+    """The schema whose backend base class ``backend`` is an instance of; ``ValueError`` when none is."""
+    schemas = registered_schemas().values()
+    for schema in schemas:
+        if schema.backend_type is not None and isinstance(backend, schema.backend_type):
+            return schema
+    bases = ", ".join(
+        f"{s.backend_type.__module__}.{s.backend_type.__qualname__} for {s.algorithm}"
+        for s in schemas
+        if s.backend_type is not None
+    )
+    raise ValueError(
+        f"cannot infer FeatureAlgorithm from a {type(backend).__name__} backend: it subclasses none of the "
+        f"algorithms' backend base classes ({bases}); subclass one, or pass algorithm= explicitly"
+    )
+
+
+def _accepts_keyword(function: Callable[..., object], name: str) -> bool:
+    """Whether ``function`` declares a parameter ``name`` that can be passed by keyword."""
+    try:
+        parameters = inspect.signature(function).parameters
+    except (TypeError, ValueError):  # a builtin or C callable without a signature
+        return False
+    parameter = parameters.get(name)
+    return parameter is not None and parameter.kind in (parameter.KEYWORD_ONLY, parameter.POSITIONAL_OR_KEYWORD)
+
+
+def _describe(specs: Any) -> str:
+    return ", ".join(f"{name} {tuple(spec.shape)}/{spec.dtype}" for name, spec in specs.items())
 
 
 def _shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
