@@ -1,5 +1,10 @@
 """``featurestream demo``: train a tiny EAGLE-3 draft head on features streamed from a tiny target model.
 
+``--target tiny`` (default) is featurestream's own small transformer;
+``--target hf-llama`` / ``hf-qwen2`` / ``hf-qwen3`` / ``hf-mistral`` is a
+randomly initialised Hugging Face model of that architecture, the same size,
+driven through ``HFEagle3TargetModel`` (needs ``featurestream[hf]``).
+
 prompts -> ``AsyncFeaturePipeline`` (target forward on a background thread)
 -> feature store -> ``SampleRefQueue`` -> one ``FeatureDataLoader`` per
 consumer thread -> draft training steps. Consumers fail some steps
@@ -38,14 +43,45 @@ from featurestream.pipeline.producer import FeatureProducer
 from featurestream.stores.base import FeatureStore
 from featurestream.stores.local import LocalFeatureStore
 from featurestream.stores.shared_dir import DATA_SUFFIX, RETAINED_SUFFIX, SharedDirFeatureStore
-from featurestream.tools.models import TinyConfig, TinyEagle3Draft, TinyTargetModel, prompt_batches
+from featurestream.tools.models import (
+    HF_FAMILIES,
+    TinyConfig,
+    TinyEagle3Draft,
+    TinyTargetModel,
+    prompt_batches,
+    tiny_hf_causal_lm,
+)
 
 BATCH_SIZE = 4
 SEQ_LEN = 32
 MAX_DELIVERIES = 10
+TARGETS = ("tiny", *(f"hf-{family}" for family in HF_FAMILIES))
+
+
+def make_target(args: argparse.Namespace, config: TinyConfig) -> tuple[Any, str]:
+    """The demo's target backend and a description of it (the one place a target is chosen)."""
+    target_name = getattr(args, "target", "tiny")
+    if target_name == "tiny":
+        tiny = TinyTargetModel(config, seed=args.seed)
+        return tiny, f"TinyTargetModel, {config.num_layers} layers, aux layers {config.aux_layers}"
+    from featurestream.pipeline.hf import HFEagle3TargetModel  # transformers is optional: import on use
+
+    model = tiny_hf_causal_lm(target_name.removeprefix("hf-"), config, seed=args.seed)
+    hf_target = HFEagle3TargetModel(model)
+    return hf_target, (
+        f"{type(model).__name__} (random init, transformers), {hf_target.num_layers} layers, "
+        f"aux layers {hf_target.aux_layer_ids}"
+    )
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--target",
+        choices=TARGETS,
+        default="tiny",
+        help="target model: featurestream's tiny transformer, or a random-init Hugging Face architecture of the "
+        "same size (hf-*: needs featurestream[hf]) (tiny)",
+    )
     parser.add_argument("--store", choices=("local", "shared-dir"), default="local", help="feature store (local)")
     parser.add_argument("--dir", metavar="PATH", help="shared-dir store directory (default: a fresh temporary one)")
     parser.add_argument("--samples", type=_positive_int, default=300, metavar="N", help="samples to stream (300)")
@@ -237,6 +273,11 @@ def run(args: argparse.Namespace) -> int:
         return 2
     torch.set_num_threads(1)  # one core for the producer thread, one for training
     config = TinyConfig()
+    try:
+        target, target_description = make_target(args, config)
+    except ImportError as exc:  # an hf-* target without the optional transformers
+        print(f"featurestream demo: {exc}", file=sys.stderr)
+        return 2
     sample_bytes = BATCH_SIZE * SEQ_LEN * (3 * config.hidden_size * 4 + config.vocab_size * 4 + 3 * 8)
     temp_dir = tempfile.mkdtemp(prefix="featurestream-demo-") if args.store == "shared-dir" and not args.dir else None
     directory = args.dir or temp_dir
@@ -245,10 +286,11 @@ def run(args: argparse.Namespace) -> int:
         store = make_store(args, directory, sample_bytes)
         telemetry = _Telemetry()
         queue = make_queue(store, args, telemetry)
-        target = TinyTargetModel(config, seed=args.seed)
         draft = TinyEagle3Draft(config, seed=args.seed + 1)
         trainer = _Trainer(draft, torch.optim.AdamW(draft.parameters(), lr=3e-3))
-        producer = FeatureProducer(target, store, run_id=run_id, target_model_version=f"tiny-seed{args.seed}")
+        producer = FeatureProducer(
+            target, store, run_id=run_id, target_model_version=f"{getattr(args, 'target', 'tiny')}-seed{args.seed}"
+        )
         prompts = prompt_batches(
             args.samples, batch_size=BATCH_SIZE, seq_len=SEQ_LEN, vocab_size=config.vocab_size, seed=args.seed
         )
@@ -285,7 +327,9 @@ def run(args: argparse.Namespace) -> int:
         if args.render:
             queue.render(args.render)
         store.close()
-        return _summary(args, store, queue, trainer, telemetry, elapsed, errors, residual, leftovers)
+        return _summary(
+            args, store, queue, trainer, telemetry, elapsed, errors, residual, leftovers, target_description
+        )
     finally:
         if temp_dir is not None:
             shutil.rmtree(temp_dir, ignore_errors=True)
@@ -307,6 +351,7 @@ def _summary(
     errors: list[BaseException],
     residual: Any,
     leftovers: list[str],
+    target_description: str = "",
 ) -> int:
     stats = queue.stats()
     put_ids = set(telemetry.put_at)
@@ -337,6 +382,7 @@ def _summary(
         f"{args.consumers} consumers, "
         f"fail-rate {args.fail_rate}, crash-every {args.crash_every}, visibility {args.visibility_timeout} s, "
         f"seed {args.seed}",
+        f"  target                {getattr(args, 'target', 'tiny')}: {target_description}",
         f"  training steps        {steps} in {elapsed:.2f} s ({stats.acked / elapsed:.1f} samples/s acked)",
         f"  bytes moved           {_mb(sum(trainer.sample_bytes.values()))} through the store, "
         f"{_mb(trainer.bytes_read)} materialised by consumers",

@@ -6,6 +6,11 @@ producer's backend protocol: one forward, returning the hidden states of a
 low, a middle and the top layer concatenated (``aux_hidden_states``,
 ``[B, T, 3H]``) and the logits (``[B, T, V]``).
 
+``tiny_hf_causal_lm`` builds the same-sized target from a real Hugging Face
+architecture (Llama, Qwen2, Qwen3, Mistral; random init, no download; needs
+``featurestream[hf]``), to be wrapped in
+``featurestream.pipeline.hf.HFEagle3TargetModel``.
+
 ``TinyEagle3Draft`` is the EAGLE-3 recipe shrunk down: it fuses the three
 target layers into one feature per position, combines the feature at ``t``
 with the embedding of token ``t+1``, runs one causal decoder layer and
@@ -23,9 +28,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from featurestream.pipeline.eagle3 import Eagle3TargetBatch
+from featurestream.pipeline.eagle3 import Eagle3TargetBackend, Eagle3TargetBatch
 
-__all__ = ["TinyConfig", "TinyEagle3Draft", "TinyTargetModel", "prompt_batches"]
+__all__ = ["HF_FAMILIES", "TinyConfig", "TinyEagle3Draft", "TinyTargetModel", "prompt_batches", "tiny_hf_causal_lm"]
+
+# family -> (config class, model class) in ``transformers``.
+HF_FAMILIES: dict[str, tuple[str, str]] = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM"),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
+    "mistral": ("MistralConfig", "MistralForCausalLM"),
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,8 +93,8 @@ class _Block(nn.Module):
         return x + self.mlp(self.norm2(x))
 
 
-class TinyTargetModel(nn.Module):
-    """A seeded causal transformer exposing three auxiliary hidden states and logits."""
+class TinyTargetModel(nn.Module, Eagle3TargetBackend):
+    """A seeded causal transformer exposing three auxiliary hidden states and logits (an EAGLE-3 target backend)."""
 
     def __init__(self, config: TinyConfig | None = None, *, seed: int = 0) -> None:
         super().__init__()
@@ -118,6 +131,10 @@ class TinyTargetModel(nn.Module):
                 taps.append(x)
         return self.lm_head(self.norm(x)), torch.cat(taps, dim=-1)
 
+    def get_input_embeddings(self) -> nn.Module:
+        """The token embedding (a draft head may copy or share it)."""
+        return self.embed
+
     def generate_batch(
         self,
         *,
@@ -141,6 +158,46 @@ class TinyTargetModel(nn.Module):
             seq_lens=seq_lens,
             doc_remaining=doc_remaining,
         )
+
+
+def tiny_hf_causal_lm(
+    family: str, config: TinyConfig | None = None, *, num_layers: int = 8, seed: int = 0
+) -> nn.Module:
+    """A seeded, randomly initialised ``transformers`` ``<Family>ForCausalLM`` sized like ``config``, in eval mode.
+
+    Hidden size, attention heads (half as many key/value heads when even),
+    vocabulary and context length come from ``config``; ``num_layers`` decoder
+    layers (8: the EAGLE-3 recipe's auxiliary layers are 1, 3 and 4), an
+    untied LM head re-initialised as sharply as ``TinyTargetModel``'s.
+    ``ImportError`` naming the ``featurestream[hf]`` extra without transformers.
+    """
+    config = config or TinyConfig()
+    if family not in HF_FAMILIES:
+        raise ValueError(f"unknown Hugging Face family {family!r}; choose one of {sorted(HF_FAMILIES)}")
+    try:
+        import transformers
+    except ImportError as exc:
+        raise ImportError(
+            f"the hf-{family} target needs Hugging Face transformers: pip install 'featurestream[hf]'"
+        ) from exc
+    config_name, model_name = HF_FAMILIES[family]
+    heads = config.num_heads
+    hf_config = getattr(transformers, config_name)(
+        vocab_size=config.vocab_size,
+        hidden_size=config.hidden_size,
+        intermediate_size=4 * config.hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=heads,
+        num_key_value_heads=heads // 2 if heads % 2 == 0 else heads,
+        head_dim=config.hidden_size // heads,
+        max_position_embeddings=config.max_seq_len,
+        tie_word_embeddings=False,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = getattr(transformers, model_name)(hf_config)
+        nn.init.normal_(model.get_output_embeddings().weight, std=3.0 / config.hidden_size**0.5)
+    return model.eval()
 
 
 class TinyEagle3Draft(nn.Module):
