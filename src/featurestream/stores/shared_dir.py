@@ -211,6 +211,7 @@ class SharedDirFeatureStore(LedgerFeatureStore):
         low_watermark_bytes: int | None = DEFAULT_LOW_WATERMARK,
     ) -> None:
         self.directory = os.path.abspath(os.fspath(directory))
+        self._unlink_later: dict[str, None] = {}  # paths whose unlink failed, retried by scrub/gc/close
         super().__init__(
             f"file://{self.directory}",
             max_samples=max_samples,
@@ -315,9 +316,38 @@ class SharedDirFeatureStore(LedgerFeatureStore):
             os.unlink(path)
         except FileNotFoundError:
             pass
-        except OSError:
-            # Freeing runs inside queue operations: a leftover file is logged, never allowed to break the queue.
-            logger.exception("could not unlink %s", path)
+        except OSError as exc:
+            # A leftover file is never forgotten: it is retried on the next scrub, gc and close.
+            logger.warning("could not unlink %s (%s); retrying it later", path, exc)
+            with self._lock:
+                self._unlink_later[path] = None
+
+    def _retry_unlinks(self) -> int:
+        """Unlink again every path whose unlink failed before; return how many are gone now.
+
+        Under the store's lock, so a ``retain`` that re-creates a marker cannot race with the retry.
+        """
+        gone = 0
+        with self._lock:
+            for path in list(self._unlink_later):
+                try:
+                    os.unlink(path)
+                except FileNotFoundError:
+                    pass
+                except OSError:
+                    continue
+                del self._unlink_later[path]
+                gone += 1
+        return gone
+
+    def gc(self) -> int:
+        """Forget orphan handles and retry failed unlinks; return how many of both were swept."""
+        return super().gc() + self._retry_unlinks()
+
+    def close(self) -> None:
+        """Unlink every sample this instance wrote (idempotent), retrying unlinks that failed before."""
+        super().close()
+        self._retry_unlinks()
 
     # -- queue hooks --------------------------------------------------------
     def retain(self, ref: SampleRef) -> None:
@@ -326,6 +356,8 @@ class SharedDirFeatureStore(LedgerFeatureStore):
         marker = self._marker_path(ref.sample_id) if self._path_ok(ref) else None
         if marker is None:
             return
+        with self._lock:
+            self._unlink_later.pop(marker, None)  # an old marker's pending unlink must not remove the new one
         try:
             os.close(os.open(marker, os.O_CREAT | os.O_WRONLY, 0o644))
         except OSError as exc:
@@ -338,8 +370,21 @@ class SharedDirFeatureStore(LedgerFeatureStore):
             self._unlink(self._marker_path(ref.sample_id))
 
     def scrub(self, ref: SampleRef) -> None:
-        """The queue is done with ``ref``: unlink its file and marker, whichever instance wrote them."""
+        """The queue is done with ``ref``: unlink its file and marker, whichever instance wrote them.
+
+        The data file goes first, while the sample is still in this instance's bookkeeping: when that
+        unlink fails (EPERM, EIO ...) the ``OSError`` propagates and the sample stays resident and counted
+        by ``health``, so the queue's retry of ``scrub`` finds it again.
+        """
         if self._path_ok(ref):
+            self._retry_unlinks()
+            path = self.data_path(ref.sample_id)
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                raise self._io_error(exc, f"scrub sample {ref.sample_id!r}", path) from exc
             super().scrub(ref)
 
     def _path_ok(self, ref: SampleRef) -> bool:

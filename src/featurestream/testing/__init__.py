@@ -12,12 +12,16 @@ See ``docs/testing.md``.
 """
 
 from featurestream.testing.clock import FakeClock
+from featurestream.testing.faults import UNTIL_CLEARED, FaultyStore, InjectedFault
 from featurestream.testing.machine import InvariantViolation, MachineConfig, QueueMachine, make_queue_machine
 from featurestream.testing.samples import sample_tensors
 from featurestream.testing.traces import duplicate_delivery_trace, record_machine_traces
 
 __all__ = [
+    "UNTIL_CLEARED",
     "FakeClock",
+    "FaultyStore",
+    "InjectedFault",
     "InvariantViolation",
     "MachineConfig",
     "QueueMachine",

@@ -1,0 +1,132 @@
+"""``FaultyStore``: wrap any ``FeatureStore`` so chosen calls raise ``OSError``, once or until cleared."""
+
+from __future__ import annotations
+
+import collections
+import errno
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from featurestream.core.refs import SampleRef
+from featurestream.stores.base import FeatureStore, StoreHandle, StoreHealth
+
+__all__ = ["CALLS", "QUEUE_CALLS", "UNTIL_CLEARED", "FaultyStore", "InjectedFault"]
+
+# Every store call a fault can be armed on; the queue makes the last five itself.
+CALLS = ("put", "get", "release", "retain", "scrub", "unretain", "health", "gc")
+QUEUE_CALLS = ("retain", "scrub", "unretain", "health", "gc")
+UNTIL_CLEARED = None  # ``arm(call, times=UNTIL_CLEARED)``: raise on every call until ``clear``
+
+
+class InjectedFault(OSError):
+    """The ``OSError`` (``EIO``) a ``FaultyStore`` raises in place of the call it was armed on."""
+
+
+class FaultyStore(FeatureStore):
+    """Delegates every call to ``inner``, except armed ones, which raise ``InjectedFault`` *before* reaching it.
+
+    So an injected fault never changes the inner store: the call simply did not
+    happen. ``arm(call, times=1)`` makes the next ``times`` calls of ``call`` raise
+    (``times=UNTIL_CLEARED``: every call until ``clear``); ``clear()`` disarms
+    everything. ``raised`` counts the faults raised per call, and ``log`` lists
+    ``(call, sample_id, ok)`` for every ref-taking call, so a test can tell
+    which scrubs went through. Thread-safe.
+    """
+
+    def __init__(self, inner: FeatureStore) -> None:
+        if not isinstance(inner, FeatureStore):
+            raise TypeError(f"FaultyStore wraps a FeatureStore, got {type(inner).__name__}")
+        self.inner = inner
+        self.store_uri = inner.store_uri
+        self._lock = threading.Lock()
+        self._armed: dict[str, int | None] = {}
+        self.raised: collections.Counter[str] = collections.Counter()
+        self.log: list[tuple[str, str | None, bool]] = []
+
+    # -- arming -------------------------------------------------------------
+    def arm(self, call: str, times: int | None = 1) -> None:
+        """Make the next ``times`` calls of ``call`` raise (``UNTIL_CLEARED``: all of them until ``clear``)."""
+        if call not in CALLS:
+            raise ValueError(f"cannot arm {call!r}: known store calls are {CALLS}")
+        if times is not None and (isinstance(times, bool) or not isinstance(times, int) or times < 1):
+            raise ValueError(f"times must be an int >= 1 or UNTIL_CLEARED, got {times!r}")
+        with self._lock:
+            self._armed[call] = times
+
+    def clear(self, call: str | None = None) -> None:
+        """Disarm ``call`` (default: every call)."""
+        with self._lock:
+            if call is None:
+                self._armed.clear()
+            else:
+                self._armed.pop(call, None)
+
+    def armed(self, call: str | None = None) -> bool:
+        """Whether ``call`` (default: any call) would raise now."""
+        with self._lock:
+            return bool(self._armed) if call is None else call in self._armed
+
+    def _enter(self, call: str, sample_id: str | None) -> None:
+        with self._lock:
+            if call not in self._armed:
+                self.log.append((call, sample_id, True))
+                return
+            left = self._armed[call]
+            if left is not None:
+                if left <= 1:
+                    del self._armed[call]
+                else:
+                    self._armed[call] = left - 1
+            self.raised[call] += 1
+            self.log.append((call, sample_id, False))
+        what = call if sample_id is None else f"{call}({sample_id!r})"
+        raise InjectedFault(errno.EIO, f"injected fault: store {what} failed")
+
+    # -- the store contract, delegated ------------------------------------------
+    def put(self, sample_id: str, tensors: Mapping[str, torch.Tensor], **kwargs: Any) -> SampleRef:
+        self._enter("put", sample_id)
+        return self.inner.put(sample_id, tensors, **kwargs)
+
+    def get(self, ref: SampleRef, device: torch.device | str | None = None, **kwargs: Any) -> Any:
+        self._enter("get", ref.sample_id)
+        tensors, handle = self.inner.get(ref, device, **kwargs)
+        return tensors, handle
+
+    def release(self, handle: StoreHandle) -> None:
+        self._enter("release", handle.sample_id)
+        self.inner.release(handle)
+
+    def retain(self, ref: SampleRef) -> None:
+        self._enter("retain", ref.sample_id)
+        self.inner.retain(ref)
+
+    def unretain(self, ref: SampleRef) -> None:
+        self._enter("unretain", ref.sample_id)
+        self.inner.unretain(ref)
+
+    def scrub(self, ref: SampleRef) -> None:
+        self._enter("scrub", ref.sample_id)
+        self.inner.scrub(ref)
+
+    def health(self) -> StoreHealth:
+        self._enter("health", None)
+        return self.inner.health()
+
+    def gc(self) -> int:
+        self._enter("gc", None)
+        return self.inner.gc()
+
+    def close(self) -> None:
+        self.inner.close()
+
+    def is_resident(self, sample_id: str) -> bool:
+        return self.inner.is_resident(sample_id)
+
+    def __getattr__(self, name: str) -> Any:
+        # Store-specific extras (``directory``, ``data_path`` ...) stay reachable through the wrapper.
+        if name == "inner":
+            raise AttributeError(name)
+        return getattr(self.inner, name)
