@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 import pytest
 import torch
 
-from featurestream import AsyncFeaturePipeline, FeatureDataLoader, FeatureProducer, LocalFeatureStore, SampleRefQueue
+from featurestream import (
+    AsyncFeaturePipeline,
+    FeatureDataLoader,
+    FeatureProducer,
+    LocalFeatureStore,
+    PromptSource,
+    SampleRefQueue,
+)
 from featurestream.tools.models import TinyConfig, TinyTargetModel, prompt_batches
 
 CONFIG = TinyConfig(vocab_size=32, hidden_size=16, num_layers=3, num_heads=2, max_seq_len=16)
@@ -102,8 +110,7 @@ def test_the_threads_error_is_reraised_from_stop() -> None:
 
 def test_a_refused_put_is_discarded_and_reraised() -> None:
     producer, queue, store = make()
-    ids = iter(["same", "same"])
-    producer = FeatureProducer(TinyTargetModel(CONFIG), store, run_id="p", sample_id_factory=lambda: next(ids))
+    producer = FeatureProducer(TinyTargetModel(CONFIG), store, run_id="p", sample_id_factory=lambda n: "same")
     source = prompts(2)
     queue.put(producer.produce(**dict(zip(("input_ids", "attention_mask", "loss_mask"), source[0], strict=True))))
     queue.ack(queue.acquire(timeout=0))  # type: ignore[arg-type]
@@ -116,7 +123,46 @@ def test_a_refused_put_is_discarded_and_reraised() -> None:
 
 def test_bad_arguments() -> None:
     producer, queue, _ = make()
-    with pytest.raises(TypeError, match=r"callable or an iterable"):
+    with pytest.raises(TypeError, match=r"callable or an iterable, got int"):
         AsyncFeaturePipeline(producer, queue, 42)  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match=r"poll_interval"):
+    with pytest.raises(ValueError, match=r"poll_interval must be a finite number of seconds >= 0, got -1"):
         AsyncFeaturePipeline(producer, queue, [], poll_interval=-1)
+    pipeline = AsyncFeaturePipeline(producer, queue, [])
+    with pytest.raises(ValueError, match=r"join_timeout must be a finite number of seconds >= 0, got -1"):
+        pipeline.stop(join_timeout=-1)
+    with pytest.raises(TypeError):
+        pipeline.stop(5.0)  # type: ignore[misc]  # keyword-only, as in the reference
+
+
+def test_prompt_source_is_a_runtime_checkable_protocol() -> None:
+    assert isinstance(lambda: None, PromptSource)
+    assert not isinstance(iter([]), PromptSource) and not isinstance(42, PromptSource)
+
+
+def test_stop_without_a_join_limit_waits_for_the_thread() -> None:
+    producer, queue, _ = make()
+    release = threading.Event()
+    remaining = prompts(1)
+
+    def slow_source() -> tuple[torch.Tensor, ...] | None:
+        release.wait(30)  # the thread sits here until stop() has been called
+        return remaining.pop() if remaining else None
+
+    pipeline = AsyncFeaturePipeline(producer, queue, slow_source).start()
+    stopper = threading.Thread(target=pipeline.stop, kwargs={"join_timeout": None})
+    stopper.start()
+    assert _wait_for(pipeline.stop_requested)
+    assert stopper.is_alive(), "stop(join_timeout=None) is still waiting for the thread"
+    release.set()
+    stopper.join(30)
+    assert not stopper.is_alive() and not pipeline.is_running and queue.is_closed
+
+
+def _wait_for(condition: Callable[[], bool]) -> bool:
+    """Poll ``condition`` until true (bounded): the stop request is set by another thread."""
+    event = threading.Event()
+    for _ in range(3000):
+        if condition():
+            return True
+        event.wait(0.01)
+    return False

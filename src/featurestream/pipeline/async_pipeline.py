@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from types import TracebackType
-from typing import Any
+from typing import Protocol, runtime_checkable
 
 import torch
 
 from featurestream.core.checks import check_seconds
+from featurestream.core.protocol import LeaseQueue
 from featurestream.pipeline.producer import FeatureProducer
 
 __all__ = ["AsyncFeaturePipeline", "Prompt", "PromptSource"]
@@ -18,7 +19,19 @@ __all__ = ["AsyncFeaturePipeline", "Prompt", "PromptSource"]
 logger = logging.getLogger(__name__)
 
 Prompt = torch.Tensor | tuple[torch.Tensor, ...]
-PromptSource = Callable[[], Prompt | None] | Iterable[Prompt]
+
+
+@runtime_checkable
+class PromptSource(Protocol):
+    """A polled prompt source: a zero-argument callable returning the next prompt, or ``None`` when (for now) empty.
+
+    A prompt is a bare ``input_ids`` tensor (masks of ones) or a 3-tuple
+    ``(input_ids, attention_mask, loss_mask)`` or 6-tuple (``+ position_ids,
+    seq_lens, doc_remaining``) of long tensors. ``AsyncFeaturePipeline`` also
+    takes a plain iterable of prompts instead.
+    """
+
+    def __call__(self) -> Prompt | None: ...
 
 _PROMPT_FIELDS = ("input_ids", "attention_mask", "loss_mask", "position_ids", "seq_lens", "doc_remaining")
 
@@ -58,14 +71,14 @@ class AsyncFeaturePipeline:
     def __init__(
         self,
         producer: FeatureProducer,
-        queue: Any,
-        prompt_source: PromptSource,
+        queue: LeaseQueue,
+        prompt_source: PromptSource | Iterable[Prompt],
         *,
         poll_interval: float = 0.1,
         stop_on_exhausted: bool = True,
     ) -> None:
         check_seconds("poll_interval", poll_interval)
-        if not callable(prompt_source) and not isinstance(prompt_source, Iterable):
+        if not isinstance(prompt_source, (PromptSource, Iterable)):
             raise TypeError(f"prompt_source must be a callable or an iterable, got {type(prompt_source).__name__}")
         self.producer = producer
         self.queue = queue
@@ -100,9 +113,14 @@ class AsyncFeaturePipeline:
             self._thread.start()
         return self
 
-    def stop(self, join_timeout: float = 10.0) -> None:
-        """Ask the thread to stop (unblocking a paused put), wait for it, and re-raise its error, if any."""
-        check_seconds("join_timeout", join_timeout)
+    def stop(self, *, join_timeout: float | None = 10.0) -> None:
+        """Ask the thread to stop (unblocking a paused put), wait for it, and re-raise its error, if any.
+
+        Waits up to ``join_timeout`` seconds (``None``: without limit); ``TimeoutError`` if the thread is still
+        running then (stuck in a forward), with the stop request left in place.
+        """
+        if join_timeout is not None:
+            check_seconds("join_timeout", join_timeout)
         self._stop.set()
         thread = self._thread
         if thread is not None:
