@@ -12,6 +12,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("featurestream.tools.demo", "stream samples end to end and print a summary"),
     "check": ("featurestream.spec.check", "model-check spec/LeaseQueue.tla with TLC"),
     "diagrams": ("featurestream.tools.diagrams", "render the state diagrams with graphviz"),
+    "status": ("featurestream.tools.ops.status", "show a Redis queue: depth, leases, counters and rates, dead letters"),
+    "dead-letters": ("featurestream.tools.ops.dead_letters", "list, requeue or purge a Redis queue's dead letters"),
 }
 
 
@@ -21,7 +23,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     modules = {}
     wanted = (list(argv) if argv is not None else sys.argv[1:])[:1]
     for name, (module_name, help_text) in COMMANDS.items():
-        sub = commands.add_parser(name, help=help_text)
+        sub = commands.add_parser(name, help=help_text, description=help_text)
         # Only the chosen command's module is imported: torch-free commands stay fast.
         if name in wanted:
             modules[name] = importlib.import_module(module_name)

@@ -1,0 +1,1 @@
+"""Operator commands for a shared Redis queue: ``featurestream status`` and ``featurestream dead-letters``."""

@@ -1,0 +1,86 @@
+"""``featurestream dead-letters list|requeue|purge``: inspect and repair a shared Redis queue's dead letters.
+
+``list`` prints them oldest first. ``requeue`` sends the named ones (or
+``--all``) back to the queue with a fresh delivery budget -- only those whose
+bytes the queue kept (``keep_dead_letter_bytes``); ``purge`` drops them for
+good (and their kept bytes). Each is one atomic server call: a refused
+request (an unknown id, bytes not kept) changes nothing and exits 1 naming the
+id. Neither acts on nothing: give ids or ``--all``. Exit status 2 for usage
+errors, an unreachable server or a missing queue.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from featurestream.tools.ops.target import TargetError, add_target_arguments, open_target, redact
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+    listing = actions.add_parser("list", help="list the dead letters, oldest first")
+    add_target_arguments(listing)
+    for action, help_text in (
+        ("requeue", "send dead letters back to the queue with a fresh delivery budget (needs their kept bytes)"),
+        ("purge", "drop dead letters for good, with their kept bytes"),
+    ):
+        sub = actions.add_parser(action, help=help_text)
+        add_target_arguments(sub)
+        sub.add_argument("ids", nargs="*", metavar="SAMPLE_ID", help=f"the dead letters to {action}")
+        sub.add_argument("--all", action="store_true", help=f"{action} every dead letter")
+
+
+def run(args: argparse.Namespace) -> int:
+    command = f"featurestream dead-letters {args.action}"
+    if args.action != "list":
+        if not args.ids and not args.all:
+            return _say(command, f"name the sample ids to {args.action}, or pass --all (refusing to act on nothing)", 2)
+        if args.ids and args.all:
+            return _say(command, "pass either sample ids or --all, not both", 2)
+    try:
+        with open_target(args) as queue:
+            if args.action == "list":
+                return _list(queue, args)
+            return _repair(queue, args, command)
+    except TargetError as exc:
+        return _say(command, str(exc), 2)
+
+
+def _list(queue: Any, args: argparse.Namespace) -> int:
+    letters = [
+        {"sample_id": d.ref.sample_id, "reason": d.reason, "deliveries": d.deliveries} for d in queue.dead_letters()
+    ]
+    if args.json:
+        print(json.dumps({"url": redact(args.redis), "name": args.name, "dead_letters": letters}))
+        return 0
+    print(f"{_plural(len(letters))} in queue {args.name!r} at {redact(args.redis)}")
+    width = max((len(letter["sample_id"]) for letter in letters), default=0)
+    for letter in letters:
+        print(f"  {letter['sample_id']:{width}}  {letter['deliveries']:>3} deliveries  {letter['reason']}")
+    return 0
+
+
+def _repair(queue: Any, args: argparse.Namespace, command: str) -> int:
+    method = queue.requeue_dead_letters if args.action == "requeue" else queue.purge_dead_letters
+    try:
+        done = method(None if args.all else list(args.ids))
+    except (ValueError, LookupError) as exc:  # refused as a whole: nothing changed
+        return _say(command, f"refused, nothing changed: {exc}", 1)
+    past = "requeued" if args.action == "requeue" else "purged"
+    if args.json:
+        print(json.dumps({"url": redact(args.redis), "name": args.name, past: done}))
+    else:
+        print(f"{past} {_plural(len(done))}" + (f": {', '.join(done)}" if done else ""))
+    return 0
+
+
+def _plural(count: int) -> str:
+    return f"{count} dead letter{'' if count == 1 else 's'}"
+
+
+def _say(command: str, message: str, status: int) -> int:
+    print(f"{command}: {message}", file=sys.stderr)
+    return status
