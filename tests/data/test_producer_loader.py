@@ -226,7 +226,7 @@ class TestLoader:
         for i in range(3):
             queue.put(put_eagle3(store, i))
         queue.close()
-        loader = FeatureDataLoader(queue, store)
+        loader = FeatureDataLoader(queue, store, prefetch=0)
         first = next(loader)
         assert isinstance(first, Eagle3TargetBatch) and torch.equal(first.logits, eagle3_sample(0)["logits"])
         assert queue.stats().acked == 0 and queue.outstanding_count() == 1, "valid through the training step"
@@ -240,7 +240,7 @@ class TestLoader:
     def test_a_waiting_loader_wakes_on_put_without_polling(self) -> None:
         store = LocalFeatureStore()
         queue = CountingQueue(store)
-        loader = FeatureDataLoader(queue, store, acquire_poll_interval=60.0)
+        loader = FeatureDataLoader(queue, store, acquire_poll_interval=60.0, prefetch=0)
         got: list[Eagle3TargetBatch] = []
         consumer = threading.Thread(target=lambda: got.append(next(loader)))
         consumer.start()
@@ -254,8 +254,8 @@ class TestLoader:
         queue = SampleRefQueue(store)
         dflash = {"hidden_states": torch.zeros(2), **{n: torch.zeros(2) for n in ("input_ids", "attention_mask")}}
         queue.put(store.put("d", {**dflash, "loss_mask": torch.zeros(2)}, algorithm=FeatureAlgorithm.DFLASH))
-        with pytest.raises(ValueError, match=r"dflash.*failed"):
-            next(FeatureDataLoader(queue, store))
+        with pytest.raises(ValueError, match=r"bound to algorithm=FeatureAlgorithm\.EAGLE3.*dflash.*failed"):
+            next(FeatureDataLoader(queue, store, prefetch=0))
         assert queue.stats().failed == 1 and queue.pending_count() == 1 and store.is_resident("d")
 
     def test_a_schema_invalid_ref_is_dropped(self) -> None:
@@ -263,7 +263,7 @@ class TestLoader:
         queue = SampleRefQueue(store)
         queue.put(store.put("bad", {n: t for n, t in eagle3_sample(0).items() if n != "logits"}))
         queue.put(put_eagle3(store, 1))
-        loader = FeatureDataLoader(queue, store)
+        loader = FeatureDataLoader(queue, store, prefetch=0)
         with pytest.raises(ValueError, match=r"dropped"):
             next(loader)
         assert queue.stats().acked == 1 and not store.is_resident("bad")
@@ -279,7 +279,7 @@ class TestLoader:
 
         monkeypatch.setattr(store, "get", broken_get)
         with pytest.raises(OSError, match=r"unplugged"):
-            next(FeatureDataLoader(queue, store))
+            next(FeatureDataLoader(queue, store, prefetch=0))
         assert queue.stats().failed == 1 and queue.pending_count() == 1 and store.is_resident("s0")
 
     def test_fail_current_redelivers_and_close_acks_and_closes(self) -> None:

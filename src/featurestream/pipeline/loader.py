@@ -1,133 +1,451 @@
-"""``FeatureDataLoader``: lease refs from a queue, materialise them, hand out batches."""
+"""``FeatureDataLoader``: lease refs from a queue, materialise them, hand out batches.
+
+Options beyond the reference loader (see ``docs/loader.md``): ``prefetch``
+(a background thread leases and materialises ahead of the trainer),
+``batch_size`` / ``collate_fn`` (k samples per batch, settled together),
+``batch_type`` (the class batches are built as) and ``process_group``
+(data-parallel ranks step and stop in lockstep).
+"""
 
 from __future__ import annotations
 
+import collections
+import dataclasses
 import threading
+import weakref
+from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any
 
-from featurestream.core.checks import check_seconds
+import torch
+
+from featurestream.core.checks import check_count, check_seconds
 from featurestream.core.lease import Lease
+from featurestream.core.protocol import LeaseQueue
 from featurestream.core.refs import FeatureAlgorithm
-from featurestream.pipeline import eagle3
+from featurestream.pipeline import lockstep
+from featurestream.pipeline.batching import ack_many, acquire_many, concat_samples, fail_many
+from featurestream.pipeline.prefetch import LeaseBook, Prefetcher, Pulled
+from featurestream.pipeline.schemas import AlgorithmSchema, make_batch, schema_for
 from featurestream.stores.base import FeatureStore, StoreHandle
 
 __all__ = ["FeatureDataLoader"]
 
+# The prefetch thread's longest single wait in ``acquire``: how soon it notices close() (a put wakes it at once).
+_PREFETCH_WAIT = 0.1
+
+Collate = Callable[[list[dict[str, torch.Tensor]]], Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Spec:
+    """What a pull needs; holds no reference to the loader, so an abandoned loader can be collected."""
+
+    queue: LeaseQueue
+    store: FeatureStore
+    schema: AlgorithmSchema
+    batch_type: type
+    collate_fn: Collate | None
+    batch_size: int
+    device: torch.device | None
+    non_blocking: bool
+    wait: float
+    # Lockstep ranks end their stream when the queue is closed with nothing pending, not at the drain: the
+    # leases still out may be their peers' batches, held while those peers wait for this rank's vote.
+    end_when_nothing_pending: bool
+
+    @property
+    def async_copy(self) -> bool:
+        return self.non_blocking and self.device is not None and self.device.type == "cuda"
+
+
+def _stream_ended(spec: _Spec, own: int) -> bool:
+    """Whether nothing will ever come: closed, nothing pending, no lease out but the ``own`` this loader holds."""
+    queue = spec.queue
+    if not queue.is_closed or queue.pending_count() > 0:
+        return False
+    return spec.end_when_nothing_pending or queue.outstanding_count() <= own
+
+
+def _algorithm_name(algorithm: FeatureAlgorithm) -> str:
+    return f"{type(algorithm).__name__}.{algorithm.name}"
+
+
+class _Puller:
+    """Leases, checks and materialises samples and builds batches of ``batch_size``; one thread at a time.
+
+    Every lease it takes is booked in ``book`` until the loader hands the
+    batch over; samples already materialised when a later one fails stay
+    booked for the next batch, and the errors come out one per pull, in order.
+    """
+
+    def __init__(self, spec: _Spec, book: LeaseBook) -> None:
+        self._spec = spec
+        self.book = book
+        self._ready: list[tuple[Lease, StoreHandle, dict[str, torch.Tensor]]] = []
+        self._errors: collections.deque[BaseException] = collections.deque()
+
+    def pull(self, stopping: Callable[[], bool]) -> Pulled | None:
+        """The next batch or error; ``None`` at the end of the stream (a last batch may be short) or when stopping."""
+        spec = self._spec
+        while not self._errors and len(self._ready) < spec.batch_size:
+            if stopping():
+                return None
+            leases = acquire_many(spec.queue, spec.batch_size - len(self._ready), timeout=spec.wait)
+            if not leases:
+                if _stream_ended(spec, self.book.count()):
+                    break
+                continue
+            for index, lease in enumerate(leases):
+                if not self.book.add(lease):  # the loader closed meanwhile: hand these back untouched
+                    fail_many(spec.queue, leases[index:])
+                    return None
+            for lease in leases:
+                try:
+                    sample = self._materialise(lease)
+                except Exception as exc:
+                    self._errors.append(exc)
+                else:
+                    if sample is None:
+                        return None
+                    self._ready.append(sample)
+        if self._errors:
+            return Pulled([], [], error=self._errors.popleft())
+        if not self._ready:
+            return None
+        samples, self._ready = self._ready[: spec.batch_size], self._ready[spec.batch_size :]
+        return self._collate(samples)
+
+    def _materialise(self, lease: Lease) -> tuple[Lease, StoreHandle, dict[str, torch.Tensor]] | None:
+        """Check and read one leased sample; settle it and raise as the loader contract says; ``None`` if closed."""
+        spec, ref = self._spec, lease.ref
+        if ref.algorithm is not spec.schema.algorithm:
+            self.book.forget(lease)
+            spec.queue.fail(lease)
+            raise ValueError(
+                f"FeatureDataLoader is bound to algorithm={_algorithm_name(spec.schema.algorithm)}, but sample "
+                f"{ref.sample_id!r} is {_algorithm_name(ref.algorithm)} ({ref.algorithm.value}); "
+                "its lease was failed so a matching consumer can take it"
+            )
+        try:
+            spec.schema.validate_ref(ref)
+        except ValueError as exc:
+            self.book.forget(lease)
+            spec.queue.ack(lease)
+            raise ValueError(f"{exc}; the sample was dropped (acked, never redelivered)") from None
+        try:
+            if spec.async_copy:
+                tensors, handle = spec.store.get(ref)
+                tensors = {n: t.pin_memory().to(spec.device, non_blocking=True) for n, t in tensors.items()}
+            elif spec.device is not None:
+                tensors, handle = spec.store.get(ref, spec.device)
+            else:
+                tensors, handle = spec.store.get(ref)
+        except Exception:
+            self.book.forget(lease)
+            spec.queue.fail(lease)
+            raise
+        if not self.book.attach(lease, handle):  # closed meanwhile: the book failed the lease back
+            spec.store.release(handle)
+            return None
+        return lease, handle, tensors
+
+    def _collate(self, samples: list[tuple[Lease, StoreHandle, dict[str, torch.Tensor]]]) -> Pulled:
+        spec = self._spec
+        leases = [lease for lease, _, _ in samples]
+        handles = [handle for _, handle, _ in samples]
+        tensors = [sample_tensors for _, _, sample_tensors in samples]
+        try:
+            if spec.collate_fn is not None:
+                batch = spec.collate_fn(tensors)
+            else:
+                ids = [lease.ref.sample_id for lease in leases]
+                merged = tensors[0] if len(tensors) == 1 else concat_samples(tensors, ids)
+                batch = make_batch(merged, spec.batch_type)
+        except Exception as exc:
+            self.book.give_back(leases, handles)
+            return Pulled([], [], error=exc)
+        ready = None
+        if spec.async_copy:
+            ready = torch.cuda.Event()
+            ready.record()
+        return Pulled(leases, handles, batch=batch, ready=ready)
+
 
 class FeatureDataLoader:
-    """An iterator of ``Eagle3TargetBatch``es, one leased sample per pull.
+    """An iterator of batches, each built from ``batch_size`` leased samples (default: one).
 
-    Each pull blocks in ``queue.acquire(timeout=acquire_poll_interval)`` (it
-    wakes as soon as a sample is put; no sleeping between polls), validates
-    the ref, materialises it with ``store.get`` and returns the batch. The
-    batch stays valid through one training step: its handle is released and
-    its lease acked on the next pull, or earlier by ``consume_now()``;
-    ``fail_current()`` hands it back for redelivery instead. Iteration ends
-    when the queue is closed and drained. ``close()`` settles what it holds
-    and closes the queue; the loader is a context manager.
+    Each pull leases refs (``queue.acquire`` wakes as soon as a sample is
+    put), checks each against the algorithm's schema, materialises it with
+    ``store.get`` and builds a batch (``batch_type``, by default the schema's:
+    ``Eagle3TargetBatch`` for EAGLE-3). The batch stays valid through one
+    training step: its handles are released and its leases acked on the next
+    pull, or earlier by ``consume_now()``; ``fail_current()`` hands it back
+    for redelivery instead. Iteration ends when the queue is closed and
+    drained. ``close()`` gives back what is prefetched, settles (acks) what
+    the trainer holds and closes the queue; the loader is a context manager,
+    and leaving it with an exception fails the held batch back instead.
+
+    Options (``docs/loader.md``):
+
+    - ``prefetch=N`` (default 2): a background thread keeps up to N batches
+      leased and materialised ahead of the trainer, in FIFO order; their
+      leases are kept alive by ``extend`` heartbeats (every
+      ``heartbeat_interval`` seconds, default a third of the visibility
+      timeout) and are failed back (redelivered) by ``close()``, by an error
+      in the thread (raised to the trainer on its next pull) or when an
+      abandoned loader is garbage-collected. ``0`` pulls on the trainer's
+      thread, as the reference does.
+    - ``batch_size=k``: k samples per batch (fewer for the last one at the end
+      of the stream), acked or failed together; ``collate_fn(list of k tensor
+      dicts, in lease order) -> batch`` builds it; the default concatenates
+      each feature along dim 0 (equal shapes apart from dim 0 required, no
+      padding) into a ``batch_type``.
+    - ``batch_type``: the class batches are built as, from the tensors by
+      keyword (through its ``from_tensors`` classmethod when it has one);
+      e.g. a recipe's own ``Eagle3TargetBatch``.
+    - ``device`` / ``non_blocking``: where samples are materialised; with
+      ``non_blocking`` and a CUDA device, the copy is pinned and asynchronous
+      and the trainer's current stream waits for it at hand-off.
+    - ``process_group``: a ``torch.distributed`` group; before each batch is
+      handed out the ranks agree (one ``all_reduce``) that every rank has one,
+      else every rank stops at the same step and the batches already leased
+      are failed back (``featurestream.pipeline.lockstep``).
 
     Errors, each leaving nothing leased: a ref of another algorithm -> its
-    lease is failed (another consumer may take it) and ``ValueError``; a
-    schema-invalid ref -> dropped (acked, never redelivered) and
-    ``ValueError``; an error from ``store.get`` -> the lease is failed and the
-    error re-raised.
+    lease is failed (another consumer may take it) and ``ValueError``
+    (``bound to algorithm=...``); a schema-invalid ref -> dropped (acked,
+    never redelivered) and ``ValueError``; an error from ``store.get`` or
+    ``collate_fn`` -> the lease(s) failed and the error re-raised. Each is
+    raised by the pull at the sample's place in the stream.
     """
 
     def __init__(
         self,
-        queue: Any,
+        queue: LeaseQueue,
         store: FeatureStore,
         *,
-        algorithm: FeatureAlgorithm | None = None,
+        algorithm: FeatureAlgorithm | str | None = None,
         acquire_poll_interval: float = 0.05,
+        prefetch: int = 2,
+        batch_size: int = 1,
+        collate_fn: Collate | None = None,
+        batch_type: type | None = None,
+        device: torch.device | str | None = None,
+        non_blocking: bool = False,
+        heartbeat_interval: float | None = None,
+        process_group: Any = None,
     ) -> None:
         check_seconds("acquire_poll_interval", acquire_poll_interval)
-        algorithm = eagle3.require_eagle3(algorithm, "FeatureDataLoader")
+        check_count("prefetch", prefetch)
+        check_count("batch_size", batch_size, minimum=1)
+        if heartbeat_interval is not None:
+            check_seconds("heartbeat_interval", heartbeat_interval, positive=True)
+        if collate_fn is not None and not callable(collate_fn):
+            raise TypeError(f"collate_fn must be callable, got {collate_fn!r}")
+        if batch_type is not None and not isinstance(batch_type, type):
+            raise TypeError(f"batch_type must be a class, got {batch_type!r}")
+        if not isinstance(non_blocking, bool):
+            raise TypeError(f"non_blocking must be a bool, got {non_blocking!r}")
+        if process_group is not None:
+            lockstep.check_group(process_group)
+        schema = schema_for(FeatureAlgorithm.EAGLE3 if algorithm is None else algorithm)
         self.queue = queue
         self.store = store
-        self.algorithm = algorithm
+        self.algorithm = schema.algorithm
+        self.batch_type = batch_type or schema.batch_type
         self.acquire_poll_interval = acquire_poll_interval
+        self.prefetch = prefetch
+        self.batch_size = batch_size
+        self.process_group = process_group
+        self._heartbeat_interval = heartbeat_interval
+        self._spec = _Spec(
+            queue=queue,
+            store=store,
+            schema=schema,
+            batch_type=self.batch_type,
+            collate_fn=collate_fn,
+            batch_size=batch_size,
+            device=None if device is None else torch.device(device),
+            non_blocking=non_blocking,
+            wait=_PREFETCH_WAIT if prefetch else acquire_poll_interval,
+            end_when_nothing_pending=process_group is not None,
+        )
         self._lock = threading.Lock()
-        self._held: tuple[Lease, StoreHandle] | None = None
+        self._held: tuple[list[Lease], list[StoreHandle]] | None = None
         self._closed = False
+        self._finished = False  # a lockstep stop: final, so no rank ever enters the agreement alone
+        self._prefetcher: Prefetcher | None = None
+        self._prefetch_finalizer: weakref.finalize | None = None
+        # prefetch=0: the trainer's thread pulls; the book heartbeats only a candidate waiting for the other ranks.
+        self._puller = _Puller(self._spec, self._new_book(heartbeat=process_group is not None))
 
     @property
     def current_lease(self) -> Lease | None:
-        """The lease of the batch last handed out and not yet settled (e.g. to ``queue.extend`` it)."""
+        """The lease of the batch last handed out and not yet settled (the first one when ``batch_size > 1``)."""
         with self._lock:
-            return self._held[0] if self._held is not None else None
+            return self._held[0][0] if self._held is not None else None
+
+    @property
+    def current_leases(self) -> tuple[Lease, ...]:
+        """Every lease of the batch last handed out and not yet settled, in lease order."""
+        with self._lock:
+            return tuple(self._held[0]) if self._held is not None else ()
 
     def __iter__(self) -> FeatureDataLoader:
         return self
 
-    def __next__(self) -> eagle3.Eagle3TargetBatch:
-        self.consume_now()
-        lease = self._acquire()
-        ref = lease.ref
-        if ref.algorithm is not self.algorithm:
-            self.queue.fail(lease)
-            raise ValueError(
-                f"sample {ref.sample_id!r} is {ref.algorithm.value}, but this loader reads {self.algorithm.value}; "
-                "its lease was failed so a matching consumer can take it"
-            )
-        try:
-            eagle3.validate_ref(ref)
-        except ValueError as exc:
-            self.queue.ack(lease)
-            raise ValueError(f"{exc}; the sample was dropped (acked, never redelivered)") from None
-        try:
-            tensors, handle = self.store.get(ref)
-        except Exception:
-            self.queue.fail(lease)
-            raise
+    def __next__(self) -> Any:
         with self._lock:
-            if not self._closed:
-                self._held = (lease, handle)
-                return eagle3.Eagle3TargetBatch(**tensors)
-        # Closed while this pull was in flight: give the sample back untouched.
-        self.store.release(handle)
-        self.queue.fail(lease)
-        raise StopIteration
+            if self._closed or self._finished:
+                raise StopIteration
+        self.consume_now()
+        if self.process_group is not None:
+            return self._next_in_lockstep()
+        item = self._next_pulled()
+        if item is None:
+            raise StopIteration
+        return self._hand_off(item)
 
-    def _acquire(self) -> Lease:
+    def _next_in_lockstep(self) -> Any:
+        """Vote, and step only if every rank has a batch; a rank that raised makes the others vote again."""
+        item: Pulled | None = None
+        error: Exception | None = None
+        try:
+            item = self._next_pulled()
+        except Exception as exc:
+            error = exc
+        while True:
+            vote = lockstep.ERROR if error is not None else lockstep.HAS_BATCH if item else lockstep.NO_BATCH
+            try:
+                outcome = lockstep.agree(self.process_group, vote)
+            except BaseException:
+                self._finish(item)
+                raise
+            if outcome == lockstep.HAS_BATCH:
+                assert item is not None
+                return self._hand_off(item)
+            if error is not None:
+                raise error  # this rank raised; the others hold their batches and vote again on its next pull
+            if outcome == lockstep.NO_BATCH:
+                self._finish(item)
+                raise StopIteration
+            # Another rank's pull raised: its trainer pulls again, and this rank keeps its batch (heartbeated).
+
+    def _finish(self, item: Pulled | None) -> None:
+        """End a lockstep stream for good: give back the candidate and everything prefetched."""
+        with self._lock:
+            self._finished = True
+        if item is not None:
+            self._puller.book.give_back(item.leases, item.handles)
+        self._drop_prefetcher()
+
+    def _next_pulled(self) -> Pulled | None:
+        """The next pulled batch (raising a pull's error), skipping any whose lease a heartbeat found lost."""
+        while True:
+            item, book = self._pull_one()
+            if item is None:
+                return None
+            if item.error is not None:
+                raise item.error
+            if not book.any_lost(item.leases):
+                return item
+            book.give_back(item.leases, item.handles)  # reclaimed meanwhile: someone else may have it now
+
+    def _pull_one(self) -> tuple[Pulled | None, LeaseBook]:
+        if not self.prefetch:
+            return self._puller.pull(self._is_closed), self._puller.book
         while True:
             with self._lock:
                 if self._closed:
-                    raise StopIteration
-            lease = self.queue.acquire(timeout=self.acquire_poll_interval)
-            if lease is not None:
-                return lease
-            queue = self.queue
-            if queue.is_closed and queue.pending_count() == 0 and queue.outstanding_count() == 0:
-                raise StopIteration
+                    return None, self._puller.book
+                if self._prefetcher is None:
+                    self._start_prefetcher()
+                prefetcher, book = self._prefetcher, self._puller.book
+            assert prefetcher is not None
+            try:
+                item = prefetcher.get()
+            except BaseException:
+                self._drop_prefetcher()  # it failed everything back; the next pull starts afresh
+                raise
+            if item is not None:
+                return item, book
+            # The thread saw the end of the stream; confirm it now that this loader holds nothing (a batch the
+            # trainer failed back since then is pending again), else start pulling again.
+            self._drop_prefetcher()
+            if self._is_closed() or _stream_ended(self._spec, 0):
+                return None, book
+
+    def _start_prefetcher(self) -> None:
+        """Start a prefetch thread (``self._lock`` held); it references the puller, not this loader."""
+        puller = _Puller(self._spec, self._new_book(heartbeat=True))
+        prefetcher = Prefetcher(puller.pull, puller.book, self.prefetch)
+        self._puller, self._prefetcher = puller, prefetcher
+        # An abandoned loader (no close) gives its prefetched leases back when it is collected.
+        self._prefetch_finalizer = weakref.finalize(self, prefetcher.close)
+
+    def _drop_prefetcher(self) -> None:
+        with self._lock:
+            prefetcher, self._prefetcher = self._prefetcher, None
+            finalizer, self._prefetch_finalizer = self._prefetch_finalizer, None
+        if finalizer is not None:
+            finalizer.detach()
+        if prefetcher is not None:
+            prefetcher.close()
+
+    def _new_book(self, *, heartbeat: bool) -> LeaseBook:
+        return LeaseBook(self.queue, self.store, heartbeat=heartbeat, interval=self._heartbeat_interval)
+
+    def _hand_off(self, item: Pulled) -> Any:
+        self._puller.book.take(item.leases)
+        if item.ready is not None:
+            torch.cuda.current_stream(self._spec.device).wait_event(item.ready)
+        with self._lock:
+            if not self._closed:
+                self._held = (item.leases, item.handles)
+                return item.batch
+        # Closed while this pull was in flight: give the batch back untouched.
+        self._settle(item.leases, item.handles, fail_many)
+        raise StopIteration
+
+    def _is_closed(self) -> bool:
+        with self._lock:
+            return self._closed
 
     def consume_now(self) -> None:
         """Release and ack the batch last handed out now instead of on the next pull."""
         held = self._take_held()
         if held is not None:
-            lease, handle = held
-            self.store.release(handle)
-            self.queue.ack(lease)
+            self._settle(*held, ack_many)
 
     def fail_current(self) -> None:
         """Give the batch last handed out back to the queue (redelivered, or dead once its deliveries are spent)."""
         held = self._take_held()
         if held is not None:
-            lease, handle = held
+            self._settle(*held, fail_many)
+
+    def _settle(
+        self,
+        leases: Sequence[Lease],
+        handles: Sequence[StoreHandle],
+        settle: Callable[[LeaseQueue, Sequence[Lease]], None],
+    ) -> None:
+        for handle in handles:
             self.store.release(handle)
-            self.queue.fail(lease)
+        settle(self.queue, leases)
 
     def close(self) -> None:
-        """Settle (ack) what this loader holds and close the queue; idempotent."""
+        """Give back what is prefetched, settle (ack) the batch the trainer holds, close the queue; idempotent."""
         with self._lock:
             if self._closed:
                 return
             self._closed = True
+        self._drop_prefetcher()
+        self._puller.book.close()  # a pull in flight on another thread gives its leases back
         self.consume_now()
         self.queue.close()
 
-    def _take_held(self) -> tuple[Lease, StoreHandle] | None:
+    def _take_held(self) -> tuple[list[Lease], list[StoreHandle]] | None:
         with self._lock:
             held, self._held = self._held, None
             return held
@@ -138,4 +456,6 @@ class FeatureDataLoader:
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
+        if exc_type is not None:
+            self.fail_current()  # the step did not finish: the batch goes back for redelivery
         self.close()

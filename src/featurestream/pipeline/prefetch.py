@@ -1,0 +1,261 @@
+"""The loader's background machinery: a book of leases held for the trainer, and a prefetch thread.
+
+``LeaseBook`` holds every lease a loader has leased but not yet handed to the
+trainer (prefetched, being materialised, waiting for the other ranks), keeps
+them alive with ``extend`` heartbeats, and fails them all back on ``close``.
+``Prefetcher`` runs a pull function on a background thread into a bounded
+FIFO; if the thread dies, everything it holds is failed back and the error
+is raised to the consumer on its next ``get``.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from featurestream.core.lease import Lease
+from featurestream.core.protocol import LeaseQueue
+from featurestream.core.queue import LeaseLost
+from featurestream.pipeline.batching import fail_many
+from featurestream.stores.base import FeatureStore, StoreHandle
+
+__all__ = ["LeaseBook", "Prefetcher", "Pulled", "give_back"]
+
+# How long ``close`` waits for the prefetch thread: at most one bounded acquire plus one materialisation.
+_JOIN_TIMEOUT = 30.0
+
+
+@dataclasses.dataclass
+class Pulled:
+    """One pull: the batch built from ``leases`` (holding ``handles``), or the error the pull raised.
+
+    ``ready`` is a CUDA event recorded after non-blocking copies, for the
+    consumer's stream to wait on before the batch is used (``None`` otherwise).
+    """
+
+    leases: list[Lease]
+    handles: list[StoreHandle]
+    batch: Any = None
+    error: BaseException | None = None
+    ready: Any = None
+
+
+@dataclasses.dataclass
+class _Entry:
+    lease: Lease
+    handle: StoreHandle | None = None
+    lost: bool = False
+
+
+class LeaseBook:
+    """Leases held on the trainer's behalf but not handed over yet; thread-safe.
+
+    With ``heartbeat`` a daemon thread ``extend``s every booked lease each
+    ``interval`` seconds (default: a third of the shortest visibility timeout
+    among them), so a slow training step never gets them reclaimed; a lease
+    found lost (``LeaseLost``) is marked and reported by ``take``/``any_lost``;
+    any other heartbeat error goes to ``on_error`` (set it before the first
+    ``add``). ``close`` refuses further entries, releases every handle and
+    fails every lease back.
+    """
+
+    def __init__(
+        self, queue: LeaseQueue, store: FeatureStore, *, heartbeat: bool, interval: float | None = None
+    ) -> None:
+        self._queue = queue
+        self._store = store
+        self._interval = interval
+        self.on_error: Callable[[BaseException], None] | None = None
+        self._cond = threading.Condition()
+        self._entries: dict[int, _Entry] = {}
+        self._closed = False
+        self._heartbeat = heartbeat
+        self._thread: threading.Thread | None = None
+
+    def add(self, lease: Lease) -> bool:
+        """Book ``lease``; ``False`` once closed (the caller then fails it back itself)."""
+        with self._cond:
+            if self._closed:
+                return False
+            self._entries[id(lease)] = _Entry(lease)
+            if self._heartbeat and self._thread is None:
+                self._thread = threading.Thread(target=self._beat, name="featurestream-heartbeat", daemon=True)
+                self._thread.start()
+            self._cond.notify_all()
+            return True
+
+    def attach(self, lease: Lease, handle: StoreHandle) -> bool:
+        """Record the store handle of a booked lease; ``False`` if it is gone (closed: the caller releases it)."""
+        with self._cond:
+            entry = self._entries.get(id(lease))
+            if entry is None:
+                return False
+            entry.handle = handle
+            return True
+
+    def forget(self, lease: Lease) -> None:
+        """Drop ``lease`` without settling it (the caller settles it and releases its handle)."""
+        with self._cond:
+            self._entries.pop(id(lease), None)
+
+    def any_lost(self, leases: Sequence[Lease]) -> bool:
+        """Whether a heartbeat found one of ``leases`` no longer live."""
+        with self._cond:
+            return any(self._entries[id(lease)].lost for lease in leases if id(lease) in self._entries)
+
+    def take(self, leases: Sequence[Lease]) -> list[Lease]:
+        """Hand ``leases`` over to the trainer (unbook them); return those a heartbeat found lost."""
+        with self._cond:
+            entries = [self._entries.pop(id(lease), None) for lease in leases]
+        return [entry.lease for entry in entries if entry is not None and entry.lost]
+
+    def give_back(self, leases: Sequence[Lease], handles: Sequence[StoreHandle]) -> None:
+        """Unbook ``leases``, release ``handles`` and fail the leases back (redelivered)."""
+        with self._cond:
+            for lease in leases:
+                self._entries.pop(id(lease), None)
+        give_back(self._queue, self._store, leases, handles)
+
+    def count(self) -> int:
+        with self._cond:
+            return len(self._entries)
+
+    def close(self) -> None:
+        """Refuse new entries, stop the heartbeat, release every handle and fail every lease back; idempotent."""
+        with self._cond:
+            self._closed = True
+            entries, self._entries = list(self._entries.values()), {}
+            self._cond.notify_all()
+        handles = [entry.handle for entry in entries if entry.handle is not None]
+        give_back(self._queue, self._store, [entry.lease for entry in entries], handles)
+
+    def _beat(self) -> None:
+        while True:
+            with self._cond:
+                while not self._closed and not self._entries:
+                    self._cond.wait()
+                if self._closed:
+                    return
+                interval = self._interval
+                if interval is None:
+                    interval = min(e.lease.visibility_timeout.seconds for e in self._entries.values()) / 3
+                self._cond.wait(interval)  # close() wakes it
+                if self._closed:
+                    return
+                leases = [entry.lease for entry in self._entries.values()]
+            for lease in leases:
+                try:
+                    self._queue.extend(lease)
+                except LeaseLost:
+                    with self._cond:
+                        entry = self._entries.get(id(lease))
+                        if entry is not None:
+                            entry.lost = True
+                except Exception as exc:
+                    if self.on_error is not None:
+                        self.on_error(exc)
+                    return
+
+
+def give_back(queue: LeaseQueue, store: FeatureStore, leases: Sequence[Lease], handles: Sequence[StoreHandle]) -> None:
+    """Release ``handles`` and fail ``leases`` back, best effort.
+
+    Called on close and crash paths: if the queue itself is what broke, the
+    leases stay out until their deadline and the queue reclaims them, so
+    nothing is lost either way.
+    """
+    for handle in handles:
+        try:
+            store.release(handle)
+        except Exception:  # a store that cannot release still scrubs the sample once settled
+            pass
+    if leases:
+        try:
+            fail_many(queue, leases)
+        except Exception:  # unsettled leases are reclaimed at their deadline
+            pass
+
+
+class Prefetcher:
+    """Runs ``pull`` on a daemon thread, keeping up to ``depth`` pulled items ahead, in FIFO order.
+
+    ``pull(stopping)`` returns the next ``Pulled`` (its leases booked in
+    ``book``) or ``None`` at the end of the stream, and returns promptly once
+    ``stopping()`` is true. ``get`` blocks for the next item; it returns
+    ``None`` at the end of the stream or once closed, and raises the thread's
+    error after the thread died (everything it held already failed back).
+    """
+
+    def __init__(self, pull: Callable[[Callable[[], bool]], Pulled | None], book: LeaseBook, depth: int) -> None:
+        self._pull = pull
+        self._book = book
+        self._depth = depth
+        self._cond = threading.Condition()
+        self._items: collections.deque[Pulled] = collections.deque()
+        self._ended = False
+        self._stopped = False
+        self._error: BaseException | None = None
+        book.on_error = self.crash  # a heartbeat that cannot reach the queue stops the thread like its own error
+        self._thread = threading.Thread(target=self._run, name="featurestream-prefetch", daemon=True)
+        self._thread.start()
+
+    def get(self) -> Pulled | None:
+        """The next item (its leases still booked: ``book.take`` them at hand-off), or ``None`` at the end."""
+        with self._cond:
+            while not (self._items or self._ended or self._stopped or self._error is not None):
+                self._cond.wait()
+            if self._error is not None:
+                raise self._error
+            if self._items:
+                item = self._items.popleft()
+                self._cond.notify_all()
+                return item
+            return None
+
+    def crash(self, error: BaseException) -> None:
+        """Stop with ``error`` (raised by the next ``get``) and fail back everything held."""
+        with self._cond:
+            if self._error is None and not self._stopped:
+                self._error = error
+            self._stop_locked()
+        self._book.close()
+
+    def close(self) -> None:
+        """Stop the thread (waiting for its current pull) and fail back everything it holds; idempotent."""
+        with self._cond:
+            self._stop_locked()
+        if self._thread is not threading.current_thread():
+            self._thread.join(_JOIN_TIMEOUT)
+        self._book.close()
+
+    def _stop_locked(self) -> None:
+        self._stopped = True
+        self._items.clear()  # their leases are booked: book.close() fails them back
+        self._cond.notify_all()
+
+    def _stopping(self) -> bool:
+        with self._cond:
+            return self._stopped
+
+    def _run(self) -> None:
+        try:
+            while True:
+                with self._cond:
+                    while len(self._items) >= self._depth and not self._stopped:
+                        self._cond.wait()
+                    if self._stopped:
+                        return
+                item = self._pull(self._stopping)
+                with self._cond:
+                    if item is None:
+                        self._ended = True
+                    elif not self._stopped:
+                        self._items.append(item)
+                    self._cond.notify_all()
+                    if item is None:
+                        return
+        except BaseException as exc:  # the trainer gets it on its next pull
+            self.crash(exc)
