@@ -1,0 +1,135 @@
+"""compat.md, producer: signature, ids, algorithm inference, forwarding and produce's contract."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from typing import Any
+
+import pytest
+import torch
+
+from featurestream.eagle3 import Eagle3TargetBatch
+from featurestream.producer import FeatureProducer
+from featurestream.refs import FeatureAlgorithm, FeatureSpec, SampleRef
+from featurestream.stores.local import LocalFeatureStore
+
+from .recipe import EchoTarget, packing, prompt
+
+
+def test_signature() -> None:
+    parameters = inspect.signature(FeatureProducer).parameters
+    assert list(parameters) == [
+        "target_backend", "store", "run_id", "algorithm", "target_model_version", "draft_weight_version",
+        "sample_id_factory",
+    ]  # fmt: skip
+    assert [p.kind for p in parameters.values()][:2] == [inspect.Parameter.POSITIONAL_OR_KEYWORD] * 2
+    assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in list(parameters.values())[2:])
+    defaults = {name: p.default for name, p in parameters.items() if p.default is not inspect.Parameter.empty}
+    assert defaults == {
+        "algorithm": None, "target_model_version": "0", "draft_weight_version": "0", "sample_id_factory": None,
+    }  # fmt: skip
+
+
+def test_default_ids_start_at_one() -> None:
+    producer = FeatureProducer(EchoTarget(), LocalFeatureStore(), run_id="run7")
+    assert [producer.produce(**prompt(i)).sample_id for i in range(3)] == [
+        "sample-run7-1", "sample-run7-2", "sample-run7-3",
+    ]  # fmt: skip
+
+
+def test_sample_id_factory_gets_the_one_based_sequence_number() -> None:
+    seen: list[int] = []
+
+    def factory(n: int) -> str:
+        seen.append(n)
+        return f"custom-{n}"
+
+    producer = FeatureProducer(EchoTarget(), LocalFeatureStore(), run_id="r", sample_id_factory=factory)
+    assert [producer.produce(**prompt(i)).sample_id for i in range(2)] == ["custom-1", "custom-2"]
+    assert seen == [1, 2]
+
+
+def test_an_eagle3_target_backend_is_inferred_as_eagle3() -> None:
+    assert FeatureProducer(EchoTarget(), LocalFeatureStore(), run_id="r").algorithm is FeatureAlgorithm.EAGLE3
+
+
+def test_a_backend_with_only_generate_batch_cannot_be_inferred() -> None:
+    class DuckTarget:
+        def generate_batch(self, **inputs: Any) -> Any:
+            return EchoTarget().generate_batch(**inputs)
+
+    with pytest.raises(ValueError, match="cannot infer FeatureAlgorithm"):
+        FeatureProducer(DuckTarget(), LocalFeatureStore(), run_id="r")
+    with pytest.raises(ValueError, match="cannot infer FeatureAlgorithm"):
+        FeatureProducer(object(), LocalFeatureStore(), run_id="r")  # type: ignore[arg-type]
+    overridden = FeatureProducer(DuckTarget(), LocalFeatureStore(), run_id="r", algorithm=FeatureAlgorithm.EAGLE3)
+    assert overridden.produce(**prompt()).algorithm is FeatureAlgorithm.EAGLE3
+
+
+def test_vocab_mapping_and_input_embeddings_forward_to_the_backend() -> None:
+    target = EchoTarget()
+    producer = FeatureProducer(target, LocalFeatureStore(), run_id="r")
+    ids, mask = torch.tensor([0, 3]), torch.tensor([True, False, False, True, False, False, False, False])
+    producer.set_vocab_mapping(ids, mask)
+    assert target.vocab_mapping is not None and target.vocab_mapping[0] is ids and target.vocab_mapping[1] is mask
+    assert producer.get_input_embeddings() is target.embedding
+
+
+def test_close_exists() -> None:
+    producer = FeatureProducer(EchoTarget(), LocalFeatureStore(), run_id="r")
+    producer.close()
+    producer.close()
+
+
+@pytest.mark.parametrize("with_packing", [False, True])
+def test_produce_passes_every_keyword_none_when_absent(with_packing: bool) -> None:
+    target = EchoTarget()
+    given = {**prompt(), **(packing() if with_packing else {})}
+    FeatureProducer(target, LocalFeatureStore(), run_id="r").produce(**given)
+    (call,) = target.calls
+    assert set(call) == {"input_ids", "attention_mask", "loss_mask", "position_ids", "seq_lens", "doc_remaining"}
+    for name, value in call.items():
+        assert value is given[name] if name in given else value is None
+
+
+def test_partial_packing_is_rejected_before_the_forward() -> None:
+    target = EchoTarget()
+    producer = FeatureProducer(target, LocalFeatureStore(), run_id="r")
+    with pytest.raises(ValueError, match="position_ids, seq_lens, and doc_remaining together"):
+        producer.produce(**prompt(), position_ids=packing()["position_ids"])
+    assert target.calls == []
+
+
+def test_a_batch_without_logits_is_refused() -> None:
+    class DraftVocabTarget(EchoTarget):
+        def generate_batch(self, **inputs: Any) -> Eagle3TargetBatch:  # type: ignore[override]
+            batch = super().generate_batch(**inputs)
+            assert batch.logits is not None
+            return dataclasses.replace(
+                batch, logits=None, target_probs=batch.logits.softmax(-1), position_mask=batch.loss_mask
+            )
+
+    store = LocalFeatureStore()
+    with pytest.raises(ValueError):
+        FeatureProducer(DraftVocabTarget(), store, run_id="r").produce(**prompt())
+    assert store.health().sample_count == 0
+
+
+def test_num_tokens_is_the_loss_mask_sum() -> None:
+    given = prompt()
+    ref = FeatureProducer(EchoTarget(), LocalFeatureStore(), run_id="r").produce(**given)
+    assert ref.num_tokens == int(given["loss_mask"].sum()) == 4
+
+
+def test_a_spec_mismatch_after_the_put_evicts_the_sample() -> None:
+    class LyingStore(LocalFeatureStore):
+        def put(self, sample_id: str, tensors: Any, **kwargs: Any) -> SampleRef:
+            ref = super().put(sample_id, tensors, **kwargs)
+            specs = {**ref.feature_specs, "logits": FeatureSpec((9,), torch.float64)}
+            return dataclasses.replace(ref, feature_specs=specs)
+
+    store = LyingStore()
+    with pytest.raises(RuntimeError):
+        FeatureProducer(EchoTarget(), store, run_id="r").produce(**prompt())
+    assert store.health().sample_count == 0 and not store.is_resident("sample-r-1")

@@ -1,0 +1,30 @@
+"""compat.md, queue: duplicate ids and misconfigured watermarks, in the reference's words."""
+
+from __future__ import annotations
+
+import pytest
+
+from featurestream.queue import SampleRefQueue
+from featurestream.stores.local import LocalFeatureStore
+
+from .recipe import sample_tensors
+
+
+@pytest.mark.parametrize("leased", [False, True], ids=["pending", "leased"])
+@pytest.mark.parametrize("method", ["put", "put_blocks_until_below"])
+def test_duplicate_id_on_put(method: str, leased: bool) -> None:
+    store = LocalFeatureStore()
+    queue = SampleRefQueue(store)
+    ref = store.put("s", sample_tensors(0))
+    queue.put(ref)
+    if leased:
+        assert queue.acquire(timeout=0) is not None
+    with pytest.raises(ValueError, match="already present"):
+        getattr(queue, method)(ref)
+    assert queue.pending_count() + queue.outstanding_count() == 1
+
+
+@pytest.mark.parametrize(("high", "low"), [(100, 100), (100, 150)])
+def test_misconfigured_watermarks(high: int, low: int) -> None:
+    with pytest.raises(ValueError, match="strictly less than"):
+        SampleRefQueue(LocalFeatureStore(), high_watermark_bytes=high, low_watermark_bytes=low)
