@@ -12,6 +12,7 @@ import pytest
 
 from featurestream import DeadLetter, Lease, LeaseLost, LocalFeatureStore, SampleRefQueue, StoreHealth
 from featurestream import VisibilityTimeout as VT
+from featurestream.core.protocol import LeaseQueue
 from featurestream.testing import FakeClock, sample_tensors
 
 redis = pytest.importorskip("redis", reason="redis-py is missing: pip install 'featurestream[redis]'")
@@ -171,11 +172,11 @@ def test_the_server_checks_the_token(make: Factory, store: LocalFeatureStore) ->
     assert lease is not None
     key = f"{lease.lease_id:016d}"
     for forged_token in ("0" * 16, lease.token[:-1], ""):
-        status, *_ = queue._run("ack", key, forged_token, "s0")
-        assert status == b"stale"
+        statuses, _ = queue._run("ack", key, forged_token, "s0")
+        assert statuses == [b"stale"]
     assert queue.outstanding_count() == 1 and queue.stats().stale_rejected == 3
-    status, *_ = queue._run("ack", key, lease.token, "s0")
-    assert status == b"ok"
+    statuses, _ = queue._run("ack", key, lease.token, "s0")
+    assert statuses == [b"ok"]
 
 
 def test_put_rejects_bad_input_and_changes_nothing(make: Factory, store: LocalFeatureStore) -> None:
@@ -460,15 +461,15 @@ def test_lost_replies_are_retried_idempotently(make: Factory, store: LocalFeatur
     ref = put(store, queue, 0)
     from featurestream.backends.redis.wire import ref_to_json
 
-    status, *_ = queue._run("put", "s1", ref_to_json(store.put("s1", sample_tensors(1))), "tok")
+    status, *_ = queue._run("put", "s1", ref_to_json(store.put("s1", sample_tensors(1))), "tok", "")
     assert status == b"ok"
-    status, *_ = queue._run("put", "s1", "ignored", "tok")
+    status, *_ = queue._run("put", "s1", "ignored", "tok", "")
     assert status == b"ok" and queue.stats().put == 2
     lease = queue.acquire(timeout=0)
     assert lease is not None and lease.ref == ref
     args = (f"{lease.lease_id:016d}", lease.token, "s0")
-    assert queue._run("ack", *args)[0] == b"ok"
-    assert queue._run("ack", *args)[0] == b"again"  # the client then scrubs; no stale count, no second ack
+    assert queue._run("ack", *args)[0] == [b"ok"]
+    assert queue._run("ack", *args)[0] == [b"again"]  # the client then scrubs; no stale count, no second ack
     assert queue.stats().acked == 1 and queue.stats().stale_rejected == 0
 
 
@@ -491,9 +492,9 @@ def test_survives_a_redis_crash_and_restart(durable_redis: Any, queue_name: str)
     queue.disconnect()
 
 
-def test_is_a_sample_ref_queue(make: Factory, store: LocalFeatureStore) -> None:
+def test_is_a_lease_queue(make: Factory, store: LocalFeatureStore) -> None:
     queue = make(store)
-    assert isinstance(queue, SampleRefQueue) and queue.store is store
+    assert isinstance(queue, LeaseQueue) and not isinstance(queue, SampleRefQueue) and queue.store is store
 
 
 def test_the_producing_instance_forgets_samples_settled_elsewhere(make: Factory) -> None:

@@ -28,7 +28,7 @@ from featurestream.testing import (
 )
 
 redis = pytest.importorskip("redis", reason="redis-py is missing: pip install 'featurestream[redis]'")
-from featurestream.backends.redis import functions as _redis_scripts  # noqa: E402 - needs redis-py
+from featurestream.backends.redis import functions  # noqa: E402 - needs redis-py
 from featurestream.backends.redis.queue import RedisSampleRefQueue  # noqa: E402
 
 TOKENS = 2
@@ -42,11 +42,9 @@ Trace = list[tuple[str, dict[str, object]]]
 class _NoDedupQueue(RedisSampleRefQueue):
     """Seeded defect C on the server: the put function never consults the dedup window."""
 
-    _LOOKUP = "local done = redis.call('HGET', K_DONE, sid)"
-    assert _LOOKUP in _redis_scripts.PUT
-    _library = _redis_scripts.Library(
-        {**_redis_scripts.SCRIPTS, "put": _redis_scripts.PUT.replace(_LOOKUP, "local done = false")}
-    )
+    _LOOKUP = "local why, outcome = put_check(sid, token)"
+    assert _LOOKUP in functions.SCRIPTS["put"]
+    _library = functions.Library({**functions.SCRIPTS, "put": functions.SCRIPTS["put"].replace(_LOOKUP, "local why")})
 
 
 def _factory(client: redis.Redis, queue_class: type[RedisSampleRefQueue] = RedisSampleRefQueue) -> Any:

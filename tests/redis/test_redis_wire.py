@@ -60,7 +60,7 @@ def _mutated(ref: SampleRef, change: object) -> str:
         (lambda o: o["features"][0].update(shape=[1, 2.5]), "shape must be a list of ints"),
         (lambda o: o["features"][0].update(pickle="gASV"), "unknown fields"),
         (lambda o: o["features"].append(dict(o["features"][0])), "repeats feature"),
-        (lambda o: o["features"].pop(), "missing required features"),
+        (lambda o: o["features"].pop(), "missing required"),
         (lambda o: o.update(store_uri="nowhere"), "store_uri"),
     ],
 )

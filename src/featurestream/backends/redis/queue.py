@@ -1,9 +1,10 @@
 """``RedisSampleRefQueue``: the lease / ack / fail queue with its state in Redis Streams.
 
 Producers and consumers in different processes or on different machines
-share one queue by naming the same Redis server and queue ``name``. The
-protocol is the in-process ``SampleRefQueue``'s, with every state change made
-by one atomic call of a server-side Lua function (Redis 7.0+; see
+share one queue by naming the same Redis server and queue ``name``. It
+implements ``featurestream.core.protocol.LeaseQueue`` with the in-process
+``SampleRefQueue``'s semantics, every state change made by one atomic call of
+a server-side Lua function (Redis 7.0+; see
 ``featurestream.backends.redis.functions`` for the library and the key layout):
 
 - a delivery attempt is a stream entry read through a consumer group; a
@@ -16,22 +17,39 @@ by one atomic call of a server-side Lua function (Redis 7.0+; see
   the injected ``clock``), and every call reaps due leases first;
 - refs cross the wire as strict JSON (``featurestream.backends.redis.wire``), never pickle.
 
+API (every method thread-safe; each state change one server call, one round trip):
+
+- producers: ``put(ref)``, ``put_many(refs)`` (all or none), ``put_blocks_until_below(ref, ...)``;
+- consumers: ``acquire(timeout=)`` -> ``RedisLease | None``, ``acquire_many(n, timeout=)`` -> list,
+  ``ack`` / ``fail`` / ``extend`` one lease, ``ack_many`` / ``fail_many`` a batch (stale ones rejected
+  one by one, as by ``ack`` / ``fail``);
+- operators: ``stats()``, ``pending_count()``, ``outstanding_count()``, ``lifecycle_state``,
+  ``dead_letters()``, ``reclaim_expired()``, ``close()``, ``disconnect()``.
+
 Each process binds the queue to its own store instance: the putting process
 ``retain``s, and whichever process settles a sample (the acker, or the
 process whose call reaped and dead-lettered it) ``scrub``s it in its store.
+Store faults follow the in-process queue's contract (``SampleRefQueue``'s
+docstring): a settle on the server stands whatever the store raises, and a
+``scrub`` / ``unretain`` that raised is owed -- logged, counted in
+``stats().store_errors`` / ``scrub_backlog`` (this instance's), and retried
+at the start of this instance's later calls and by its reaper thread.
 """
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import dataclasses
 import logging
 import math
 import os
 import secrets
+import threading
 import time
 import weakref
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, NoReturn
 
 try:
     import redis  # redis.exceptions is loaded by the package itself
@@ -40,19 +58,19 @@ except ImportError as exc:  # pragma: no cover - exercised only without the opti
         "RedisSampleRefQueue needs redis-py: pip install 'featurestream[redis]' (or pip install 'redis>=5')"
     ) from exc
 
-from featurestream.backends.redis import functions as _redis_scripts
+from featurestream.backends.redis import functions
 from featurestream.backends.redis.wire import dead_letter_from_json, ref_from_json, ref_to_json
 from featurestream.core import events
-from featurestream.core.checks import check_seconds
+from featurestream.core.checks import check_count, check_seconds
 from featurestream.core.lease import DeadLetter, Lease, VisibilityTimeout
+from featurestream.core.machines import BACKPRESSURE, BACKPRESSURE_MACHINE, fire
 from featurestream.core.queue import (
     DEFAULT_DEDUP_WINDOW,
     DEFAULT_MAX_DELIVERIES,
     LeaseLost,
     QueueStats,
-    SampleRefQueue,
     Tracer,
-    _start_reaper,
+    store_error,
 )
 from featurestream.core.refs import SampleRef
 from featurestream.stores.base import FeatureStore, StoreHealth
@@ -75,12 +93,24 @@ _ACTIONS = {
 
 _RETRYABLE = (redis.ConnectionError, redis.TimeoutError)
 
+# QueueStats fields this instance keeps itself (store faults are per process); the rest are queue-wide.
+_LOCAL_STATS = ("store_errors", "scrub_backlog")
+
 
 @dataclasses.dataclass
 class RedisLease(Lease):
     """A ``Lease`` issued by a ``RedisSampleRefQueue``; ``token`` proves it to the server."""
 
     token: str = dataclasses.field(default="", repr=False)
+
+
+class _State:
+    """A model for the backpressure machine (``fire`` moves ``state``)."""
+
+    __slots__ = ("state",)
+
+    def __init__(self, initial: str) -> None:
+        self.state = initial
 
 
 def _text(value: object) -> str:
@@ -94,8 +124,8 @@ def _pending(counters: dict[Any, Any]) -> int:
     return values.get("put", 0) + redelivered - values.get("leased", 0)
 
 
-class RedisSampleRefQueue(SampleRefQueue):
-    """``SampleRefQueue`` whose state lives in Redis, shared by every instance with the same ``name``.
+class RedisSampleRefQueue:
+    """A ``LeaseQueue`` whose state lives in Redis, shared by every instance with the same ``name``.
 
     Same constructor and methods as ``SampleRefQueue`` plus, keyword-only:
     ``url`` (default ``$FEATURESTREAM_REDIS_URL`` or ``redis://127.0.0.1:6379/0``)
@@ -109,7 +139,7 @@ class RedisSampleRefQueue(SampleRefQueue):
       still reported in this process's ``time.monotonic()``. An injected
       ``clock`` must be shared by every instance of the queue (tests).
     - ``stats()``, counts, dead letters and the lifecycle are global; the
-      backpressure state is this producer's, from its own store's ``health()``.
+      backpressure state and the store-fault figures are this instance's.
     - A lease is honoured only as the object this instance's ``acquire``
       returned (copies and other processes' leases are stale), and the
       server also checks its token, so a reclaimed lease's late ack is stale
@@ -121,7 +151,7 @@ class RedisSampleRefQueue(SampleRefQueue):
     """
 
     # The server-side library this class calls (a test subclass may swap in a seeded defect).
-    _library: _redis_scripts.Library = _redis_scripts.LIBRARY
+    _library: functions.Library = functions.LIBRARY
 
     def __init__(
         self,
@@ -143,6 +173,20 @@ class RedisSampleRefQueue(SampleRefQueue):
         name: str = "featurestream",
         reconnect_timeout: float = 30.0,
     ) -> None:
+        if not isinstance(store, FeatureStore):
+            raise TypeError(f"store must be a FeatureStore, got {type(store).__name__}")
+        if visibility_timeout is not None and not isinstance(visibility_timeout, VisibilityTimeout):
+            raise TypeError(f"visibility_timeout must be a VisibilityTimeout, got {visibility_timeout!r}")
+        check_count("high_watermark_bytes", high_watermark_bytes, allow_none=True)
+        check_count("low_watermark_bytes", low_watermark_bytes, allow_none=True)
+        if high_watermark_bytes is not None and low_watermark_bytes is not None:
+            if low_watermark_bytes >= high_watermark_bytes:
+                raise ValueError(
+                    f"low_watermark_bytes ({low_watermark_bytes}) must be below "
+                    f"high_watermark_bytes ({high_watermark_bytes}) so the hysteresis band is non-empty"
+                )
+        check_count("max_deliveries", max_deliveries, minimum=1)
+        check_count("dedup_window", dedup_window)
         if clock is not None and not callable(clock):
             raise TypeError(f"clock must be a callable returning seconds or None, got {clock!r}")
         if reaper_interval is not None:
@@ -154,22 +198,29 @@ class RedisSampleRefQueue(SampleRefQueue):
             raise ValueError("pass either url or client, not both")
         if client is not None and not isinstance(client, redis.Redis):
             raise TypeError(f"client must be a redis.Redis, got {type(client).__name__}")
-        # The reaper is started below, once the connection exists.
-        super().__init__(
-            store,
-            visibility_timeout,
-            high_watermark_bytes,
-            low_watermark_bytes,
-            on_pause,
-            on_resume,
-            max_deliveries=max_deliveries,
-            dedup_window=dedup_window,
-            on_dead_letter=on_dead_letter,
-            clock=clock if clock is not None else time.monotonic,
-            reaper_interval=None,
-            tracer=tracer,
-        )
+        self._store = store
+        self._vt = visibility_timeout or VisibilityTimeout()
+        self._high = high_watermark_bytes
+        self._low = low_watermark_bytes
+        self._on_pause = on_pause
+        self._on_resume = on_resume
+        self._on_dead_letter = on_dead_letter
+        self.max_deliveries = max_deliveries
+        self.dedup_window = dedup_window
         self._server_time = clock is None
+        self._clock: Callable[[], float] = clock if clock is not None else time.monotonic
+        self._tracer = tracer
+
+        self._lock = threading.Lock()
+        # Wakes producers blocked on backpressure: a settle this instance made, a scrub it paid, a close.
+        self._not_full = threading.Condition(self._lock)
+        self._outbox: list[tuple[Callable[..., None], object]] = []
+        self._backpressure = _State(BACKPRESSURE.initial)
+        self._store_errors = 0
+        # sample id -> (store call, ref) this instance still owes its store: a scrub or unretain that raised.
+        self._owed: collections.OrderedDict[str, tuple[str, SampleRef]] = collections.OrderedDict()
+        self._reaper_stop = threading.Event()
+
         self._owns_client = client is None
         if client is None:
             client = redis.Redis.from_url(url or os.environ.get("FEATURESTREAM_REDIS_URL", DEFAULT_REDIS_URL))
@@ -177,7 +228,7 @@ class RedisSampleRefQueue(SampleRefQueue):
         self.name = name
         self._reconnect_timeout = reconnect_timeout
         self._prefix = f"featurestream:{{{name}}}:"
-        self._key = {key: self._prefix + key for key in _redis_scripts.KEY_NAMES}
+        self._key = {key: self._prefix + key for key in functions.KEY_NAMES}
         self._load_library()
         self._issued: weakref.WeakValueDictionary[int, RedisLease] = weakref.WeakValueDictionary()
         # Samples this instance put and has not seen settled; their settles elsewhere arrive on the feed.
@@ -196,10 +247,9 @@ class RedisSampleRefQueue(SampleRefQueue):
                 f"this instance asks for max_deliveries={max_deliveries}, dedup_window={dedup_window} "
                 "(use the same settings everywhere, or another name)"
             )
-        if layout != _redis_scripts.LAYOUT:
+        if layout != functions.LAYOUT:
             raise ValueError(
-                f"queue {name!r} on Redis has key layout {layout!r}; "
-                f"this version reads layout {_redis_scripts.LAYOUT!r}"
+                f"queue {name!r} on Redis has key layout {layout!r}; this version reads layout {functions.LAYOUT!r}"
             )
         if reaper_interval is not None:
             _start_reaper(self, reaper_interval)
@@ -209,14 +259,35 @@ class RedisSampleRefQueue(SampleRefQueue):
         """Enqueue ``ref`` at the tail; never blocks on backpressure.
 
         Raises ``TypeError`` for a non-ref, ``ValueError`` for a ref of another
-        store, an id already queued or recently acked/dead (in any process),
-        ``RuntimeError`` once closed. A refused put changes nothing. Retried
-        transparently while Redis is unreachable (idempotent: a put whose
-        reply was lost is not refused as its own duplicate).
+        store, an id already queued, recently acked/dead (in any process) or
+        still owed a scrub here, ``RuntimeError`` once closed, and the store's
+        error type when its ``retain`` fails. A refused put changes nothing.
+        Retried transparently while Redis is unreachable (idempotent: a put
+        whose reply was lost is not refused as its own duplicate).
         """
         self._check_ref(ref)
         with self._operation():
             self._put_locked(ref)
+
+    def put_many(self, refs: Iterable[SampleRef]) -> None:
+        """Enqueue every ref of ``refs``, in order, in one server call: all of them or none.
+
+        Refused as a whole (changing nothing) when any single ``put`` would be
+        refused -- the error is the one that ``put`` raises, naming the first
+        offending sample -- and with ``ValueError`` when an id repeats.
+        """
+        batch = list(refs)
+        for ref in batch:
+            self._check_ref(ref)
+        seen: set[str] = set()
+        for ref in batch:
+            if ref.sample_id in seen:
+                raise ValueError(f"sample {ref.sample_id!r} appears twice in put_many; ids must be unique")
+            seen.add(ref.sample_id)
+        if not batch:
+            return
+        with self._operation():
+            self._put_batch_locked(batch)
 
     def put_blocks_until_below(
         self,
@@ -226,11 +297,17 @@ class RedisSampleRefQueue(SampleRefQueue):
     ) -> None:
         """Enqueue ``ref``, first waiting while this producer is paused by its store's backpressure.
 
-        Pauses at/above the high watermark, resumes at/below the low one, and
-        keeps its state inside the band. Wakes on every settle this process
-        makes and at least every ``poll_interval`` seconds (settles in other
-        processes show only through the store's ``health()``). Raises
-        ``RuntimeError`` when the queue is closed or ``abort_when()`` is true.
+        Hysteresis on this process's store ``health()``: pause at/above the
+        high watermark, resume at/below the low one, keep the state inside the
+        band (``on_pause``/``on_resume`` run on each transition). A paused
+        producer still enqueues when the queue holds nothing (no sample pending
+        or leased, in any process): then nothing the queue does can lower
+        residency, so waiting could last forever. Wakes on every settle this
+        process makes, on ``close``, and at least every ``poll_interval``
+        seconds (settles and closes in other processes show then). Raises
+        ``RuntimeError`` when the queue is closed or ``abort_when()`` is true,
+        and the store's error type, naming the sample, when ``health()``
+        raises; in every such case nothing was enqueued.
         """
         self._check_ref(ref)
         check_seconds("poll_interval", poll_interval)
@@ -238,22 +315,26 @@ class RedisSampleRefQueue(SampleRefQueue):
             if abort_when is not None and abort_when():
                 raise RuntimeError(f"put of sample {ref.sample_id!r} aborted: abort_when() returned True")
             with self._operation():
-                if self._backpressure.state == "flowing" and not self._should_pause(self._store.health()):
-                    # Flowing and staying so: the put script itself reaps and checks the lifecycle.
+                if self._backpressure.state == "flowing" and not self._should_pause(self._read_health(ref)):
+                    # Flowing and staying so: the put function itself reaps and checks the lifecycle.
                     self._put_locked(ref)
                     return
                 # Like the in-process queue: reap, refuse once closed, and only then move the hysteresis.
-                _, events, _, state = self._run("reclaim")
-                self._apply(events)
+                _, reaped_events, _, state, held = self._run("reclaim")
+                self._apply(reaped_events)
                 if _text(state) != "open":
                     raise RuntimeError(f"cannot put sample {ref.sample_id!r}: the queue is closed")
-                health = self._store.health()
+                health = self._read_health(ref)
                 callback = self._update_backpressure(health)
                 if callback is not None:
-                    if self._backpressure.state == "paused":
-                        self._retrying(self._redis.hincrby, self._key["stats"], "producer_pauses", 1)
                     self._outbox.append((callback, health))
                     continue
+                if self._backpressure.state == "flowing":
+                    self._put_locked(ref)
+                    return
+                # Paused: an empty queue admits the sample all the same (the server checks, atomically).
+                if not int(held) and self._put_locked(ref, if_idle=True):
+                    return
                 self._not_full.wait(poll_interval)
 
     # -- consumer side ----------------------------------------------------
@@ -268,46 +349,45 @@ class RedisSampleRefQueue(SampleRefQueue):
         """
         wait = poll_interval if timeout is None else timeout
         check_seconds("timeout" if timeout is not None else "poll_interval", wait)
-        give_up = time.monotonic() + wait
-        while True:
-            token = secrets.token_hex(8)
-            with self._operation():
-                status, events, *rest = self._run("acquire", repr(float(self._vt.seconds)), token)
-                self._apply(events)
-                status = _text(status)
-                if status == "ok":
-                    return self._issue(rest, token)
-                if status == "drained":
-                    return None
-            remaining = give_up - time.monotonic()
-            if remaining <= 0:
-                return None
-            last_entry, last_wake, until_deadline = (_text(v) for v in rest)
-            if until_deadline:
-                remaining = min(remaining, max(float(until_deadline), 0.0))
-            # BLOCK 0 would mean forever: wait at least a millisecond.
-            block_ms = max(1, math.ceil(remaining * 1000))
-            self._retrying(
-                self._redis.xread,
-                {self._key["stream"]: last_entry, self._key["wake"]: last_wake},
-                count=1,
-                block=block_ms,
-            )
+        leases = self._lease(1, wait)
+        return leases[0] if leases else None
+
+    def acquire_many(self, n: int, *, timeout: float | None = None) -> list[RedisLease]:
+        """Lease up to ``n`` refs in one server call, FIFO; wait up to ``timeout`` (default 0.05 s) for the first.
+
+        Returns as soon as at least one is available (with every one available
+        then, up to ``n``); ``[]`` when the wait ends empty-handed or the queue is
+        drained. Each lease is traced as its own ``Acquire``.
+        """
+        check_count("n", n, minimum=1)
+        wait = 0.05 if timeout is None else timeout
+        check_seconds("timeout", wait)
+        return self._lease(n, wait)
 
     def ack(self, lease: Lease) -> None:
         """Mark ``lease``'s sample consumed: never delivered again; this process's store scrubs it.
 
         A stale lease (reclaimed, already settled, copied, or from another
-        queue or process) is rejected and changes nothing.
+        queue or process) is rejected and changes nothing. The ack stands even
+        when the store's ``scrub`` fails: the scrub is owed and retried, and
+        ``ack`` returns normally.
         """
-        self._settle("ack", lease)
+        self._settle("ack", [lease])
+
+    def ack_many(self, leases: Iterable[Lease]) -> None:
+        """``ack`` every lease of ``leases`` in one server call; each stale one is rejected on its own."""
+        self._settle("ack", list(leases))
 
     def fail(self, lease: Lease) -> None:
         """Give ``lease``'s sample back: redelivered from the tail, or dead once deliveries are spent.
 
         A stale lease is rejected and changes nothing.
         """
-        self._settle("fail", lease)
+        self._settle("fail", [lease])
+
+    def fail_many(self, leases: Iterable[Lease]) -> None:
+        """``fail`` every lease of ``leases`` in one server call; each stale one is rejected on its own."""
+        self._settle("fail", list(leases))
 
     def extend(self, lease: Lease, seconds: float | None = None) -> None:
         """Push ``lease.deadline`` to now + ``seconds`` (default: the visibility timeout).
@@ -319,8 +399,8 @@ class RedisSampleRefQueue(SampleRefQueue):
         check_seconds("seconds", extra, positive=True)
         key, token, _ = self._proof(lease)
         with self._operation():
-            status, events, *rest = self._run("extend", key, token, repr(float(extra)))
-            self._apply(events)
+            status, reply_events, *rest = self._run("extend", key, token, repr(float(extra)))
+            self._apply(reply_events)
             if _text(status) == "ok":
                 lease.deadline = self._local_deadline(rest[0], rest[1])
                 return
@@ -335,19 +415,23 @@ class RedisSampleRefQueue(SampleRefQueue):
         total = 0
         while True:
             with self._operation():
-                _, events, count, _ = self._run("reclaim")
-                self._apply(events)
+                _, reply_events, count, *_ = self._run("reclaim")
+                self._apply(reply_events)
             total += int(count)
-            # A script reaps at most REAP_LIMIT leases, to keep the server responsive.
-            if int(count) < 1000:
+            # One call reaps at most REAP_LIMIT leases, to keep the server responsive.
+            if int(count) < functions.REAP_LIMIT:
                 return total
 
     # -- lifecycle and introspection -----------------------------------------
     def close(self) -> None:
-        """Refuse further puts, in every process; ``acquire`` drains what is held, then returns ``None``."""
+        """Refuse further puts, in every process; wake this process's blocked producers (``RuntimeError``).
+
+        ``acquire`` drains what is held, then returns ``None``.
+        """
         with self._operation():
-            _, events = self._run("close")
-            self._apply(events)
+            _, reply_events = self._run("close")
+            self._apply(reply_events)
+            self._not_full.notify_all()
 
     @property
     def is_closed(self) -> bool:
@@ -358,9 +442,19 @@ class RedisSampleRefQueue(SampleRefQueue):
     def lifecycle_state(self) -> str:
         """``open``, ``draining`` (closed, still holding samples) or ``drained``."""
         state = _text(self._retrying(self._redis.hget, self._key["meta"], "state"))
-        if state == "drained":
+        if state == "drained" and not self._owed:
             self._reaper_stop.set()
         return state
+
+    @property
+    def backpressure_state(self) -> str:
+        """This producer's ``flowing`` or ``paused``."""
+        return self._backpressure.state
+
+    @property
+    def store(self) -> FeatureStore:
+        """This process's store the queue retains and scrubs in."""
+        return self._store
 
     def pending_count(self) -> int:
         """Samples waiting to be leased."""
@@ -375,18 +469,27 @@ class RedisSampleRefQueue(SampleRefQueue):
         return [dead_letter_from_json(raw) for raw in self._retrying(self._redis.lrange, self._key["dead"], 0, -1)]
 
     def stats(self) -> QueueStats:
-        """A consistent snapshot of the queue-wide counters and gauges (one MULTI/EXEC)."""
+        """A consistent snapshot of the queue-wide counters and gauges (one MULTI/EXEC).
+
+        ``store_errors`` and ``scrub_backlog`` are this instance's: store faults happen in a process's own store.
+        """
         counters, outstanding = self._retrying(self._snapshot)
         values = {_text(k): int(v) for k, v in counters.items()}
-        names = [field.name for field in dataclasses.fields(QueueStats) if field.name not in ("pending", "outstanding")]
-        return QueueStats(
-            **{name: values.get(name, 0) for name in names}, pending=_pending(counters), outstanding=int(outstanding)
-        )
+        with self._lock:
+            values.update(store_errors=self._store_errors, scrub_backlog=len(self._owed))
+        values.update(pending=_pending(counters), outstanding=int(outstanding))
+        return QueueStats(**{field.name: values.get(field.name, 0) for field in dataclasses.fields(QueueStats)})
 
     def lease_state_counts(self) -> dict[str, int]:
         """How many leases sit in each live state, queue-wide."""
         counters, outstanding = self._retrying(self._snapshot)
         return {"pending": _pending(counters), "leased": int(outstanding)}
+
+    def render(self, path: str | os.PathLike[str], format: str | None = None) -> None:
+        """Draw the queue's snapshot to ``path``, as ``SampleRefQueue.render`` does (``svg``, ``png`` or ``dot``)."""
+        from featurestream.tools.diagrams import render_queue  # graphviz is optional: import on use
+
+        render_queue(self, path, format)
 
     def disconnect(self) -> None:
         """Stop this instance's reaper and close its connections (when it made them); the queue stays in Redis."""
@@ -394,7 +497,7 @@ class RedisSampleRefQueue(SampleRefQueue):
         if self._owns_client:
             self._redis.close()
 
-    # -- internals -------------------------------------------------------------
+    # -- talking to the server -------------------------------------------------
     def _load_library(self) -> None:
         """``FUNCTION LOAD`` this version's library unless the server already has it (it persists with the data)."""
         try:
@@ -408,10 +511,10 @@ class RedisSampleRefQueue(SampleRefQueue):
                 ) from None
             raise
 
-    def _run(self, script: str, *args: str | int) -> Any:
+    def _run(self, script: str, *args: str | int | bytes) -> Any:
         """Call one library function with the shared header (now, max_deliveries, dedup_window, feed cursor)."""
         function = self._library.function(script)
-        feeds = self._producing and script in ("put", "reclaim")
+        feeds = self._producing and script in ("put", "put_many", "reclaim")
 
         def call() -> Any:
             self._sent_now = None if self._server_time else float(self._clock())
@@ -434,7 +537,7 @@ class RedisSampleRefQueue(SampleRefQueue):
     def _retrying(self, call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Call ``call``, retrying with backoff while Redis is unreachable, for up to ``reconnect_timeout``.
 
-        Only connection-level errors are retried: every script is idempotent
+        Only connection-level errors are retried: every function is idempotent
         under a retry after a lost reply (put by its put token, ack/fail by the
         dedup record of the lease that settled it; a retried acquire leaves a
         lease nobody holds, which expires and is redelivered).
@@ -458,6 +561,172 @@ class RedisSampleRefQueue(SampleRefQueue):
             counters, outstanding = pipe.execute()
         return counters, outstanding
 
+    # -- producer internals (lock held) ------------------------------------------
+    def _check_ref(self, ref: object) -> None:
+        if not isinstance(ref, SampleRef):
+            raise TypeError(f"put expects a SampleRef, got {type(ref).__name__}: {ref!r:.80}")
+        store_uri = getattr(self._store, "store_uri", ref.store_uri)
+        if ref.store_uri != store_uri:
+            raise ValueError(
+                f"sample {ref.sample_id!r} lives in {ref.store_uri}, but this queue's store is {store_uri}; "
+                "put it into the queue bound to that store"
+            )
+
+    def _retain(self, batch: list[SampleRef]) -> None:
+        """Retain every sample of ``batch`` before any becomes visible, or none: a consumer in another process
+        may lease, get and release one at once, and its store must then find it retained."""
+        for ref in batch:
+            owed = self._owed.get(ref.sample_id)
+            if owed is not None and owed[0] == "scrub":
+                raise ValueError(
+                    f"sample {ref.sample_id!r} was settled and the store still has to scrub it; re-puts are refused"
+                )
+        for index, ref in enumerate(batch):
+            try:
+                self._store.retain(ref)
+            except Exception as exc:
+                self._store_fault("retain", ref.sample_id, exc)
+                for retained in batch[: index + 1]:  # a retain that failed halfway must not pin the bytes either
+                    self._owe("unretain", retained)
+                raise store_error(exc, f"put of sample {ref.sample_id!r} refused, nothing enqueued") from exc
+        for ref in batch:
+            self._owed.pop(ref.sample_id, None)  # an unretain owed for an earlier refused put would undo this one
+        self._producing = True
+
+    def _put_locked(self, ref: SampleRef, *, if_idle: bool = False) -> bool:
+        """Put ``ref``; with ``if_idle`` only into an empty queue (``False``: it was not, nothing changed)."""
+        self._retain([ref])
+        wire = ref_to_json(ref).encode()
+        token = secrets.token_hex(8)
+        status, reply_events, *rest = self._run("put", ref.sample_id, wire, token, "1" if if_idle else "")
+        self._apply(reply_events)
+        status = _text(status)
+        if status == "ok":
+            self._remember(ref, wire)
+            return True
+        if status == "busy":
+            self._owe("unretain", ref)
+            return False
+        self._refuse(status, ref, held=bool(int(rest[0])) if status == "closed" else status == "held", outcome=rest)
+
+    def _put_batch_locked(self, batch: list[SampleRef]) -> None:
+        self._retain(batch)
+        wires = [ref_to_json(ref).encode() for ref in batch]
+        items: list[str | bytes] = []
+        for ref, wire in zip(batch, wires, strict=True):
+            items += [ref.sample_id, wire]
+        status, reply_events, *rest = self._run("put_many", secrets.token_hex(8), *items)
+        self._apply(reply_events)
+        status = _text(status)
+        if status == "ok":
+            for ref, wire in zip(batch, wires, strict=True):
+                self._remember(ref, wire)
+            return
+        offender, outcome, held = rest
+        offending = next((ref for ref in batch if ref.sample_id == _text(offender)), batch[0])
+        for ref, flag in zip(batch, held, strict=True):
+            if not int(flag) and ref is not offending:
+                self._owe("unretain", ref)
+        self._refuse(status, offending, held=bool(int(held[batch.index(offending)])), outcome=[outcome])
+
+    def _refuse(self, status: str, ref: SampleRef, *, held: bool, outcome: list[Any]) -> NoReturn:
+        """Raise ``put``'s error for a refusal; un-retain the sample unless the queue holds one of that id."""
+        if not held:
+            self._owe("unretain", ref)
+        if status == "closed":
+            raise RuntimeError(f"cannot put sample {ref.sample_id!r}: the queue is closed")
+        if status == "held":
+            raise ValueError(f"sample {ref.sample_id!r} is already queued; ids must be unique")
+        raise ValueError(
+            f"sample {ref.sample_id!r} was already {_text(outcome[0])}; re-puts of settled samples are refused "
+            "(discard the duplicate from the store)"
+        )
+
+    def _remember(self, ref: SampleRef, wire: bytes) -> None:
+        self._mine[ref.sample_id] = ref
+        self._sent[wire] = ref
+        self._wire[ref.sample_id] = wire
+
+    def _read_health(self, ref: SampleRef) -> StoreHealth:
+        try:
+            return self._store.health()
+        except Exception as exc:
+            self._store_fault("health", ref.sample_id, exc)
+            raise store_error(exc, f"put_blocks_until_below of sample {ref.sample_id!r} enqueued nothing") from exc
+
+    def _update_backpressure(self, health: StoreHealth) -> Callable[[StoreHealth], None] | None:
+        """Apply the hysteresis; return the callback to run (outside the lock), if any."""
+        state = self._backpressure.state
+        if state == "flowing" and self._should_pause(health):
+            fire(BACKPRESSURE_MACHINE, "pause", self._backpressure)
+            self._retrying(self._redis.hincrby, self._key["stats"], "producer_pauses", 1)
+            self._trace(events.PAUSE, resident_bytes=health.resident_bytes)
+            return self._on_pause or _no_callback
+        if state == "paused" and self._should_resume(health):
+            fire(BACKPRESSURE_MACHINE, "resume", self._backpressure)
+            self._trace(events.RESUME, resident_bytes=health.resident_bytes)
+            return self._on_resume or _no_callback
+        return None
+
+    def _should_pause(self, health: StoreHealth) -> bool:
+        if self._high is not None:
+            return health.resident_bytes >= self._high
+        return health.high_watermark_hit
+
+    def _should_resume(self, health: StoreHealth) -> bool:
+        if self._low is not None:
+            return health.resident_bytes <= self._low
+        return health.low_watermark_hit
+
+    # -- consumer internals ------------------------------------------------------
+    def _lease(self, n: int, wait: float) -> list[RedisLease]:
+        """Up to ``n`` leases from one server call, waiting server-side up to ``wait`` seconds for the first."""
+        give_up = time.monotonic() + wait
+        while True:
+            base = secrets.token_hex(8)
+            with self._operation():
+                status, reply_events, *rest = self._run("acquire", repr(float(self._vt.seconds)), base, n)
+                self._apply(reply_events)
+                status = _text(status)
+                if status == "ok":
+                    return self._issue(rest, base)
+                if status == "drained":
+                    return []
+            remaining = give_up - time.monotonic()
+            if remaining <= 0:
+                return []
+            last_entry, last_wake, until_deadline = (_text(v) for v in rest)
+            if until_deadline:
+                remaining = min(remaining, max(float(until_deadline), 0.0))
+            # BLOCK 0 would mean forever: wait at least a millisecond.
+            block_ms = max(1, math.ceil(remaining * 1000))
+            self._retrying(
+                self._redis.xread,
+                {self._key["stream"]: last_entry, self._key["wake"]: last_wake},
+                count=1,
+                block=block_ms,
+            )
+
+    def _issue(self, reply: list[Any], base: str) -> list[RedisLease]:
+        """Leases from the server's ``key, n, ref`` triples; lease i (from 1) has token ``base + str(i)``."""
+        # The server's deadline is the now it used plus vt: this process's clock, or exactly the now we sent.
+        deadline = (self._clock() if self._sent_now is None else self._sent_now) + self._vt.seconds
+        leases = []
+        for index in range(0, len(reply), 3):
+            key, n, ref_json = reply[index : index + 3]
+            ref = self._sent.get(ref_json)
+            lease = RedisLease(
+                ref=ref if ref is not None else ref_from_json(ref_json),
+                deadline=deadline,
+                visibility_timeout=self._vt,
+                redelivery_count=int(n),
+                lease_id=int(key),
+                token=f"{base}{index // 3 + 1}",
+            )
+            self._issued[lease.lease_id] = lease
+            leases.append(lease)
+        return leases
+
     def _proof(self, lease: object) -> tuple[str, str, str]:
         """(lease key, token, sample id) to present to the server; the token is empty unless ``lease``
         is the very object this instance issued, so copies and foreign leases are rejected as stale."""
@@ -469,38 +738,26 @@ class RedisSampleRefQueue(SampleRefQueue):
         token = issued.token if issued is lease and issued is not None else ""
         return f"{lease_id:016d}", token, sample_id if isinstance(sample_id, str) else ""
 
-    def _settle(self, trigger: str, lease: Lease) -> None:
-        key, token, sample_id = self._proof(lease)
+    def _settle(self, trigger: str, leases: list[Any]) -> None:
+        """Ack or fail ``leases`` in one server call; each is settled or rejected as stale on its own."""
+        if not leases:
+            return
+        proofs = [self._proof(lease) for lease in leases]
         with self._operation():
-            status, events, *_ = self._run(trigger, key, token, sample_id)
-            status = _text(status)
-            self._apply(events)
-            if token:
-                self._issued.pop(lease.lease_id, None)
-            # A fail that dead-letters is scrubbed through its "dead" event; "again" is a retried settle
-            # whose first run's reply (and events) was lost: acked, or failed into the dead letters.
-            if status == "again":
-                self._trace(_ACTIONS[trigger], sample_id=sample_id, lease_id=lease.lease_id)
-                if trigger == "fail":
-                    self._trace(_ACTIONS["dead"], sample_id=sample_id)
-            if status == "again" or (status == "ok" and trigger == "ack"):
-                self._scrub(lease.ref)
-
-    def _issue(self, reply: list[Any], token: str) -> RedisLease:
-        key, n, ref_json = reply
-        ref = self._sent.get(ref_json)
-        # The server's deadline is the now it used plus vt: this process's clock, or exactly the now we sent.
-        now = self._clock() if self._sent_now is None else self._sent_now
-        lease = RedisLease(
-            ref=ref if ref is not None else ref_from_json(ref_json),
-            deadline=now + self._vt.seconds,
-            visibility_timeout=self._vt,
-            redelivery_count=int(n),
-            lease_id=int(key),
-            token=token,
-        )
-        self._issued[lease.lease_id] = lease
-        return lease
+            statuses, reply_events = self._run(trigger, *(part for proof in proofs for part in proof))
+            self._apply(reply_events)
+            for lease, (_, token, sample_id), raw in zip(leases, proofs, statuses, strict=True):
+                status = _text(raw)
+                if token:
+                    self._issued.pop(lease.lease_id, None)
+                # A fail that dead-letters is scrubbed through its "dead" event; "again" is a retried settle
+                # whose first run's reply (and events) was lost: acked, or failed into the dead letters.
+                if status == "again":
+                    self._trace(_ACTIONS[trigger], sample_id=sample_id, lease_id=lease.lease_id)
+                    if trigger == "fail":
+                        self._trace(_ACTIONS["dead"], sample_id=sample_id)
+                if status == "again" or (status == "ok" and trigger == "ack"):
+                    self._scrub(lease.ref)
 
     def _local_deadline(self, deadline: object, now: object) -> float:
         """A server deadline in this process's clock: exact under an injected clock, offset from TIME otherwise."""
@@ -508,40 +765,15 @@ class RedisSampleRefQueue(SampleRefQueue):
             return self._clock() + (float(_text(deadline)) - float(_text(now)))
         return float(_text(deadline))
 
-    def _put_locked(self, ref: SampleRef) -> None:
-        # Retain before the sample becomes visible: a consumer in another process may lease, get and release
-        # it at once, and its store must then find it retained. A refused put of a sample nobody queues
-        # undoes that, so refusal leaves the store as it was.
-        self._store.retain(ref)
-        self._producing = True
-        wire = ref_to_json(ref).encode()
-        status, events, *rest = self._run("put", ref.sample_id, wire, secrets.token_hex(8))
-        self._apply(events)
-        status = _text(status)
-        if status == "ok":
-            self._mine[ref.sample_id] = ref
-            self._sent[wire] = ref
-            self._wire[ref.sample_id] = wire
-        elif status == "closed":
-            if not int(rest[0]):  # a queued sample of that id keeps its retain
-                self._store.unretain(ref)
-            raise RuntimeError(f"cannot put sample {ref.sample_id!r}: the queue is closed")
-        elif status == "held":  # the queued sample of that id keeps its retain
-            raise ValueError(f"sample {ref.sample_id!r} is already queued; ids must be unique")
-        else:
-            self._store.unretain(ref)
-            raise ValueError(
-                f"sample {ref.sample_id!r} was already {_text(rest[0])}; re-puts of settled samples are refused "
-                "(discard the duplicate from the store)"
-            )
+    # -- the server's events, store calls, callbacks -------------------------------
+    def _apply(self, reply_events: list[Any]) -> None:
+        """Trace the server's events in order, scrub settled samples here, queue the dead-letter callbacks.
 
-    def _apply(self, events: list[Any]) -> None:
-        """Trace the server's events in order, scrub dead-lettered samples here, queue the dead-letter callbacks.
-
-        Called inside ``_operation`` (lock held), so one instance's trace follows the server's order.
+        Called inside ``_operation`` (lock held), so one instance's trace follows the server's order. A store
+        fault while scrubbing is owed, never raised: it belongs to a sample, not to this caller.
         """
-        for index in range(0, len(events), 3):
-            kind, first, second = (_text(v) for v in events[index : index + 3])
+        for index in range(0, len(reply_events), 3):
+            kind, first, second = (_text(v) for v in reply_events[index : index + 3])
             action = _ACTIONS.get(kind, kind)
             if kind in ("lease", "extend", "ack", "fail", "reclaim"):
                 self._trace(action, sample_id=first, lease_id=int(second))
@@ -557,16 +789,108 @@ class RedisSampleRefQueue(SampleRefQueue):
             elif kind == "dead":
                 self._trace(action, sample_id=first)
                 dead = dead_letter_from_json(second)
-                self._scrub(dead.ref)
                 if self._on_dead_letter is not None:
                     self._outbox.append((self._on_dead_letter, dead))
+                self._scrub(dead.ref)
             else:  # close, drain
                 self._trace(action)
-                if kind == "drain":
-                    self._reaper_stop.set()
 
     def _scrub(self, ref: SampleRef) -> None:
         self._mine.pop(ref.sample_id, None)
         self._sent.pop(self._wire.pop(ref.sample_id, b""), None)
-        self._store.scrub(ref)
-        self._not_full.notify_all()
+        if self._owe("scrub", ref):
+            self._not_full.notify_all()
+
+    def _owe(self, call: str, ref: SampleRef) -> bool:
+        """Make the store call ``call(ref)``; if it raises, log, count and keep it owed. ``True``: done."""
+        try:
+            getattr(self._store, call)(ref)
+        except Exception as exc:
+            self._store_fault(call, ref.sample_id, exc)
+            self._owed[ref.sample_id] = (call, ref)
+            self._owed.move_to_end(ref.sample_id)
+            return False
+        return True
+
+    def _pay_owed(self) -> None:
+        """Retry owed scrubs/unretains, oldest first; one that fails again goes to the back and ends the round
+        (a store that keeps failing costs one store call per queue operation, not one per owed sample)."""
+        while self._owed:
+            sample_id, (call, ref) = next(iter(self._owed.items()))
+            try:
+                getattr(self._store, call)(ref)
+            except Exception as exc:
+                self._store_fault(call, sample_id, exc)
+                self._owed.move_to_end(sample_id)
+                return
+            del self._owed[sample_id]
+            self._trace(events.SCRUB_RETRIED, sample_id=sample_id, call=call)
+            self._not_full.notify_all()
+
+    def _store_fault(self, call: str, sample_id: str | None, exc: BaseException) -> None:
+        self._store_errors += 1
+        logger.warning("store %s(%r) raised %r; the queue carries on", call, sample_id, exc, exc_info=exc)
+        self._trace(events.STORE_FAULT, call=call, sample_id=sample_id, error=repr(exc))
+
+    def _trace(self, action: str, **fields: object) -> None:
+        if self._tracer is not None:
+            self._tracer(action, fields)
+
+    def _reaper_finished(self) -> bool:
+        """Whether the reaper has nothing left to do here: the queue drained and no store call owed."""
+        return self.lifecycle_state == "drained" and not self._owed
+
+    @contextlib.contextmanager
+    def _operation(self) -> Iterator[None]:
+        """Hold the lock for the body (after retrying owed store calls); then, even if it raised,
+        run queued callbacks and the store's gc."""
+        outbox: list[tuple[Callable[..., None], object]] = []
+        try:
+            with self._lock:
+                try:
+                    if self._owed:
+                        self._pay_owed()
+                    yield
+                finally:
+                    outbox, self._outbox = self._outbox, []
+        finally:
+            self._after(outbox)
+
+    def _after(self, outbox: list[tuple[Callable[..., None], object]]) -> None:
+        for callback, argument in outbox:
+            try:
+                callback(argument)
+            except Exception:
+                logger.exception("queue callback %r raised; the queue carries on", callback)
+        try:
+            self._store.gc()
+        except Exception as exc:
+            with self._lock:
+                self._store_fault("gc", None, exc)
+
+
+def _no_callback(health: StoreHealth) -> None:
+    """Stands in for an unset on_pause/on_resume."""
+
+
+def _start_reaper(queue: RedisSampleRefQueue, interval: float) -> None:
+    """Reap expired leases and pay owed store calls every ``interval`` seconds, until the queue is drained with
+    nothing owed, disconnected, or collected. A round that raises (Redis down past ``reconnect_timeout``, a
+    store fault) is logged and the next round runs."""
+    ref = weakref.ref(queue)
+    stop = queue._reaper_stop
+
+    def run() -> None:
+        while not stop.wait(interval):
+            target = ref()
+            if target is None:
+                return
+            try:
+                if target._reaper_finished():
+                    return
+                target.reclaim_expired()
+            except Exception:
+                logger.exception("the Redis queue's reaper round raised; it carries on")
+            del target
+
+    threading.Thread(target=run, name="featurestream-redis-reaper", daemon=True).start()

@@ -1,0 +1,13 @@
+-- ARGV: lease key, token, seconds
+reap()
+local key, token, extra = ARGV[2], ARGV[3], tonumber(ARGV[4])
+local entry, _, _, sid = live_lease(key, token)
+if entry then
+  local deadline = now + extra
+  redis.call('ZADD', K_DEADLINES, fmt(deadline), key)
+  redis.call('HINCRBY', K_STATS, 'extended', 1)
+  emit('extend', sid, key)
+  return {'ok', events, fmt(deadline), fmt(now)}
+end
+stale('extend', key)
+return {'lost', events}

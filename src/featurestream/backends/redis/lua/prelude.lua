@@ -1,0 +1,299 @@
+-- Helpers shared by every function of the library, defined once when it loads. The constants (GROUP,
+-- LAYOUT, REAP_LIMIT, ...) are prepended by featurestream.backends.redis.functions, their one definition.
+-- Per-call state lives in these upvalues: a function call runs atomically, so no two calls see each other's.
+
+-- Events only a tracer needs are sent when the caller traces; the client acts on the others.
+local NEEDED = {dead = true, retired = true, drain = true}
+
+local K_STREAM, K_REFS, K_LEASES, K_DEADLINES, K_DONE, K_DONE_ORDER, K_DEAD, K_META, K_STATS, K_WAKE, K_RETIRED
+local now, MAX_DELIVERIES, DEDUP_WINDOW, CURSOR, TRACE, events
+
+local function begin(keys, argv)
+  local P = keys[1]
+  K_STREAM, K_REFS, K_LEASES, K_DEADLINES = P .. 'stream', P .. 'refs', P .. 'leases', P .. 'deadlines'
+  K_DONE, K_DONE_ORDER, K_DEAD, K_META = P .. 'done', P .. 'done_order', P .. 'dead', P .. 'meta'
+  K_STATS, K_WAKE, K_RETIRED = P .. 'stats', P .. 'wake', P .. 'retired'
+  local clock
+  clock, MAX_DELIVERIES, DEDUP_WINDOW, CURSOR, TRACE = string.match(
+    argv[1], '^([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)$')
+  MAX_DELIVERIES, DEDUP_WINDOW, TRACE = tonumber(MAX_DELIVERIES), tonumber(DEDUP_WINDOW), TRACE == '1'
+  if clock == '' then
+    local t = redis.call('TIME')
+    now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+  else
+    now = tonumber(clock)
+  end
+  events = {}
+end
+
+local function emit(kind, a, b)
+  if TRACE or NEEDED[kind] then
+    events[#events + 1] = kind
+    events[#events + 1] = a
+    events[#events + 1] = b
+  end
+end
+
+local function fmt(x)
+  return string.format('%.17g', x)
+end
+
+-- The put token and the ref JSON of a held sample's ``refs`` value.
+local function split_held(value)
+  local tab = string.find(value, '\t', 1, true)
+  return string.sub(value, 1, tab - 1), string.sub(value, tab + 1)
+end
+
+-- outcome, lease key, lease token, put token of a ``done`` record
+local function parse_done(rec)
+  return string.match(rec, '^([^\t]*)\t([^\t]*)\t([^\t]*)\t(.*)$')
+end
+
+-- Settles after the caller's cursor (exclusive), so a producing instance's store forgets the samples it put.
+-- Only put and reclaim ask for it (their callers produce); a caller holding no unsettled puts sends '$' and
+-- only learns the newest id (nothing before it can concern a sample it puts later).
+local function feed()
+  local cursor = CURSOR
+  if cursor == '' then
+    return
+  end
+  if cursor == '$' then
+    local last = redis.call('XREVRANGE', K_RETIRED, '+', '-', 'COUNT', 1)
+    emit('retired', '', last[1] and last[1][1] or '0-0')
+    return
+  end
+  for _, entry in ipairs(redis.call('XRANGE', K_RETIRED, '(' .. cursor, '+', 'COUNT', FEED_LIMIT)) do
+    emit('retired', entry[2][2], entry[1])
+  end
+end
+
+-- entry, token, n, put token, sample id (the id goes last: it may contain tabs)
+local function parse_lease(rec)
+  return string.match(rec, '^([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t(.*)$')
+end
+
+-- Drop settled stream entries in bulk: everything before the oldest one still pending or unread.
+local function trim_stream()
+  local oldest = redis.call('XPENDING', K_STREAM, GROUP)[2]
+  if not oldest then
+    for _, group in ipairs(redis.call('XINFO', 'GROUPS', K_STREAM)) do
+      for i = 1, #group, 2 do
+        if group[i] == 'last-delivered-id' then
+          oldest = group[i + 1]
+        end
+      end
+    end
+  end
+  redis.call('XTRIM', K_STREAM, 'MINID', oldest)
+end
+
+-- Called after a sample leaves ``refs``: an empty queue keeps no stream entries (all are settled), and a
+-- closed one drains.
+local function after_retire()
+  if redis.call('HLEN', K_REFS) ~= 0 then
+    return
+  end
+  redis.call('XTRIM', K_STREAM, 'MAXLEN', 0)
+  if redis.call('HGET', K_META, 'state') == 'draining' then
+    redis.call('HSET', K_META, 'state', 'drained')
+    emit('drain', '', '')
+    redis.call('XADD', K_WAKE, 'MAXLEN', '1', '*', 'wake', 'drain')
+  end
+end
+
+local function retire(sid, outcome, key, token, put_token)
+  redis.call('HDEL', K_REFS, sid)
+  redis.call('XADD', K_RETIRED, 'MAXLEN', '~', RETIRED_MAXLEN, '*', 's', sid)
+  if DEDUP_WINDOW > 0 then
+    redis.call('HSET', K_DONE, sid, outcome .. '\t' .. key .. '\t' .. token .. '\t' .. put_token)
+    if redis.call('RPUSH', K_DONE_ORDER, sid) > DEDUP_WINDOW then
+      redis.call('HDEL', K_DONE, redis.call('LPOP', K_DONE_ORDER))
+    end
+  end
+  after_retire()
+end
+
+local function redeliver(sid, n, reason, key, token, put_token)
+  local deliveries = n + 1
+  if deliveries >= MAX_DELIVERIES then
+    local why = reason .. ' ' .. deliveries .. ' times (max_deliveries=' .. MAX_DELIVERIES .. ')'
+    local _, ref = split_held(redis.call('HGET', K_REFS, sid))
+    local letter = '{"ref":' .. ref .. ',"reason":"' .. why .. '","deliveries":' .. deliveries .. '}'
+    redis.call('RPUSH', K_DEAD, letter)
+    redis.call('HINCRBY', K_STATS, 'dead_lettered', 1)
+    emit('dead', sid, letter)
+    retire(sid, 'dead-lettered', key, token, put_token)
+  else
+    redis.call('XADD', K_STREAM, '*', 's', sid, 'n', deliveries)
+  end
+end
+
+-- Remove a live lease and count its settle under ``counter``; every TRIM_EVERY settles, trim the stream.
+local function drop_lease(key, entry, counter)
+  redis.call('HDEL', K_LEASES, key)
+  redis.call('ZREM', K_DEADLINES, key)
+  redis.call('XACK', K_STREAM, GROUP, entry)
+  if redis.call('HINCRBY', K_STATS, counter, 1) % TRIM_EVERY == 0 then
+    trim_stream()
+  end
+end
+
+local function reap()
+  -- Most calls find nothing due: look at the earliest deadline before asking for the due range.
+  local first = redis.call('ZRANGE', K_DEADLINES, 0, 0, 'WITHSCORES')
+  if not first[2] or tonumber(first[2]) > now then
+    return 0
+  end
+  local due = redis.call('ZRANGEBYSCORE', K_DEADLINES, '-inf', fmt(now), 'LIMIT', 0, REAP_LIMIT)
+  for _, key in ipairs(due) do
+    local entry, _, n, put_token, sid = parse_lease(redis.call('HGET', K_LEASES, key))
+    drop_lease(key, entry, 'reclaimed')
+    emit('reclaim', sid, key)
+    -- no token in the dedup record: a late fail of this lease is stale, not a retry of a settle
+    redeliver(sid, tonumber(n), 'expired', key, '', put_token)
+  end
+  return #due
+end
+
+local function is_open()
+  return redis.call('HGET', K_META, 'state') == 'open'
+end
+
+-- Why a put of ``sid`` with put token ``token`` cannot add it: nil (it can), 'again' (this very put took
+-- effect already: a retry after a lost reply), 'held' (queued by another put), or 'dedup' and the outcome.
+local function put_check(sid, token)
+  local held = redis.call('HGET', K_REFS, sid)
+  if held then
+    if split_held(held) == token then
+      return 'again'
+    end
+    return 'held'
+  end
+  local done = redis.call('HGET', K_DONE, sid)
+  if done then
+    local outcome, _, _, put_token = parse_done(done)
+    if put_token == token then
+      return 'again'
+    end
+    return 'dedup', outcome
+  end
+  return nil
+end
+
+local function refuse_dedup(sid)
+  redis.call('HINCRBY', K_STATS, 'dedup_refused', 1)
+  emit('dedup', sid, '')
+end
+
+local function put_new(sid, ref, token)
+  redis.call('HSET', K_REFS, sid, token .. '\t' .. ref)
+  redis.call('XADD', K_STREAM, '*', 's', sid, 'n', '0')
+  redis.call('HINCRBY', K_STATS, 'put', 1)
+  emit('put', sid, '')
+end
+
+-- Lease up to ``count`` entries to the caller; lease i gets token ``base .. i``. Appends
+-- ``key, n, ref JSON`` per lease to ``reply``; returns how many.
+local function lease_entries(count, vt, base, reply)
+  local leased = 0
+  while leased < count do
+    local got = redis.call('XREADGROUP', 'GROUP', GROUP, GROUP, 'COUNT', count - leased, 'STREAMS', K_STREAM, '>')
+    if not got then
+      break
+    end
+    for _, entry in ipairs(got[1][2]) do
+      local id, fields = entry[1], entry[2]
+      local sid, n = fields[2], fields[4]
+      local held = redis.call('HGET', K_REFS, sid)
+      if held then
+        leased = leased + 1
+        local put_token, ref = split_held(held)
+        local key = string.format('%016d', redis.call('HINCRBY', K_STATS, 'leased', 1))
+        local rec = id .. '\t' .. base .. leased .. '\t' .. n .. '\t' .. put_token .. '\t' .. sid
+        redis.call('HSET', K_LEASES, key, rec)
+        redis.call('ZADD', K_DEADLINES, fmt(now + vt), key)
+        emit('lease', sid, key)
+        -- the client knows the deadline: its clock (or the now it sent) plus vt
+        reply[#reply + 1] = key
+        reply[#reply + 1] = n
+        reply[#reply + 1] = ref
+      else
+        -- an entry whose sample is no longer held is never leased (defensive: no function leaves one; the
+        -- pending gauge would count it)
+        redis.call('XACK', K_STREAM, GROUP, id)
+      end
+    end
+  end
+  return leased
+end
+
+-- Nothing to lease: where the client should block (XREAD after these ids) and for how long at most.
+local function empty_reply()
+  if redis.call('HGET', K_META, 'state') == 'drained' then
+    return {'drained', events}
+  end
+  local last = redis.call('XREVRANGE', K_STREAM, '+', '-', 'COUNT', 1)
+  local wake = redis.call('XREVRANGE', K_WAKE, '+', '-', 'COUNT', 1)
+  local first = redis.call('ZRANGE', K_DEADLINES, 0, 0, 'WITHSCORES')
+  local until_deadline = ''
+  if first[2] then
+    until_deadline = fmt(tonumber(first[2]) - now)
+  end
+  return {'empty', events, last[1] and last[1][1] or '0-0', wake[1] and wake[1][1] or '0-0', until_deadline}
+end
+
+-- the live lease record for (key, token), or nil when it is not live
+local function live_lease(key, token)
+  local rec = redis.call('HGET', K_LEASES, key)
+  if not rec then
+    return nil
+  end
+  local entry, tok, n, put_token, sid = parse_lease(rec)
+  if tok ~= token or token == '' then
+    return nil
+  end
+  return entry, tonumber(n), put_token, sid
+end
+
+local function settled_by(sid, outcome, key, token)
+  local done = redis.call('HGET', K_DONE, sid)
+  local prefix = outcome .. '\t' .. key .. '\t' .. token .. '\t'
+  return token ~= '' and done and string.sub(done, 1, #prefix) == prefix
+end
+
+local function stale(op, key)
+  redis.call('HINCRBY', K_STATS, 'stale_rejected', 1)
+  emit('stale', op, key)
+end
+
+-- Ack one lease: 'ok', 'again' (this very lease acked already: the caller still has to scrub) or 'stale'.
+local function ack_one(key, token, sid)
+  local entry, _, put_token, live_sid = live_lease(key, token)
+  if entry then
+    drop_lease(key, entry, 'acked')
+    emit('ack', live_sid, key)
+    retire(live_sid, 'acked', key, token, put_token)
+    return 'ok'
+  end
+  if settled_by(sid, 'acked', key, token) then
+    return 'again'
+  end
+  stale('ack', key)
+  return 'stale'
+end
+
+-- Fail one lease: 'ok', 'again' (this very lease failed into the dead letters already) or 'stale'.
+local function fail_one(key, token, sid)
+  local entry, n, put_token, live_sid = live_lease(key, token)
+  if entry then
+    drop_lease(key, entry, 'failed')
+    emit('fail', live_sid, key)
+    redeliver(live_sid, n, 'failed', key, token, put_token)
+    return 'ok'
+  end
+  if settled_by(sid, 'dead-lettered', key, token) then
+    return 'again'
+  end
+  stale('fail', key)
+  return 'stale'
+end

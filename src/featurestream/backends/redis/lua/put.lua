@@ -1,0 +1,24 @@
+-- ARGV: sample id, ref JSON, put token, '1' to enqueue only into an empty queue (a paused producer's put)
+feed()
+reap()
+local sid, ref, token, if_idle = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
+if not is_open() then
+  -- whether the id is queued all the same: then its retain belongs to that queued sample
+  return {'closed', events, redis.call('HEXISTS', K_REFS, sid)}
+end
+local why, outcome = put_check(sid, token)
+if why == 'again' then
+  return {'ok', events}
+end
+if why == 'dedup' then
+  refuse_dedup(sid)
+  return {'dedup', events, outcome}
+end
+if why then
+  return {why, events}
+end
+if if_idle == '1' and redis.call('HLEN', K_REFS) ~= 0 then
+  return {'busy', events}
+end
+put_new(sid, ref, token)
+return {'ok', events}
