@@ -13,8 +13,10 @@ import pytest
 
 from featurestream.spec.tlc import ToolMissing, find_jar, find_java
 
-# Distinct states of spec/LeaseQueue.cfg; TLC and the Python mirror must both find exactly this many.
-CI_DISTINCT_STATES = 68_023
+# Distinct states of each shipped exhaustive config; TLC and the Python mirror must both find exactly this many.
+CI_DISTINCT_STATES = 45_503  # spec/LeaseQueue.cfg
+WINDOW_DISTINCT_STATES = 26_366  # spec/LeaseQueueWindow.cfg
+DEEP_DISTINCT_STATES = 381_569  # spec/LeaseQueueDeep.cfg (nightly)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -40,3 +42,13 @@ def tlc_available() -> None:
 @pytest.fixture(scope="session")
 def ci_distinct_states() -> int:
     return CI_DISTINCT_STATES
+
+
+@pytest.fixture(scope="session")
+def pinned_states() -> dict[str, int]:
+    """Pinned distinct states by config file name."""
+    return {
+        "LeaseQueue.cfg": CI_DISTINCT_STATES,
+        "LeaseQueueWindow.cfg": WINDOW_DISTINCT_STATES,
+        "LeaseQueueDeep.cfg": DEEP_DISTINCT_STATES,
+    }

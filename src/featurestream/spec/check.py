@@ -1,4 +1,7 @@
-"""``featurestream check``: model-check ``spec/LeaseQueue.tla`` with TLC and print the verdict."""
+"""``featurestream check``: model-check ``spec/LeaseQueue.tla`` with TLC and print the verdict.
+
+TLC runs as a reviewer would run it by hand: deadlock checking on.
+"""
 
 from __future__ import annotations
 
@@ -6,10 +9,12 @@ import argparse
 import os
 from pathlib import Path
 
-from featurestream.spec.tlc import ToolMissing, run_tlc, spec_dir
+from featurestream.spec.tlc import Simulation, ToolMissing, run_tlc, spec_dir
 
 CI_CONFIG = "LeaseQueue.cfg"
+WINDOW_CONFIG = "LeaseQueueWindow.cfg"
 DEEP_CONFIG = "LeaseQueueDeep.cfg"
+SIM_CONFIG = "LeaseQueueSim.cfg"
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -17,6 +22,17 @@ def configure(parser: argparse.ArgumentParser) -> None:
     which = parser.add_mutually_exclusive_group()
     which.add_argument("--config", type=Path, help="a TLC model config (default: the CI model, spec/LeaseQueue.cfg)")
     which.add_argument("--deep", action="store_true", help="the larger nightly model (spec/LeaseQueueDeep.cfg)")
+    which.add_argument(
+        "--window", action="store_true", help="the dedup-window eviction model (spec/LeaseQueueWindow.cfg)"
+    )
+    parser.add_argument(
+        "--simulate",
+        action="store_true",
+        help="random simulation instead of exhaustive search (default config: spec/LeaseQueueSim.cfg)",
+    )
+    parser.add_argument("--depth", type=int, default=100, help="simulation: steps per behaviour (default 100)")
+    parser.add_argument("--seconds", type=float, default=60.0, help="simulation: wall-time bound (default 60)")
+    parser.add_argument("--seed", type=int, default=None, help="simulation: TLC's random seed")
     parser.add_argument(
         "--workers", type=int, default=os.cpu_count() or 1, help="TLC worker threads (default: all cores)"
     )
@@ -26,9 +42,20 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Run TLC; exit 0 when no error is found, 1 on a violation, 2 when TLC cannot run."""
     try:
-        config = args.config or spec_dir() / (DEEP_CONFIG if args.deep else CI_CONFIG)
-        print(f"model-checking {spec_dir() / 'LeaseQueue.tla'} with {config} ...", flush=True)
-        result = run_tlc(config, workers=args.workers)
+        if args.config:
+            config = args.config
+        elif args.deep:
+            config = spec_dir() / DEEP_CONFIG
+        elif args.window:
+            config = spec_dir() / WINDOW_CONFIG
+        else:
+            config = spec_dir() / (SIM_CONFIG if args.simulate else CI_CONFIG)
+        simulate = (
+            Simulation(depth=args.depth, seconds=args.seconds, seed=args.seed, traces=None) if args.simulate else None
+        )
+        mode = f"simulating ({args.depth} steps, {args.seconds:g} s)" if simulate else "model-checking"
+        print(f"{mode} {spec_dir() / 'LeaseQueue.tla'} with {config} ...", flush=True)
+        result = run_tlc(config, workers=args.workers, simulate=simulate)
     except (ToolMissing, FileNotFoundError, ValueError) as error:
         print(f"featurestream check: {error}")
         return 2

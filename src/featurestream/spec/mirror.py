@@ -2,8 +2,9 @@
 
 The mirror is the spec in another notation, not a paraphrase: ``reachable_states``
 enumerates exactly the states TLC explores for the same constants (a test pins
-the two counts equal), and every action below carries the name of the TLA+
-action it mirrors.
+the two counts equal, with every invariant, action property and deadlock
+freedom checked on the way), and every action below carries the name of the
+TLA+ action it mirrors.
 
 Step API (used by ``featurestream.testing`` to drive the implementation and the
 mirror side by side). ``SpecMirror(constants)`` holds one spec state plus the
@@ -11,9 +12,31 @@ mirror side by side). ``SpecMirror(constants)`` holds one spec state plus the
 whether it was enabled / accepted (a refused or disabled action changes no spec
 variable, but may bump a counter exactly like the implementation does):
 
-- producer: ``store_put(sample, nbytes=None)`` (StorePut: bytes land in the store),
-  ``put(sample)`` (Put: enqueue a stored sample), ``reput(sample)`` (Reput: a
-  producer retries the put of a settled id; ``False`` = refused by dedup).
+- queue-level producer calls, as trace validation sees them (no producer
+  process, no backpressure): ``store_put(sample, nbytes=None)`` (StorePut: bytes
+  land in the store), ``put(sample)`` (Put: enqueue a stored sample; ``put``
+  never blocks), ``reput(sample)`` (Reput: a producer retries the put of a
+  settled id; ``False`` = refused by dedup).
+- producer processes (the spec's ``Producers``; ``SpecConstants.producers``):
+  ``producer_store(producer, sample, nbytes=None)`` (ProducerStore: the
+  producer writes the store and enters ``put_blocks_until_below``),
+  ``producer_pause(producer)`` / ``producer_resume(producer)`` (PauseP/ResumeP:
+  the hysteresis step of a waiting producer's round), ``producer_enqueue(producer)``
+  (Enqueue, or RetainFails when a ``retain`` fault is armed; ``False`` when the
+  rule says wait), ``producer_poll(producer)`` (one whole round: health, the
+  hysteresis, then the enqueue if allowed; returns what happened),
+  ``producer_abort(producer)`` (Abort: ``abort_when()``), ``producer_closed(producer)``
+  (ClosedRaise: close woke the producer and its put raised), ``producer_discard(producer)``
+  (Discard: the producer evicts the sample whose put raised), ``producer_state(producer)``,
+  ``producer_sample(producer)``, ``may_enqueue()`` (the backpressure rule).
+- store faults: ``arm_fault(call)`` with ``call`` one of ``FAULT_CALLS``
+  (``retain``, ``scrub``, ``unretain``, ``health``, ``gc``): the next action that
+  makes that store call takes the spec's failing branch (one-shot), as a
+  fault-injecting store does. ``armed_faults()``, ``clear_faults()``. A failed
+  scrub (during ack, fail or reclaim) leaves the settlement standing and puts
+  the sample in the backlog; ``retry_scrub(sample)`` (RetryScrub: the retry a
+  later queue operation or ``gc`` makes; a ``gc``/``scrub`` fault armed makes
+  it fail again), ``retry_backlog()`` (retry every backlog entry), ``backlog()``.
 - consumers: ``acquire(consumer) -> LeaseToken | None`` (Acquire, FIFO head),
   ``ack(consumer, token)`` / ``fail(consumer, token)`` (Ack/Fail; ``False`` =
   stale or forged, counted in ``stale_rejected``), ``extend(consumer, token)``
@@ -26,40 +49,49 @@ variable, but may bump a counter exactly like the implementation does):
   order, as the implementation's deadline heap does; returns how many).
 - backpressure and lifecycle: ``pause()``, ``resume()``, ``update_backpressure()``
   (what ``put_blocks_until_below`` evaluates: Pause or Resume if enabled, returns
-  its name or ``None``), ``close()``, ``drain()``. With ``auto_drain=True`` (the
-  default, as the implementation does atomically) ``close``/``ack``/``fail``/
-  ``reclaim`` apply ``drain`` when it becomes enabled.
+  its name or ``None``), ``close()``, ``drain()``, ``finished()`` (the spec's
+  ``Done`` is enabled). With ``auto_drain=True`` (the default, as the
+  implementation does atomically) ``close``/``ack``/``fail``/``reclaim`` drain
+  when nothing is pending or leased (events ``Close``/.../``Drain``).
 
 A ``LeaseToken`` is ``(sample, redelivery_count)``: the spec's name of one
 delivery attempt. Forged tokens (never handed to that consumer) are rejected.
 
 Observable state: ``status(sample)`` (``absent``/``stored``/``pending``/``leased``/
-``acked``/``dead``), ``pending_order()``, ``resident()`` (sample ids whose bytes
-are in the store), ``resident_bytes``, ``pending_count``, ``outstanding_count``,
-``backpressure_state``, ``lifecycle_state``, ``redelivery_count(sample)``,
-``live_token(sample)``, ``held(consumer)``, ``handles(consumer)``, ``dead_letters()``,
-``stats()`` (dict keyed like ``QueueStats``: put, leased, acked, failed,
-reclaimed, dead_lettered, extended, stale_rejected, dedup_refused,
-producer_pauses, pending, outstanding), ``events`` (the implementation-style
-trace of every applied action) and ``check_invariants()`` which raises
-``AssertionError`` naming the first broken spec invariant or action property
-(checked over the last step).
+``acked``/``dead``/``discarded``), ``pending_order()``, ``resident()`` (sample ids
+whose bytes are in the store), ``resident_bytes``, ``pending_count``,
+``outstanding_count``, ``backpressure_state``, ``lifecycle_state``,
+``redelivery_count(sample)``, ``live_token(sample)``, ``held(consumer)``,
+``handles(consumer)``, ``dead_letters()``, ``dedup_window()``, ``stats()`` (dict
+keyed like ``QueueStats``: put, leased, acked, failed, reclaimed, dead_lettered,
+extended, stale_rejected, dedup_refused, producer_pauses, plus store_faults and
+scrub_retries, and the ``pending``/``outstanding`` gauges), ``events`` (the
+implementation-style trace of every applied action: ``(name, fields)``, names
+from ``featurestream.core.events``; a failed store call is ``StoreFault`` with
+``call``, a retried one that went through ``ScrubRetried``) and
+``check_invariants()`` which raises ``AssertionError`` naming the first broken
+spec invariant or action property (checked over the last step).
+``ResidencyBound`` is checked only while every enqueue went through a producer
+(``put``/``store_put`` bypass backpressure, as ``SampleRefQueue.put`` does).
 
-``bugs`` re-enables the reference defects A-E in the mirror, as the spec's
-``Bug*`` constants do in TLA+.
+``bugs`` re-enables defects as the spec's ``Bug*`` constants do: the reference's
+A-E, ``P`` (BugProducerBytesCounted: the old backpressure rule) and ``S``
+(BugScrubFailUnsettles: an ack whose scrub fails is not recorded as settled).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import NamedTuple
 
 __all__ = [
     "BUGS",
+    "FAULT_CALLS",
     "LEASE_STATES",
     "LEASE_TRANSITIONS",
+    "PRODUCER_STATES",
     "STATUSES",
     "LeaseToken",
     "SpecConstants",
@@ -69,6 +101,7 @@ __all__ = [
     "check_step",
     "constants_from_config",
     "initial_state",
+    "labelled_successors",
     "reachable_states",
     "successors",
 ]
@@ -76,6 +109,7 @@ __all__ = [
 LeaseToken = tuple[str, int]
 
 NO_LEASE = "none"
+NO_SAMPLE = -1
 LEASE_STATES = ("pending", "leased", "acked", "failed", "reclaimed")
 LEASE_TRANSITIONS = (
     ("Acquire", "pending", "leased"),
@@ -84,17 +118,21 @@ LEASE_TRANSITIONS = (
     ("Fail", "leased", "failed"),
     ("Reclaim", "leased", "reclaimed"),
 )
-STATUSES = ("absent", "stored", "pending", "leased", "acked", "dead")
+STATUSES = ("absent", "stored", "pending", "leased", "acked", "dead", "discarded")
+PRODUCER_STATES = ("idle", "waiting", "aborted")
 TERMINAL = frozenset({"acked", "dead"})
 HELD_BY_QUEUE = frozenset({"pending", "leased"})
 TERMINAL_LEASE = frozenset({"acked", "failed", "reclaimed"})
-# One switch per reference defect (DESIGN.md "Known defects"), as the spec's Bug* constants.
+FAULT_CALLS = ("retain", "scrub", "unretain", "health", "gc")
+# One switch per defect, as the spec's Bug* constants.
 BUGS = {
     "A": "BugStaleRelease: the last handle release frees a sample the queue still holds",
     "B": "BugNoScrub: a settled sample is only un-retained, so a crashed consumer's handle keeps it",
     "C": "BugNoDedup: a re-put of a settled id is accepted and delivered again",
     "D": "BugNoDeliveryLimit: failed/reclaimed samples are redelivered forever",
     "E": "BugNoReaper: expired leases are never reclaimed",
+    "P": "BugProducerBytesCounted: a paused producer never enqueues, even into an empty queue",
+    "S": "BugScrubFailUnsettles: an ack whose scrub fails is not recorded as settled (re-put accepted)",
 }
 _COUNTER_OF_EVENT = {
     "Put": "put",
@@ -107,18 +145,25 @@ _COUNTER_OF_EVENT = {
     "StaleRejected": "stale_rejected",
     "DedupRefused": "dedup_refused",
     "Pause": "producer_pauses",
+    "StoreFault": "store_faults",
+    "ScrubRetried": "scrub_retries",
 }
 COUNTERS = tuple(dict.fromkeys(_COUNTER_OF_EVENT.values()))
 
 
 @dataclasses.dataclass(frozen=True)
 class SpecConstants:
-    """The spec's CONSTANTS: ``Samples``, ``Consumers``, ``MaxDeliveries``, watermarks, ``MaxHeld``, ``Bug*``.
+    """The spec's CONSTANTS and model parameters.
 
-    ``max_held`` bounds the leases one consumer holds at once (``None``: no bound,
-    as in the implementation; the model configs use 1 to keep TLC fast).
-    ``sample_bytes`` is every sample's size in the model (the step API may
-    override it per sample in ``store_put``).
+    ``samples``, ``consumers``, ``producers`` (``Producers``; the step API's
+    ``put`` works without any), ``max_deliveries``, watermarks, ``max_held``
+    (leases one consumer holds at once; ``None``: no bound, as in the
+    implementation), ``sample_bytes`` (every sample's size, except
+    ``large_samples``, which are ``large_bytes``; the step API may override a
+    size per sample in ``store_put``), ``max_faults`` (how many store calls may
+    fail in one behaviour; ``None``: no bound, for the step API),
+    ``dedup_window`` (settled ids remembered; ``None``: all of them, the spec's
+    default ``Cardinality(Samples)``), ``bugs`` (see ``BUGS``).
     """
 
     samples: tuple[str, ...] = ("s1", "s2")
@@ -129,11 +174,18 @@ class SpecConstants:
     max_held: int | None = 1
     sample_bytes: int = 1
     bugs: frozenset[str] = frozenset()
+    producers: tuple[str, ...] = ()
+    large_samples: frozenset[str] = frozenset()
+    large_bytes: int | None = None
+    max_faults: int | None = None
+    dedup_window: int | None = None
 
     def __post_init__(self) -> None:
-        for name in ("samples", "consumers"):
+        for name in ("samples", "consumers", "producers"):
             values = getattr(self, name)
-            if not values or len(set(values)) != len(values) or not all(isinstance(v, str) and v for v in values):
+            if (not values and name != "producers") or len(set(values)) != len(values):
+                raise ValueError(f"{name} must be non-empty distinct non-empty strings, got {values!r}")
+            if not all(isinstance(v, str) and v for v in values):
                 raise ValueError(f"{name} must be non-empty distinct non-empty strings, got {values!r}")
         if isinstance(self.max_deliveries, bool) or not isinstance(self.max_deliveries, int) or self.max_deliveries < 1:
             raise ValueError(f"max_deliveries must be an int >= 1, got {self.max_deliveries!r}")
@@ -143,15 +195,31 @@ class SpecConstants:
             )
         if self.max_held is not None and self.max_held < 1:
             raise ValueError(f"max_held must be >= 1 or None, got {self.max_held!r}")
-        if self.sample_bytes < 1:
-            raise ValueError(f"sample_bytes must be >= 1, got {self.sample_bytes!r}")
+        if self.sample_bytes < 1 or (self.large_bytes is not None and self.large_bytes < 1):
+            raise ValueError(f"sizes must be >= 1, got {self.sample_bytes!r} and {self.large_bytes!r}")
+        if not set(self.large_samples) <= set(self.samples):
+            raise ValueError(f"large_samples {sorted(self.large_samples)} must be among samples {self.samples}")
+        if self.max_faults is not None and self.max_faults < 0:
+            raise ValueError(f"max_faults must be >= 0 or None, got {self.max_faults!r}")
+        if self.dedup_window is not None and self.dedup_window < 1:
+            raise ValueError(f"dedup_window must be >= 1 or None, got {self.dedup_window!r}")
         unknown = set(self.bugs) - set(BUGS)
         if unknown:
             raise ValueError(f"unknown bugs {sorted(unknown)!r}; known: {sorted(BUGS)}")
 
+    def sizes(self) -> tuple[int, ...]:
+        """``SampleSize`` of each sample, by index."""
+        large = self.large_bytes if self.large_bytes is not None else self.sample_bytes
+        return tuple(large if s in self.large_samples else self.sample_bytes for s in self.samples)
+
+    @property
+    def window(self) -> int:
+        """``DedupWindow``."""
+        return len(self.samples) if self.dedup_window is None else self.dedup_window
+
 
 class SpecState(NamedTuple):
-    """The spec's VARIABLES; samples and consumers are indices into the constants' tuples."""
+    """The spec's VARIABLES; samples, consumers and producers are indices into the constants' tuples."""
 
     status: tuple[str, ...]  # status[s]
     queue: tuple[int, ...]  # queue: the pending FIFO, head first
@@ -161,21 +229,29 @@ class SpecState(NamedTuple):
     handles: tuple[frozenset[int], ...]  # handles[c]: samples consumer c has a store handle on
     hcount: tuple[int, ...]  # hcount[s]: handles the store counts for s
     resident: frozenset[int]  # resident: samples whose bytes the store holds
-    retained: frozenset[int]  # retained: samples a queue holds (retain ... scrub)
+    retained: frozenset[int]  # retained: samples a queue holds (retain ... scrub / unretain)
     resident_bytes: int  # residentBytes: the store's byte counter
     backpressure: str  # bp: "flowing" | "paused"
     lifecycle: str  # lifecycle: "open" | "draining" | "drained"
+    window: tuple[int, ...] = ()  # window: the dedup window, oldest first
+    backlog: frozenset[int] = frozenset()  # backlog: samples whose scrub (unretain) failed, being retried
+    faults: int = 0  # faults: store faults so far
+    pc: tuple[str, ...] = ()  # pc[p]: "idle" | "waiting" | "aborted"
+    owns: tuple[int, ...] = ()  # owns[p]: the sample producer p stored and holds (NO_SAMPLE: none)
+
+
+Event = tuple[str, int, str]  # (action, sample index or -1, store call or "")
 
 
 class _Step(NamedTuple):
     state: SpecState
-    events: tuple[tuple[str, int], ...]  # implementation-style trace events: (action, sample index or -1)
+    events: tuple[Event, ...]  # implementation-style trace events
     token: tuple[int, int] | None = None
 
 
 def initial_state(k: SpecConstants) -> SpecState:
     """``Init``."""
-    n, m = len(k.samples), len(k.consumers)
+    n, m, q = len(k.samples), len(k.consumers), len(k.producers)
     return SpecState(
         status=("absent",) * n,
         queue=(),
@@ -189,6 +265,11 @@ def initial_state(k: SpecConstants) -> SpecState:
         resident_bytes=0,
         backpressure="flowing",
         lifecycle="open",
+        window=(),
+        backlog=frozenset(),
+        faults=0,
+        pc=("idle",) * q,
+        owns=(NO_SAMPLE,) * q,
     )
 
 
@@ -197,7 +278,7 @@ def _set(values: tuple, index: int, value: object) -> tuple:
 
 
 def _fire(st: SpecState, action: str, s: int, attempt: int) -> tuple[tuple[str, ...], ...]:
-    """``Fire``: move lease attempt ``attempt`` of ``s`` along ``action``'s edge of ``LeaseTransitions``."""
+    """``Fired``: move lease attempt ``attempt`` of ``s`` along ``action``'s edge of ``LeaseTransitions``."""
     for name, source, dest in LEASE_TRANSITIONS:
         if name == action:
             assert st.lease[s][attempt] == source, (action, st.lease[s][attempt])
@@ -205,38 +286,72 @@ def _fire(st: SpecState, action: str, s: int, attempt: int) -> tuple[tuple[str, 
     raise KeyError(action)
 
 
-def _free(st: SpecState, s: int, size: int) -> SpecState:
-    """The store drops ``s``'s bytes and its bookkeeping (``_forget``)."""
-    if s not in st.resident:
-        return st
+def _queue_empty(st: SpecState) -> bool:
+    """``QueueEmpty``: nothing pending or leased."""
+    return not any(x in HELD_BY_QUEUE for x in st.status)
+
+
+def _known_settled(st: SpecState, s: int) -> bool:
+    """``KnownSettled``: in the dedup window, or its scrub is being retried."""
+    return s in st.window or s in st.backlog
+
+
+def _fault_ok(k: SpecConstants, st: SpecState) -> bool:
+    """``Fault`` is enabled: a store call may still fail."""
+    return k.max_faults is None or st.faults < k.max_faults
+
+
+def _free(st: SpecState, s: int, sizes: tuple[int, ...]) -> SpecState:
+    """``Free``: the store drops ``s``'s bytes and its bookkeeping (``_forget``)."""
     return st._replace(
         resident=st.resident - {s},
         retained=st.retained - {s},
         hcount=_set(st.hcount, s, 0),
-        resident_bytes=st.resident_bytes - size,
+        resident_bytes=st.resident_bytes - (sizes[s] if s in st.resident else 0),
     )
 
 
-def _settle_store(k: SpecConstants, st: SpecState, s: int, size: int) -> SpecState:
-    """``Scrub``: the sample became terminal; free it whatever handles are out (BugNoScrub: only un-retain)."""
-    if "B" in k.bugs:
-        st = st._replace(retained=st.retained - {s})
-        return _free(st, s, size) if st.hcount[s] == 0 else st
-    return _free(st, s, size)
+def _scrub(k: SpecConstants, st: SpecState, s: int, sizes: tuple[int, ...]) -> SpecState:
+    """``Scrub``: free a settled sample whatever handles are out (BugNoScrub: only un-retain while handles exist)."""
+    if "B" in k.bugs and st.hcount[s] > 0:
+        return st._replace(retained=st.retained - {s})
+    return _free(st, s, sizes)
 
 
-def _maybe_drained(st: SpecState) -> SpecState:
-    if st.lifecycle == "draining" and not any(x in HELD_BY_QUEUE for x in st.status):
-        return st._replace(lifecycle="drained")
-    return st
+def _remember(k: SpecConstants, st: SpecState, s: int) -> tuple[int, ...]:
+    """``Remember``: append ``s`` to the dedup window, evicting the oldest past ``DedupWindow``."""
+    window = (*st.window, s)
+    return window[1:] if len(window) > k.window else window
 
 
-def _redeliver(k: SpecConstants, st: SpecState, s: int, size: int) -> tuple[SpecState, tuple[tuple[str, int], ...]]:
+def _retire(
+    k: SpecConstants, st: SpecState, s: int, outcome: str, fault: bool, sizes: tuple[int, ...]
+) -> tuple[SpecState, tuple[Event, ...]] | None:
+    """``Retire``: ``s`` settles as ``outcome``; the store scrubs it, or (``fault``) the scrub joins the backlog."""
+    st = st._replace(status=_set(st.status, s, outcome))
+    if not fault:
+        st = _scrub(k, st, s, sizes)
+        return st._replace(window=_remember(k, st, s)), ()
+    if not _fault_ok(k, st):
+        return None
+    st = st._replace(faults=st.faults + 1)
+    if "S" in k.bugs and outcome == "acked":
+        return st, (("StoreFault", s, "scrub"),)
+    return st._replace(window=_remember(k, st, s), backlog=st.backlog | {s}), (("StoreFault", s, "scrub"),)
+
+
+def _redeliver(
+    k: SpecConstants, st: SpecState, s: int, fault: bool, sizes: tuple[int, ...]
+) -> tuple[SpecState, tuple[Event, ...]] | None:
     """``Redeliver``: to the tail as a new lease, or dead once ``MaxDeliveries`` deliveries are spent."""
     nxt = st.deliveries[s] + 1
     if nxt >= k.max_deliveries and "D" not in k.bugs:
-        st = st._replace(status=_set(st.status, s, "dead"))
-        return _settle_store(k, st, s, size), (("DeadLetter", s),)
+        retired = _retire(k, st, s, "dead", fault, sizes)
+        if retired is None:
+            return None
+        return retired[0], (("DeadLetter", s, ""), *retired[1])
+    if fault:
+        return None
     return (
         st._replace(
             status=_set(st.status, s, "pending"),
@@ -248,26 +363,33 @@ def _redeliver(k: SpecConstants, st: SpecState, s: int, size: int) -> tuple[Spec
     )
 
 
-# -- the actions (each mirrors the TLA+ action of the same name) -------------------------------------------
+def _drain_if_idle(st: SpecState) -> tuple[SpecState, tuple[Event, ...]]:
+    """``DrainIfIdle``: ``_maybe_drained`` at the end of close and of every settle."""
+    if st.lifecycle == "draining" and _queue_empty(st):
+        return st._replace(lifecycle="drained"), (("Drain", -1, ""),)
+    return st, ()
+
+
+# -- the queue's actions (each mirrors the TLA+ action of the same name) ---------------------------------
 # Each returns None when disabled, else the successor state and the implementation trace events.
 
 
-def a_store_put(k: SpecConstants, st: SpecState, s: int, size: int) -> _Step | None:
-    """StorePut(s): ``FeatureStore.put`` -- the producer writes a new sample's bytes."""
+def a_store_put(k: SpecConstants, st: SpecState, s: int, sizes: tuple[int, ...]) -> _Step | None:
+    """StorePut(s): ``FeatureStore.put`` without a producer process (trace validation's single step)."""
     if st.status[s] != "absent":
         return None
     return _Step(
         st._replace(
             status=_set(st.status, s, "stored"),
             resident=st.resident | {s},
-            resident_bytes=st.resident_bytes + size,
+            resident_bytes=st.resident_bytes + sizes[s],
         ),
         (),
     )
 
 
 def a_put(k: SpecConstants, st: SpecState, s: int) -> _Step | None:
-    """Put(s): ``SampleRefQueue.put`` -- enqueue a stored sample at the tail; the store retains it."""
+    """PutCore(s) / Put(s): ``SampleRefQueue.put`` -- enqueue a stored sample at the tail; the store retains it."""
     if st.status[s] != "stored" or st.lifecycle != "open":
         return None
     return _Step(
@@ -278,16 +400,18 @@ def a_put(k: SpecConstants, st: SpecState, s: int) -> _Step | None:
             queue=(*st.queue, s),
             retained=st.retained | ({s} & st.resident),
         ),
-        (("Put", s),),
+        (("Put", s, ""),),
     )
 
 
-def a_reput(k: SpecConstants, st: SpecState, s: int, size: int) -> _Step | None:
-    """Reput(s): ``put`` of an id already acked/dead -- refused by dedup (BugNoDedup: accepted again)."""
+def a_reput(k: SpecConstants, st: SpecState, s: int, sizes: tuple[int, ...]) -> _Step | None:
+    """Reput(s): ``put`` of a settled id the queue still knows -- refused by dedup (bugs: accepted again)."""
     if st.status[s] not in TERMINAL or st.lifecycle != "open":
         return None
-    if "C" not in k.bugs:
-        return _Step(st, (("DedupRefused", s),))
+    if _known_settled(st, s) and "C" not in k.bugs:
+        return _Step(st, (("DedupRefused", s, ""),))
+    if "C" not in k.bugs and s not in st.resident:
+        return None
     fresh = (NO_LEASE,) * (k.max_deliveries + 1)
     return _Step(
         st._replace(
@@ -297,9 +421,9 @@ def a_reput(k: SpecConstants, st: SpecState, s: int, size: int) -> _Step | None:
             queue=(*st.queue, s),
             resident=st.resident | {s},
             retained=st.retained | {s},
-            resident_bytes=st.resident_bytes + (0 if s in st.resident else size),
+            resident_bytes=st.resident_bytes + (0 if s in st.resident else sizes[s]),
         ),
-        (("Put", s),),
+        (("Put", s, ""),),
     )
 
 
@@ -317,7 +441,7 @@ def a_acquire(k: SpecConstants, st: SpecState, c: int) -> _Step | None:
             lease=_fire(st, "Acquire", s, attempt),
             held=_set(st.held, c, st.held[c] | {token}),
         ),
-        (("Acquire", s),),
+        (("Acquire", s, ""),),
         token,
     )
 
@@ -327,29 +451,52 @@ def _is_live(st: SpecState, token: tuple[int, int]) -> bool:
     return st.lease[s][attempt] == "leased"
 
 
-def a_ack(k: SpecConstants, st: SpecState, c: int, token: tuple[int, int], size: int) -> _Step | None:
-    """Ack(c, l): ``ack`` -- settle the live lease (sample acked, store scrubs it) or reject a stale one."""
+def a_ack(
+    k: SpecConstants,
+    st: SpecState,
+    c: int,
+    token: tuple[int, int],
+    sizes: tuple[int, ...],
+    fault: bool = False,
+    drain: bool = True,
+) -> _Step | None:
+    """AckStep(c, l, fault) (``drain``) / Ack(c, l): ``ack`` -- settle the live lease or reject a stale one."""
     if token not in st.held[c]:
         return None
     st = st._replace(held=_set(st.held, c, st.held[c] - {token}))
     if not _is_live(st, token):
-        return _Step(st, (("StaleRejected", token[0]),))
+        return None if fault else _Step(st, (("StaleRejected", token[0], ""),))
     s, attempt = token
-    st = st._replace(status=_set(st.status, s, "acked"), lease=_fire(st, "Ack", s, attempt))
-    return _Step(_settle_store(k, st, s, size), (("Ack", s),))
+    retired = _retire(k, st._replace(lease=_fire(st, "Ack", s, attempt)), s, "acked", fault, sizes)
+    if retired is None:
+        return None
+    st, events = retired
+    drained, more = _drain_if_idle(st) if drain else (st, ())
+    return _Step(drained, (("Ack", s, ""), *events, *more))
 
 
-def a_fail(k: SpecConstants, st: SpecState, c: int, token: tuple[int, int], size: int) -> _Step | None:
-    """Fail(c, l): ``fail`` -- give the live lease back (redeliver or dead-letter) or reject a stale one."""
+def a_fail(
+    k: SpecConstants,
+    st: SpecState,
+    c: int,
+    token: tuple[int, int],
+    sizes: tuple[int, ...],
+    fault: bool = False,
+    drain: bool = True,
+) -> _Step | None:
+    """FailStep(c, l, fault) / Fail(c, l): ``fail`` -- redeliver or dead-letter the live lease; reject a stale one."""
     if token not in st.held[c]:
         return None
     st = st._replace(held=_set(st.held, c, st.held[c] - {token}))
     if not _is_live(st, token):
-        return _Step(st, (("StaleRejected", token[0]),))
+        return None if fault else _Step(st, (("StaleRejected", token[0], ""),))
     s, attempt = token
-    st = st._replace(lease=_fire(st, "Fail", s, attempt))
-    st, events = _redeliver(k, st, s, size)
-    return _Step(st, (("Fail", s), *events))
+    redelivered = _redeliver(k, st._replace(lease=_fire(st, "Fail", s, attempt)), s, fault, sizes)
+    if redelivered is None:
+        return None
+    st, events = redelivered
+    drained, more = _drain_if_idle(st) if drain else (st, ())
+    return _Step(drained, (("Fail", s, ""), *events, *more))
 
 
 def a_extend(k: SpecConstants, st: SpecState, c: int, token: tuple[int, int]) -> _Step | None:
@@ -361,22 +508,27 @@ def a_extend(k: SpecConstants, st: SpecState, c: int, token: tuple[int, int]) ->
     if token not in st.held[c]:
         return None
     if not _is_live(st, token):
-        return _Step(st, (("StaleRejected", token[0]),))
+        return _Step(st, (("StaleRejected", token[0], ""),))
     _fire(st, "Extend", *token)
-    return _Step(st, (("Extend", token[0]),))
+    return _Step(st, (("Extend", token[0], ""),))
 
 
-def a_reclaim(k: SpecConstants, st: SpecState, s: int, size: int) -> _Step | None:
-    """Reclaim(s): ``reclaim_expired`` / the reap at the start of every call (BugNoReaper: never).
+def a_reclaim(
+    k: SpecConstants, st: SpecState, s: int, sizes: tuple[int, ...], fault: bool = False, drain: bool = True
+) -> _Step | None:
+    """ReclaimStep(s, fault) / Reclaim(s): the reaper takes back an expired live lease (BugNoReaper: never).
 
     Time is abstract: any live lease may have passed its deadline, so the
     clock advancing and the reaper running are one step.
     """
     if st.status[s] != "leased" or "E" in k.bugs:
         return None
-    st = st._replace(lease=_fire(st, "Reclaim", s, st.deliveries[s]))
-    st, events = _redeliver(k, st, s, size)
-    return _Step(st, (("Reclaim", s), *events))
+    redelivered = _redeliver(k, st._replace(lease=_fire(st, "Reclaim", s, st.deliveries[s])), s, fault, sizes)
+    if redelivered is None:
+        return None
+    st, events = redelivered
+    drained, more = _drain_if_idle(st) if drain else (st, ())
+    return _Step(drained, (("Reclaim", s, ""), *events, *more))
 
 
 def a_get(k: SpecConstants, st: SpecState, c: int, s: int) -> _Step | None:
@@ -389,7 +541,7 @@ def a_get(k: SpecConstants, st: SpecState, c: int, s: int) -> _Step | None:
     )
 
 
-def a_release(k: SpecConstants, st: SpecState, c: int, s: int, size: int) -> _Step | None:
+def a_release(k: SpecConstants, st: SpecState, c: int, s: int, sizes: tuple[int, ...]) -> _Step | None:
     """Release(c, s): ``FeatureStore.release`` -- frees an unretained sample on its last handle.
 
     BugStaleRelease: the last release frees the sample even while a queue retains it.
@@ -399,10 +551,9 @@ def a_release(k: SpecConstants, st: SpecState, c: int, s: int, size: int) -> _St
     st = st._replace(handles=_set(st.handles, c, st.handles[c] - {s}))
     if s not in st.resident or st.hcount[s] == 0:  # a scrubbed sample's handle: releasing it is a no-op
         return _Step(st, ())
-    st = st._replace(hcount=_set(st.hcount, s, st.hcount[s] - 1))
-    if st.hcount[s] == 0 and (s not in st.retained or "A" in k.bugs):
-        st = _free(st, s, size)
-    return _Step(st, ())
+    if st.hcount[s] == 1 and (s not in st.retained or "A" in k.bugs):
+        return _Step(_free(st, s, sizes), ())
+    return _Step(st._replace(hcount=_set(st.hcount, s, st.hcount[s] - 1)), ())
 
 
 def a_crash(k: SpecConstants, st: SpecState, c: int) -> _Step | None:
@@ -413,53 +564,211 @@ def a_crash(k: SpecConstants, st: SpecState, c: int) -> _Step | None:
 
 
 def a_pause(k: SpecConstants, st: SpecState) -> _Step | None:
-    """Pause: ``put_blocks_until_below`` sees resident bytes at/above the high watermark."""
+    """Pause: ``_update_backpressure`` sees resident bytes at/above the high watermark."""
     if st.backpressure != "flowing" or st.resident_bytes < k.high_watermark:
         return None
-    return _Step(st._replace(backpressure="paused"), (("Pause", -1),))
+    return _Step(st._replace(backpressure="paused"), (("Pause", -1, ""),))
 
 
 def a_resume(k: SpecConstants, st: SpecState) -> _Step | None:
-    """Resume: ``put_blocks_until_below`` sees resident bytes at/below the low watermark."""
+    """Resume: ``_update_backpressure`` sees resident bytes at/below the low watermark."""
     if st.backpressure != "paused" or st.resident_bytes > k.low_watermark:
         return None
-    return _Step(st._replace(backpressure="flowing"), (("Resume", -1),))
+    return _Step(st._replace(backpressure="flowing"), (("Resume", -1, ""),))
 
 
-def a_close(k: SpecConstants, st: SpecState) -> _Step | None:
-    """Close: ``close`` -- refuse further puts; acquire keeps draining."""
+def a_close(k: SpecConstants, st: SpecState, drain: bool = True) -> _Step | None:
+    """CloseStep / Close: ``close`` -- refuse further puts, wake producers; drained at once when holding nothing."""
     if st.lifecycle != "open":
         return None
-    return _Step(st._replace(lifecycle="draining"), (("Close", -1),))
+    st = st._replace(lifecycle="draining")
+    drained, more = _drain_if_idle(st) if drain else (st, ())
+    return _Step(drained, (("Close", -1, ""), *more))
 
 
 def a_drain(k: SpecConstants, st: SpecState) -> _Step | None:
-    """Drain: the closed queue holds nothing pending or leased (``_maybe_drained``)."""
-    nxt = _maybe_drained(st)
-    if nxt is st:
+    """Drain: the closed queue holds nothing pending or leased (trace validation's single step)."""
+    drained, events = _drain_if_idle(st)
+    return _Step(drained, events) if events else None
+
+
+def a_retry_scrub(k: SpecConstants, st: SpecState, s: int, sizes: tuple[int, ...], fault: bool = False) -> _Step | None:
+    """RetryScrub(s, fault): a later operation (or ``gc``) retries the failed scrub / unretain of ``s``."""
+    if s not in st.backlog:
         return None
-    return _Step(nxt, (("Drain", -1),))
+    call = "scrub" if st.status[s] in TERMINAL | {"discarded"} else "unretain"
+    if fault:
+        if not _fault_ok(k, st):
+            return None
+        return _Step(st._replace(faults=st.faults + 1), (("StoreFault", s, call),))
+    st = st._replace(backlog=st.backlog - {s})
+    if call == "scrub":
+        st = _free(st, s, sizes)
+    else:
+        st = st._replace(retained=st.retained - {s})
+    return _Step(st, (("ScrubRetried", s, call),))
+
+
+# -- producers ------------------------------------------------------------------------------------------
+
+
+def _may_enqueue(k: SpecConstants, st: SpecState) -> bool:
+    """``MayEnqueue``: flowing below the high watermark, or (the fix) the queue holds nothing."""
+    flowing = st.backpressure == "flowing" and st.resident_bytes < k.high_watermark
+    return flowing or ("P" not in k.bugs and _queue_empty(st))
+
+
+def _storable(st: SpecState, s: int) -> bool:
+    """``Storable``: a fresh id, or a settled one the queue forgot whose bytes are gone (no old lease/handle out)."""
+    if st.status[s] == "absent":
+        return True
+    return (
+        st.status[s] in TERMINAL
+        and not _known_settled(st, s)
+        and s not in st.resident
+        and all(s not in h for h in st.handles)
+        and all(t[0] != s for held in st.held for t in held)
+    )
+
+
+def a_producer_store(k: SpecConstants, st: SpecState, p: int, s: int, sizes: tuple[int, ...]) -> _Step | None:
+    """ProducerStore(p, s): ``FeatureStore.put``, then the producer enters ``put_blocks_until_below``."""
+    if st.pc[p] != "idle" or st.lifecycle != "open" or not _storable(st, s):
+        return None
+    return _Step(
+        st._replace(
+            status=_set(st.status, s, "stored"),
+            deliveries=_set(st.deliveries, s, 0),
+            lease=_set(st.lease, s, (NO_LEASE,) * (k.max_deliveries + 1)),
+            resident=st.resident | {s},
+            resident_bytes=st.resident_bytes + sizes[s],
+            pc=_set(st.pc, p, "waiting"),
+            owns=_set(st.owns, p, s),
+        ),
+        (),
+    )
+
+
+def _waiting(st: SpecState, p: int) -> bool:
+    return st.pc[p] == "waiting" and st.lifecycle == "open"
+
+
+def a_pause_p(k: SpecConstants, st: SpecState, p: int) -> _Step | None:
+    """PauseP(p): the hysteresis step of a waiting producer's round pauses."""
+    return a_pause(k, st) if _waiting(st, p) else None
+
+
+def a_resume_p(k: SpecConstants, st: SpecState, p: int) -> _Step | None:
+    """ResumeP(p): the hysteresis step of a waiting producer's round resumes."""
+    return a_resume(k, st) if _waiting(st, p) else None
+
+
+def a_enqueue(k: SpecConstants, st: SpecState, p: int) -> _Step | None:
+    """Enqueue(p): the round ends in the enqueue (retain succeeded)."""
+    if not _waiting(st, p) or not _may_enqueue(k, st):
+        return None
+    step = a_put(k, st, st.owns[p])
+    if step is None:
+        return None
+    return _Step(step.state._replace(pc=_set(st.pc, p, "idle"), owns=_set(st.owns, p, NO_SAMPLE)), step.events)
+
+
+def _raise(st: SpecState, p: int) -> SpecState:
+    return st._replace(pc=_set(st.pc, p, "aborted"))
+
+
+def a_retain_fails(k: SpecConstants, st: SpecState, p: int) -> _Step | None:
+    """RetainFails(p): ``retain`` fails, the put is refused and raises; queue and store unchanged."""
+    if not _waiting(st, p) or not _may_enqueue(k, st) or not _fault_ok(k, st):
+        return None
+    return _Step(_raise(st, p)._replace(faults=st.faults + 1), (("StoreFault", st.owns[p], "retain"),))
+
+
+def a_health_fails(k: SpecConstants, st: SpecState, p: int) -> _Step | None:
+    """HealthFails(p): ``health()`` fails, the put raises (the producer discards)."""
+    if not _waiting(st, p) or not _fault_ok(k, st):
+        return None
+    return _Step(_raise(st, p)._replace(faults=st.faults + 1), (("StoreFault", st.owns[p], "health"),))
+
+
+def a_abort(k: SpecConstants, st: SpecState, p: int) -> _Step | None:
+    """Abort(p): ``abort_when()`` returned True."""
+    if st.pc[p] != "waiting":
+        return None
+    return _Step(_raise(st, p), ())
+
+
+def a_closed_raise(k: SpecConstants, st: SpecState, p: int, fault: bool = False) -> _Step | None:
+    """ClosedRaise(p, fault): close woke the waiting producer and its put raised (``unretain`` may fail)."""
+    if st.pc[p] != "waiting" or st.lifecycle == "open":
+        return None
+    if not fault:
+        return _Step(_raise(st, p), ())
+    if not _fault_ok(k, st):
+        return None
+    s = st.owns[p]
+    return _Step(
+        _raise(st, p)._replace(faults=st.faults + 1, retained=st.retained | {s}, backlog=st.backlog | {s}),
+        (("StoreFault", s, "unretain"),),
+    )
+
+
+def a_discard(k: SpecConstants, st: SpecState, p: int, sizes: tuple[int, ...]) -> _Step | None:
+    """Discard(p): the producer evicts the sample whose put raised (kept while its unretain is owed)."""
+    if st.pc[p] != "aborted":
+        return None
+    s = st.owns[p]
+    st = st._replace(
+        status=_set(st.status, s, "discarded"), pc=_set(st.pc, p, "idle"), owns=_set(st.owns, p, NO_SAMPLE)
+    )
+    return _Step(st if s in st.retained else _free(st, s, sizes), ())
+
+
+def _finished(st: SpecState) -> bool:
+    """``Finished``: drained, backlog empty, every producer idle (``Done`` is enabled)."""
+    return st.lifecycle == "drained" and not st.backlog and all(x == "idle" for x in st.pc)
+
+
+def labelled_successors(k: SpecConstants, st: SpecState) -> Iterator[tuple[str, _Step]]:
+    """``Next``: every step enabled in ``st``, labelled with its action's name (stuttering steps included)."""
+    sizes = k.sizes()
+    n, m, q = len(k.samples), len(k.consumers), len(k.producers)
+    for p in range(q):
+        for s in range(n):
+            yield "ProducerStore", a_producer_store(k, st, p, s, sizes)  # type: ignore[misc]
+        yield "PauseP", a_pause_p(k, st, p)  # type: ignore[misc]
+        yield "ResumeP", a_resume_p(k, st, p)  # type: ignore[misc]
+        yield "Enqueue", a_enqueue(k, st, p)  # type: ignore[misc]
+        yield "RetainFails", a_retain_fails(k, st, p)  # type: ignore[misc]
+        yield "HealthFails", a_health_fails(k, st, p)  # type: ignore[misc]
+        yield "Abort", a_abort(k, st, p)  # type: ignore[misc]
+        for fault in (False, True):
+            yield "ClosedRaise", a_closed_raise(k, st, p, fault)  # type: ignore[misc]
+        yield "Discard", a_discard(k, st, p, sizes)  # type: ignore[misc]
+    for s in range(n):
+        yield "Reput", a_reput(k, st, s, sizes)  # type: ignore[misc]
+        for fault in (False, True):
+            yield "Reclaim", a_reclaim(k, st, s, sizes, fault)  # type: ignore[misc]
+            yield "RetryScrub", a_retry_scrub(k, st, s, sizes, fault)  # type: ignore[misc]
+    for c in range(m):
+        yield "Acquire", a_acquire(k, st, c)  # type: ignore[misc]
+        yield "Crash", a_crash(k, st, c)  # type: ignore[misc]
+        for token in st.held[c]:
+            yield "Extend", a_extend(k, st, c, token)  # type: ignore[misc]
+            for fault in (False, True):
+                yield "Ack", a_ack(k, st, c, token, sizes, fault)  # type: ignore[misc]
+                yield "Fail", a_fail(k, st, c, token, sizes, fault)  # type: ignore[misc]
+        for s in range(n):
+            yield "Get", a_get(k, st, c, s)  # type: ignore[misc]
+            yield "Release", a_release(k, st, c, s, sizes)  # type: ignore[misc]
+    yield "Close", a_close(k, st)  # type: ignore[misc]
+    if _finished(st):
+        yield "Done", _Step(st, ())
 
 
 def successors(k: SpecConstants, st: SpecState) -> Iterator[SpecState]:
     """``Next``: every state one action away from ``st`` (stuttering steps included)."""
-    size = k.sample_bytes
-    n, m = len(k.samples), len(k.consumers)
-    steps: list[_Step | None] = [a_pause(k, st), a_resume(k, st), a_close(k, st), a_drain(k, st)]
-    for s in range(n):
-        steps += [
-            a_store_put(k, st, s, size),
-            a_put(k, st, s),
-            a_reput(k, st, s, size),
-            a_reclaim(k, st, s, size),
-        ]
-    for c in range(m):
-        steps += [a_acquire(k, st, c), a_crash(k, st, c)]
-        for token in st.held[c]:
-            steps += [a_ack(k, st, c, token, size), a_fail(k, st, c, token, size), a_extend(k, st, c, token)]
-        for s in range(n):
-            steps += [a_get(k, st, c, s), a_release(k, st, c, s, size)]
-    for step in steps:
+    for _, step in labelled_successors(k, st):
         if step is not None:
             yield step.state
 
@@ -468,9 +777,12 @@ def reachable_states(constants: SpecConstants, limit: int | None = None, *, chec
     """Breadth-first count of the distinct states reachable from ``Init`` (TLC's "distinct states").
 
     With ``check``, every state invariant and action property is asserted on
-    the way, as TLC does (``AssertionError`` naming the first one broken).
+    the way, as TLC does (``AssertionError`` naming the first one broken), and
+    so is deadlock freedom (``Deadlock:``: a state with no enabled step).
     Raises ``RuntimeError`` past ``limit`` states, so a runaway model fails fast.
     """
+    if constants.max_faults is None:
+        raise ValueError("reachable_states needs a bounded model: set max_faults")
     start = initial_state(constants)
     seen = {start}
     frontier = deque([start])
@@ -478,7 +790,9 @@ def reachable_states(constants: SpecConstants, limit: int | None = None, *, chec
         check_state(constants, start)
     while frontier:
         st = frontier.popleft()
+        enabled = False
         for nxt in successors(constants, st):
+            enabled = True
             if check:
                 check_step(constants, st, nxt)
                 check_state(constants, nxt)
@@ -487,18 +801,25 @@ def reachable_states(constants: SpecConstants, limit: int | None = None, *, chec
                 if limit is not None and len(seen) > limit:
                     raise RuntimeError(f"more than {limit} reachable states for {constants!r}")
                 frontier.append(nxt)
+        if check and not enabled:
+            raise AssertionError(f"Deadlock: no action is enabled in {st!r}")
     return len(seen)
 
 
 # -- invariants (same names as the TLA+ definitions) --------------------------------------------------------
 
 
-def check_state(k: SpecConstants, st: SpecState, sizes: Mapping[int, int] | None = None) -> None:
-    """Assert every state invariant of the spec; the message starts with the invariant's TLA+ name."""
+def check_state(k: SpecConstants, st: SpecState, sizes: Mapping[int, int] | None = None, *, bound: bool = True) -> None:
+    """Assert every state invariant of the spec; the message starts with the invariant's TLA+ name.
+
+    ``sizes`` overrides sample sizes by index; ``bound=False`` skips
+    ``ResidencyBound`` (for runs that enqueue outside the producer path).
+    """
     n = len(k.samples)
+    base = k.sizes()
 
     def size(s: int) -> int:
-        return sizes.get(s, k.sample_bytes) if sizes else k.sample_bytes
+        return sizes.get(s, base[s]) if sizes else base[s]
 
     def name(s: int) -> str:
         return k.samples[s]
@@ -515,12 +836,16 @@ def check_state(k: SpecConstants, st: SpecState, sizes: Mapping[int, int] | None
         )
         if st.status[s] in HELD_BY_QUEUE:
             assert s in st.resident, f"NoLoss: sample {name(s)!r} is {st.status[s]} but not resident in the store"
-        if st.status[s] in TERMINAL:
+        if st.status[s] in TERMINAL | {"discarded"} and s not in st.backlog:
             assert s not in st.resident, f"NoLeak: sample {name(s)!r} is {st.status[s]} but still resident"
         assert st.deliveries[s] < k.max_deliveries, (
             f"BoundedDelivery: sample {name(s)!r} redelivery_count {st.deliveries[s]} >= MaxDeliveries "
             f"{k.max_deliveries}"
         )
+        if st.status[s] in TERMINAL and s in st.resident:
+            assert _known_settled(st, s), (
+                f"SettledKnown: settled sample {name(s)!r} is resident but neither in the dedup window nor the backlog"
+            )
     total = sum(size(s) for s in st.resident)
     assert st.resident_bytes == total and st.resident_bytes >= 0 and all(h >= 0 for h in st.hcount), (
         f"ResidencyExact: residentBytes {st.resident_bytes} but resident samples sum to {total}"
@@ -528,25 +853,43 @@ def check_state(k: SpecConstants, st: SpecState, sizes: Mapping[int, int] | None
     if st.lifecycle == "drained":
         busy = [name(s) for s in range(n) if st.status[s] in HELD_BY_QUEUE]
         assert not busy, f"CloseDrain: drained while {busy} are pending or leased"
+    if bound:
+        queue_bound = max(k.high_watermark - 1, max(size(s) for s in range(n)))
+        queued = sum(size(s) for s in range(n) if st.status[s] in HELD_BY_QUEUE)
+        stored = [s for s in range(n) if st.status[s] == "stored"]
+        unqueued = sum(size(s) for s in stored)
+        backlog = sum(size(s) for s in st.backlog)
+        assert queued <= queue_bound, f"ResidencyBound: the queue holds {queued} B > {queue_bound} B"
+        assert st.resident_bytes <= queue_bound + unqueued + backlog, (
+            f"ResidencyBound: {st.resident_bytes} B resident > {queue_bound} + {unqueued} (producers) "
+            f"+ {backlog} (backlog)"
+        )
+        assert len(stored) <= len(k.producers), (
+            f"ResidencyBound: {len(stored)} stored samples, {len(k.producers)} producers"
+        )
+        for p, (where, s) in enumerate(zip(st.pc, st.owns, strict=True)):
+            assert (where == "idle") == (s == NO_SAMPLE), f"ResidencyBound: producer {k.producers[p]} {where} owns {s}"
+            assert where == "idle" or st.status[s] == "stored", (
+                f"ResidencyBound: producer {k.producers[p]} holds {name(s)!r}, which is {st.status[s]}"
+            )
 
 
 def check_step(k: SpecConstants, before: SpecState, after: SpecState) -> None:
     """Assert every action property of the spec over one step ``before -> after``."""
     for s, sample in enumerate(k.samples):
-        assert before.status[s] != "acked" or after.status[s] == "acked", (
-            f"ExactlyOnce: acked sample {sample!r} became {after.status[s]!r}"
-        )
-        for attempt, (was, now) in enumerate(zip(before.lease[s], after.lease[s], strict=True)):
-            if was in TERMINAL_LEASE:
-                assert now == was, f"StaleAckRejection: lease ({sample!r}, {attempt}) changed {was} -> {now}"
-            if was != now and was != NO_LEASE:
-                assert any(src == was and dst == now for _, src, dst in LEASE_TRANSITIONS), (
-                    f"LeaseStepsFollowMachine: lease ({sample!r}, {attempt}) moved {was} -> {now}"
+        was, now = before.status[s], after.status[s]
+        reborn = not _known_settled(before, s) and now == "stored"
+        assert was != "acked" or now == "acked" or reborn, f"ExactlyOnce: acked sample {sample!r} became {now!r}"
+        assert was not in TERMINAL or now == was or reborn, f"SettledForGood: {was} sample {sample!r} became {now!r}"
+        for attempt, (old, new) in enumerate(zip(before.lease[s], after.lease[s], strict=True)):
+            if old in TERMINAL_LEASE and now != "stored":
+                assert new == old, f"StaleAckRejection: lease ({sample!r}, {attempt}) changed {old} -> {new}"
+            if old != new and old != NO_LEASE and now != "stored":
+                assert any(src == old and dst == new for _, src, dst in LEASE_TRANSITIONS), (
+                    f"LeaseStepsFollowMachine: lease ({sample!r}, {attempt}) moved {old} -> {new}"
                 )
-        if before.lifecycle != "open" and before.status[s] in ("absent", "stored"):
-            assert after.status[s] in ("absent", "stored"), (
-                f"ClosedRefusesPuts: sample {sample!r} was enqueued after close ({after.status[s]!r})"
-            )
+        if before.lifecycle != "open" and was not in HELD_BY_QUEUE:
+            assert now not in HELD_BY_QUEUE, f"ClosedRefusesPuts: sample {sample!r} was enqueued after close ({now!r})"
     if before.backpressure == "flowing" and after.backpressure == "paused":
         assert before.resident_bytes >= k.high_watermark, (
             f"Hysteresis: paused at {before.resident_bytes} B, below the high watermark {k.high_watermark}"
@@ -571,6 +914,7 @@ class SpecMirror:
         self.auto_drain = auto_drain
         self._sample_index = {s: i for i, s in enumerate(constants.samples)}
         self._consumer_index = {c: i for i, c in enumerate(constants.consumers)}
+        self._producer_index = {p: i for i, p in enumerate(constants.producers)}
         self._sizes: dict[int, int] = {}
         for sample, nbytes in (sizes or {}).items():
             self._sizes[self._s(sample)] = nbytes
@@ -578,6 +922,8 @@ class SpecMirror:
         self._previous = self.state
         self._counts = dict.fromkeys(COUNTERS, 0)
         self._dead: list[str] = []
+        self._armed: dict[str, int] = dict.fromkeys(FAULT_CALLS, 0)
+        self._direct = False  # an enqueue bypassed the producer path: ResidencyBound does not apply
         self.events: list[tuple[str, dict[str, object]]] = []
 
     # -- name lookup ------------------------------------------------------
@@ -595,49 +941,84 @@ class SpecMirror:
                 f"unknown consumer {consumer!r}; the mirror's consumers are {self.constants.consumers}"
             ) from None
 
+    def _p(self, producer: str) -> int:
+        try:
+            return self._producer_index[producer]
+        except KeyError:
+            raise KeyError(
+                f"unknown producer {producer!r}; the mirror's producers are {self.constants.producers}"
+            ) from None
+
     def _token(self, token: LeaseToken) -> tuple[int, int]:
         sample, attempt = token
         return self._s(sample), attempt
 
-    def _size(self, s: int) -> int:
-        return self._sizes.get(s, self.constants.sample_bytes)
+    def _size_tuple(self) -> tuple[int, ...]:
+        base = self.constants.sizes()
+        return tuple(self._sizes.get(s, size) for s, size in enumerate(base))
+
+    # -- faults -----------------------------------------------------------
+    def arm_fault(self, call: str, times: int = 1) -> None:
+        """The next ``times`` store calls named ``call`` fail (one-shot each), as a fault-injecting store does."""
+        if call not in self._armed:
+            raise ValueError(f"unknown store call {call!r}; known: {FAULT_CALLS}")
+        self._armed[call] += times
+
+    def armed_faults(self) -> dict[str, int]:
+        return {call: n for call, n in self._armed.items() if n}
+
+    def clear_faults(self) -> None:
+        """Disarm every fault not fired yet (faults have cleared)."""
+        self._armed = dict.fromkeys(FAULT_CALLS, 0)
+
+    def _take(self, *calls: str) -> bool:
+        """Whether an armed fault of one of ``calls`` fires now (it is consumed)."""
+        for call in calls:
+            if self._armed[call]:
+                self._armed[call] -= 1
+                return True
+        return False
+
+    def _armed_for(self, *calls: str) -> bool:
+        return any(self._armed[call] for call in calls)
 
     # -- applying actions ---------------------------------------------------
-    def _apply(self, step: _Step | None, drain: bool = False) -> bool:
+    def _apply(self, step: _Step | None) -> bool:
         if step is None:
             return False
         self._previous = self.state
         self.state = step.state
-        events = list(step.events)
-        if drain and self.auto_drain:
-            drained = a_drain(self.constants, self.state)
-            if drained is not None:
-                self.state = drained.state
-                events += drained.events
-        for action, s in events:
+        for action, s, call in step.events:
             counter = _COUNTER_OF_EVENT.get(action)
             if counter is not None:
                 self._counts[counter] += 1
             if action == "DeadLetter":
                 self._dead.append(self.constants.samples[s])
-            self.events.append((action, {"sample_id": self.constants.samples[s]} if s >= 0 else {}))
-        return not any(a in ("StaleRejected", "DedupRefused") for a, _ in step.events)
+            fields: dict[str, object] = {"sample_id": self.constants.samples[s]} if s >= 0 else {}
+            if call:
+                fields["call"] = call
+            self.events.append((action, fields))
+        return not any(a in ("StaleRejected", "DedupRefused") for a, _, _ in step.events)
 
     def store_put(self, sample: str, nbytes: int | None = None) -> bool:
-        """StorePut: the producer writes ``sample`` (``nbytes`` overrides the model size) into the store."""
+        """StorePut: ``sample``'s bytes land in the store (``nbytes`` overrides the model size); no producer."""
         s = self._s(sample)
         if nbytes is not None and self.state.status[s] == "absent":
             self._sizes[s] = nbytes
-        return self._apply(a_store_put(self.constants, self.state, s, self._size(s)))
+        applied = self._apply(a_store_put(self.constants, self.state, s, self._size_tuple()))
+        self._direct |= applied
+        return applied
 
     def put(self, sample: str) -> bool:
         """Put: enqueue a stored sample; ``False`` if not stored-and-unqueued or the queue is closed."""
-        return self._apply(a_put(self.constants, self.state, self._s(sample)))
+        applied = self._apply(a_put(self.constants, self.state, self._s(sample)))
+        self._direct |= applied
+        return applied
 
     def reput(self, sample: str) -> bool:
         """Reput: re-put of an acked/dead id; ``False`` when refused (dedup) or not applicable."""
         s = self._s(sample)
-        return self._apply(a_reput(self.constants, self.state, s, self._size(s)))
+        return self._apply(a_reput(self.constants, self.state, s, self._size_tuple()))
 
     def acquire(self, consumer: str) -> LeaseToken | None:
         """Acquire: the FIFO head's new lease token, or ``None`` (empty, or the consumer holds ``max_held``)."""
@@ -648,31 +1029,45 @@ class SpecMirror:
         s, attempt = step.token
         return self.constants.samples[s], attempt
 
-    def _settle(self, action: Callable[..., _Step | None], consumer: str, token: LeaseToken, *size: int) -> bool:
-        c = self._c(consumer)
-        t = self._token(token)
-        step = action(self.constants, self.state, c, t, *size)
-        if step is None:  # forged: a token this consumer never held; rejected, nothing changes
-            self._apply(_Step(self.state, (("StaleRejected", t[0]),)))
-            return False
-        return self._apply(step, drain=True)
+    def _forged(self, t: tuple[int, int]) -> bool:
+        self._apply(_Step(self.state, (("StaleRejected", t[0], ""),)))
+        return False
+
+    def _settling(self, sample: int) -> bool:
+        """Whether settling ``sample`` now would call scrub (the live lease retires it), so a scrub fault fires."""
+        return self.state.deliveries[sample] + 1 >= self.constants.max_deliveries
 
     def ack(self, consumer: str, token: LeaseToken) -> bool:
-        """Ack: ``True`` when the live lease was acked; ``False`` for a stale or forged token."""
-        return self._settle(a_ack, consumer, token, self._size(self._s(token[0])))
+        """Ack: ``True`` when the live lease was acked (even if its scrub failed); ``False``: stale or forged."""
+        c, t = self._c(consumer), self._token(token)
+        if t not in self.state.held[c]:
+            return self._forged(t)
+        fault = _is_live(self.state, t) and self._take("scrub")
+        return self._apply(a_ack(self.constants, self.state, c, t, self._size_tuple(), fault, self.auto_drain))
 
     def fail(self, consumer: str, token: LeaseToken) -> bool:
-        """Fail: ``True`` when the live lease was failed (redelivered or dead-lettered)."""
-        return self._settle(a_fail, consumer, token, self._size(self._s(token[0])))
+        """Fail: ``True`` when the live lease was failed (redelivered, or dead-lettered even if its scrub failed)."""
+        c, t = self._c(consumer), self._token(token)
+        if t not in self.state.held[c]:
+            return self._forged(t)
+        fault = _is_live(self.state, t) and self._settling(t[0]) and self._take("scrub")
+        return self._apply(a_fail(self.constants, self.state, c, t, self._size_tuple(), fault, self.auto_drain))
 
     def extend(self, consumer: str, token: LeaseToken) -> bool:
         """Extend: ``True`` when granted; ``False`` is the implementation's ``LeaseLost``."""
-        return self._settle(a_extend, consumer, token)
+        c, t = self._c(consumer), self._token(token)
+        if t not in self.state.held[c]:
+            return self._forged(t)
+        return self._apply(a_extend(self.constants, self.state, c, t))
 
     def reclaim(self, sample: str) -> bool:
         """Reclaim: ``sample``'s live lease passed its deadline and the reaper took it back."""
         s = self._s(sample)
-        return self._apply(a_reclaim(self.constants, self.state, s, self._size(s)), drain=True)
+        fault = self.state.status[s] == "leased" and self._settling(s) and self._armed_for("scrub")
+        step = a_reclaim(self.constants, self.state, s, self._size_tuple(), fault, self.auto_drain)
+        if step is not None and fault:
+            self._take("scrub")
+        return self._apply(step)
 
     def reclaim_expired(self, order: Iterable[str]) -> int:
         """Reclaim the live leases of ``order`` (the implementation reaps in deadline order); return how many."""
@@ -685,7 +1080,7 @@ class SpecMirror:
     def release(self, consumer: str, sample: str) -> bool:
         """Release: the consumer drops its handle on ``sample``."""
         s = self._s(sample)
-        return self._apply(a_release(self.constants, self.state, self._c(consumer), s, self._size(s)))
+        return self._apply(a_release(self.constants, self.state, self._c(consumer), s, self._size_tuple()))
 
     def crash(self, consumer: str) -> bool:
         """Crash: the consumer forgets its leases and handles."""
@@ -706,10 +1101,108 @@ class SpecMirror:
         return None
 
     def close(self) -> bool:
-        return self._apply(a_close(self.constants, self.state), drain=True)
+        """Close (``CloseStep``): refuse puts, wake producers; drained at once when nothing is pending or leased."""
+        return self._apply(a_close(self.constants, self.state, self.auto_drain))
 
     def drain(self) -> bool:
         return self._apply(a_drain(self.constants, self.state))
+
+    def retry_scrub(self, sample: str) -> bool:
+        """RetryScrub: retry ``sample``'s owed scrub/unretain; ``True`` when it went through (armed faults fail it)."""
+        s = self._s(sample)
+        if s not in self.state.backlog:
+            return False
+        call = "scrub" if self.state.status[s] in TERMINAL | {"discarded"} else "unretain"
+        fault = self._take(call, "gc")
+        self._apply(a_retry_scrub(self.constants, self.state, s, self._size_tuple(), fault))
+        return not fault
+
+    def retry_backlog(self) -> int:
+        """Retry every backlog entry (what ``gc`` does); return how many went through."""
+        return sum(self.retry_scrub(self.constants.samples[s]) for s in sorted(self.state.backlog))
+
+    # -- producers ------------------------------------------------------------
+    def producer_store(self, producer: str, sample: str, nbytes: int | None = None) -> bool:
+        """ProducerStore: an idle producer writes ``sample`` and enters ``put_blocks_until_below``."""
+        p, s = self._p(producer), self._s(sample)
+        if nbytes is not None and _storable(self.state, s):
+            self._sizes[s] = nbytes
+        return self._apply(a_producer_store(self.constants, self.state, p, s, self._size_tuple()))
+
+    def producer_pause(self, producer: str) -> bool:
+        """PauseP: the waiting producer's hysteresis step pauses."""
+        return self._apply(a_pause_p(self.constants, self.state, self._p(producer)))
+
+    def producer_resume(self, producer: str) -> bool:
+        """ResumeP: the waiting producer's hysteresis step resumes."""
+        return self._apply(a_resume_p(self.constants, self.state, self._p(producer)))
+
+    def may_enqueue(self) -> bool:
+        """``MayEnqueue``: flowing below the high watermark, or the queue holds nothing (the fix)."""
+        return _may_enqueue(self.constants, self.state)
+
+    def producer_enqueue(self, producer: str) -> bool:
+        """Enqueue (or RetainFails when a ``retain`` fault is armed: the producer's put raises)."""
+        p = self._p(producer)
+        if _waiting(self.state, p) and _may_enqueue(self.constants, self.state) and self._take("retain"):
+            self._apply(a_retain_fails(self.constants, self.state, p))
+            return False
+        return self._apply(a_enqueue(self.constants, self.state, p))
+
+    def producer_poll(self, producer: str) -> str:
+        """One round of ``put_blocks_until_below``; returns what happened.
+
+        ``"closed"`` (ClosedRaise; an armed ``unretain`` fault fails the
+        unretain), ``"health-failed"`` (HealthFails), ``"Pause"``/``"Resume"``
+        (the hysteresis fired: the code runs the callback and polls again),
+        ``"enqueued"``, ``"retain-failed"``, ``"wait"``, or ``"not-waiting"``.
+        """
+        p = self._p(producer)
+        st = self.state
+        if st.pc[p] != "waiting":
+            return "not-waiting"
+        if st.lifecycle != "open":
+            fault = self._take("unretain")
+            self._apply(a_closed_raise(self.constants, st, p, fault))
+            return "closed"
+        if self._take("health"):
+            self._apply(a_health_fails(self.constants, st, p))
+            return "health-failed"
+        if self.producer_pause(producer):
+            return "Pause"
+        if self.producer_resume(producer):
+            return "Resume"
+        if not self.may_enqueue():
+            return "wait"
+        return "enqueued" if self.producer_enqueue(producer) else "retain-failed"
+
+    def producer_abort(self, producer: str) -> bool:
+        """Abort: ``abort_when()`` returned True for a waiting producer."""
+        return self._apply(a_abort(self.constants, self.state, self._p(producer)))
+
+    def producer_closed(self, producer: str) -> bool:
+        """ClosedRaise: close woke the producer; its put raises (an armed ``unretain`` fault fails the unretain)."""
+        p = self._p(producer)
+        if self.state.pc[p] != "waiting" or self.state.lifecycle == "open":
+            return False
+        return self._apply(a_closed_raise(self.constants, self.state, p, self._take("unretain")))
+
+    def producer_discard(self, producer: str) -> bool:
+        """Discard: the producer evicts the sample whose put raised or aborted."""
+        return self._apply(a_discard(self.constants, self.state, self._p(producer), self._size_tuple()))
+
+    def producer_state(self, producer: str) -> str:
+        """``pc[p]``: ``idle``, ``waiting`` (blocked in ``put_blocks_until_below``) or ``aborted``."""
+        return self.state.pc[self._p(producer)]
+
+    def producer_sample(self, producer: str) -> str | None:
+        """The sample the producer stored and still holds, if any."""
+        s = self.state.owns[self._p(producer)]
+        return None if s == NO_SAMPLE else self.constants.samples[s]
+
+    def finished(self) -> bool:
+        """``Done`` is enabled: drained, every producer idle, the backlog worked off."""
+        return _finished(self.state)
 
     # -- observation ----------------------------------------------------------
     def status(self, sample: str) -> str:
@@ -720,6 +1213,14 @@ class SpecMirror:
 
     def resident(self) -> set[str]:
         return {self.constants.samples[s] for s in self.state.resident}
+
+    def backlog(self) -> set[str]:
+        """Samples whose failed scrub (or unretain) is still being retried."""
+        return {self.constants.samples[s] for s in self.state.backlog}
+
+    def dedup_window(self) -> list[str]:
+        """The settled ids the queue remembers, oldest first."""
+        return [self.constants.samples[s] for s in self.state.window]
 
     @property
     def resident_bytes(self) -> int:
@@ -764,7 +1265,7 @@ class SpecMirror:
 
     def check_invariants(self) -> None:
         """Raise ``AssertionError`` naming the first broken invariant (state, and the last step's properties)."""
-        check_state(self.constants, self.state, self._sizes)
+        check_state(self.constants, self.state, self._sizes, bound=not self._direct)
         check_step(self.constants, self._previous, self.state)
 
 
@@ -774,11 +1275,17 @@ _BUG_SWITCHES = {
     "BugNoDedup": "C",
     "BugNoDeliveryLimit": "D",
     "BugNoReaper": "E",
+    "BugProducerBytesCounted": "P",
+    "BugScrubFailUnsettles": "S",
 }
 
 
 def constants_from_config(text: str) -> SpecConstants:
-    """The ``SpecConstants`` of a TLC model config's ``CONSTANTS`` (model values become their names)."""
+    """The ``SpecConstants`` of a TLC model config's ``CONSTANTS`` (model values become their names).
+
+    Model parameters the config leaves out take the spec's defaults (no
+    producers, no faults, a dedup window of every sample, one size).
+    """
     values: dict[str, str] = {}
     for line in text.splitlines():
         name, sep, value = line.split("\\*", 1)[0].partition("=")
@@ -786,15 +1293,20 @@ def constants_from_config(text: str) -> SpecConstants:
             values[name.strip()] = value.strip()
 
     def names(key: str) -> tuple[str, ...]:
-        return tuple(v.strip() for v in values[key].strip("{}").split(",") if v.strip())
+        return tuple(v.strip() for v in values.get(key, "{}").strip("{}").split(",") if v.strip())
 
     return SpecConstants(
         samples=names("Samples"),
         consumers=names("Consumers"),
+        producers=names("Producers"),
         max_deliveries=int(values["MaxDeliveries"]),
         high_watermark=int(values["HighWatermark"]),
         low_watermark=int(values["LowWatermark"]),
         max_held=int(values["MaxHeld"]),
         sample_bytes=int(values["SampleBytes"]),
+        large_samples=frozenset(names("LargeSamples")),
+        large_bytes=int(values["LargeBytes"]) if "LargeBytes" in values else None,
+        max_faults=int(values.get("MaxFaults", "0")),
+        dedup_window=int(values["DedupWindow"]) if "DedupWindow" in values else None,
         bugs=frozenset(bug for switch, bug in _BUG_SWITCHES.items() if values.get(switch) == "TRUE"),
     )

@@ -57,6 +57,7 @@ class TLCResult:
     seconds: float
     returncode: int
     output: str
+    command: tuple[str, ...] = ()
 
     def summary(self) -> str:
         """One line for humans: verdict, states, time."""
@@ -257,7 +258,8 @@ def run_tlc(
         else:
             output, returncode = _run_bounded(command, work, simulate.seconds, timeout)
         seconds = time.perf_counter() - started
-    return parse_output(output, returncode, seconds, config.read_text(), simulated=simulate is not None)
+    result = parse_output(output, returncode, seconds, config.read_text(), simulated=simulate is not None)
+    return dataclasses.replace(result, command=tuple(command))
 
 
 def _run_bounded(command: list[str], cwd: Path, seconds: float, timeout: float | None) -> tuple[str, int]:
