@@ -260,3 +260,70 @@ def test_the_producer_infers_eagle3_from_the_backend_class() -> None:
     assert producer.algorithm is FeatureAlgorithm.EAGLE3
     ref = producer.produce(**as_inputs(*prompts()))
     assert ref.algorithm is FeatureAlgorithm.EAGLE3 and ref.schema_version == 1
+
+
+def test_gpt2_layout_is_found_and_its_last_layer_is_the_final_norm_output() -> None:
+    import transformers
+
+    config = transformers.GPT2Config(
+        vocab_size=VOCAB, n_embd=HIDDEN, n_layer=8, n_head=4, n_positions=64, bos_token_id=0, eos_token_id=0
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = transformers.GPT2LMHeadModel(config).eval()
+    target = HFEagle3TargetModel(model, aux_layer_ids=(1, 4, 7))
+    inputs = as_inputs(*prompts())
+    aux, logits = reference_forward(model, (1, 4, 7), **_model_inputs(inputs))
+    got = target.generate_batch(**inputs)
+    assert torch.equal(got.aux_hidden_states, aux) and torch.equal(got.logits, logits)
+
+
+def test_bfloat16_features_keep_the_models_dtype_bit_for_bit() -> None:
+    model = tiny_model("qwen3").to(torch.bfloat16)
+    target = HFEagle3TargetModel(model)
+    inputs = as_inputs(*prompts())
+    got = target.generate_batch(**inputs)
+    aux, logits = reference_forward(model, target.aux_layer_ids, **_model_inputs(inputs))
+    assert got.aux_hidden_states.dtype == got.logits.dtype == torch.bfloat16
+    assert torch.equal(got.aux_hidden_states, aux) and torch.equal(got.logits, logits)
+
+
+class Wrapped(torch.nn.Module):
+    """A causal LM behind an unusual attribute path (as adapters and wrappers put it)."""
+
+    def __init__(self, inner: torch.nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+        self.config = inner.config
+
+    def get_input_embeddings(self) -> torch.nn.Module:
+        return self.inner.get_input_embeddings()
+
+    def get_output_embeddings(self) -> torch.nn.Module:
+        return self.inner.get_output_embeddings()
+
+    def forward(self, **kwargs: Any) -> Any:
+        return self.inner(**kwargs)
+
+
+def test_decoder_layers_at_an_unusual_path_are_found_by_the_configs_layer_count() -> None:
+    inner = tiny_model("mistral")
+    target = HFEagle3TargetModel(Wrapped(inner), aux_layer_ids=(2, 5, 7))
+    assert target._layers is inner.model.layers
+    inputs = as_inputs(*prompts())
+    aux, logits = reference_forward(inner, (2, 5, 7), **_model_inputs(inputs))
+    got = target.generate_batch(**inputs)
+    assert torch.equal(got.aux_hidden_states, aux) and torch.equal(got.logits, logits)
+
+
+def test_a_model_without_decoder_layers_is_refused() -> None:
+    class Headed(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.head = torch.nn.Linear(4, 4)
+
+        def get_output_embeddings(self) -> torch.nn.Module:
+            return self.head
+
+    with pytest.raises(ValueError, match=r"cannot find the decoder layers of Headed"):
+        HFEagle3TargetModel(Headed())
