@@ -136,3 +136,155 @@ def test_unknown_names_are_refused_with_the_name() -> None:
         m.acquire("c9")
     with pytest.raises(ValueError, match="bugs"):
         SpecConstants(bugs=frozenset("Z"))
+
+
+# -- producers, store faults, the dedup window (issue 9) ------------------------------------------------
+
+
+def _producers(**overrides: object) -> SpecMirror:
+    constants = SpecConstants(
+        samples=("s1", "s2", "s3"),
+        consumers=("c1",),
+        producers=("p1", "p2"),
+        max_held=None,
+        high_watermark=2,
+        low_watermark=1,
+        **overrides,  # type: ignore[arg-type]
+    )
+    return SpecMirror(constants)
+
+
+def test_two_paused_producers_with_nothing_queued_may_enqueue() -> None:
+    """Issue 9's deadlock: both producers store, pause at the high watermark; the fix lets one enqueue."""
+    m = _producers()
+    assert m.producer_store("p1", "s1") and m.producer_store("p2", "s2")
+    assert m.producer_poll("p1") == "Pause" and m.backpressure_state == "paused"
+    assert m.may_enqueue(), "nothing is pending or leased: a paused producer may enqueue"
+    assert m.producer_poll("p1") == "enqueued" and m.producer_state("p1") == "idle"
+    assert m.producer_poll("p2") == "wait", "the queue holds s1 now: p2 waits for it to settle"
+    token = m.acquire("c1")
+    assert token is not None and m.ack("c1", token)
+    assert m.producer_poll("p2") == "Resume"
+    assert m.producer_poll("p2") == "enqueued"
+    m.check_invariants()
+
+
+def test_old_rule_strands_both_producers() -> None:
+    m = _producers(bugs=frozenset("P"))
+    assert m.producer_store("p1", "s1") and m.producer_store("p2", "s2")
+    assert m.producer_poll("p1") == "Pause"
+    assert not m.may_enqueue()
+    assert m.producer_poll("p1") == "wait" and m.producer_poll("p2") == "wait"
+
+
+def test_close_wakes_waiting_producers_and_their_puts_raise() -> None:
+    m = _producers()
+    assert m.producer_store("p1", "s1") and m.producer_store("p2", "s2") and m.producer_poll("p1") == "Pause"
+    assert m.close() and m.lifecycle_state == "drained"
+    m.arm_fault("unretain")
+    assert m.producer_poll("p1") == "closed" and m.producer_poll("p2") == "closed"
+    assert m.backlog() == {"s1"}, "the failed unretain is owed"
+    assert m.producer_discard("p1") and m.producer_discard("p2")
+    assert m.resident() == {"s1"} and not m.finished()
+    assert m.retry_backlog() == 1
+    assert m.resident() == set() and m.resident_bytes == 0 and m.finished()
+    assert [e for e, _ in m.events].count("StoreFault") == 1 and m.stats()["scrub_retries"] == 1
+    m.check_invariants()
+
+
+def test_retain_and_health_faults_refuse_the_put_and_change_nothing() -> None:
+    m = _producers()
+    assert m.producer_store("p1", "s1")
+    before = m.state
+    m.arm_fault("retain")
+    assert m.producer_poll("p1") == "retain-failed" and m.producer_state("p1") == "aborted"
+    assert m.state._replace(pc=before.pc, faults=before.faults) == before, "queue and store unchanged"
+    assert m.producer_discard("p1") and m.status("s1") == "discarded" and m.resident() == set()
+    assert m.producer_store("p2", "s2")
+    m.arm_fault("health")
+    assert m.producer_poll("p2") == "health-failed" and m.producer_discard("p2")
+    assert m.stats()["store_faults"] == 2 and m.pending_count == 0
+    m.check_invariants()
+
+
+def test_a_failed_scrub_during_ack_leaves_the_ack_standing() -> None:
+    """Issue 9's second bug: the settlement stands, the re-put is refused, the scrub is retried."""
+    m = _producers()
+    assert m.producer_store("p1", "s1") and m.producer_poll("p1") == "enqueued"
+    token = m.acquire("c1")
+    assert token is not None
+    m.arm_fault("scrub")
+    assert m.ack("c1", token)
+    assert m.status("s1") == "acked" and m.stats()["acked"] == 1
+    assert m.resident() == {"s1"} and m.backlog() == {"s1"} and m.dedup_window() == ["s1"]
+    assert not m.reput("s1") and m.stats()["dedup_refused"] == 1
+    m.arm_fault("gc")
+    assert not m.retry_scrub("s1") and m.backlog() == {"s1"}
+    assert m.retry_scrub("s1") and m.resident() == set() and m.backlog() == set()
+    assert m.close() and m.finished()
+    m.check_invariants()
+
+
+def test_the_old_scrub_fault_behaviour_unsettles_the_sample() -> None:
+    m = _producers(bugs=frozenset("S"))
+    assert m.producer_store("p1", "s1") and m.producer_poll("p1") == "enqueued"
+    token = m.acquire("c1")
+    m.arm_fault("scrub")
+    assert token is not None and m.ack("c1", token)
+    assert m.reput("s1"), "nothing remembers s1: the re-put is accepted"
+    with pytest.raises(AssertionError, match="ExactlyOnce"):
+        m.check_invariants()
+
+
+def test_dead_letter_with_a_failed_scrub_is_dead_once() -> None:
+    m = _producers(max_deliveries=1)
+    assert m.producer_store("p1", "s1") and m.producer_poll("p1") == "enqueued"
+    token = m.acquire("c1")
+    m.arm_fault("scrub")
+    assert token is not None and m.fail("c1", token)
+    assert m.dead_letters() == ["s1"] and m.backlog() == {"s1"} and m.stats()["dead_lettered"] == 1
+    assert m.retry_backlog() == 1 and m.dead_letters() == ["s1"]
+    m.check_invariants()
+
+
+def test_a_scrub_fault_is_not_spent_on_a_redelivery() -> None:
+    m = _producers(max_deliveries=2)
+    assert m.producer_store("p1", "s1") and m.producer_poll("p1") == "enqueued"
+    token = m.acquire("c1")
+    m.arm_fault("scrub")
+    assert token is not None and m.fail("c1", token) and m.status("s1") == "pending"
+    assert m.armed_faults() == {"scrub": 1}, "a redelivery makes no store call"
+    assert m.reclaim("s1") is False
+    m.clear_faults()
+    assert m.armed_faults() == {}
+
+
+def test_an_evicted_id_may_be_stored_anew() -> None:
+    m = _producers(dedup_window=1)
+    for sample in ("s1", "s2"):
+        assert m.producer_store("p1", sample) and m.producer_poll("p1") == "enqueued"
+        token = m.acquire("c1")
+        assert token is not None and m.ack("c1", token)
+    assert m.dedup_window() == ["s2"]
+    assert not m.reput("s2")
+    assert m.producer_store("p1", "s1"), "s1 left the window and the store: a new incarnation"
+    assert m.status("s1") == "stored" and m.redelivery_count("s1") == 0
+    m.check_invariants()
+
+
+def test_residency_bound_holds_on_the_producer_path_and_is_skipped_for_direct_puts() -> None:
+    m = _producers(sample_bytes=1, large_samples=frozenset({"s3"}), large_bytes=3)
+    assert m.producer_store("p1", "s3") and m.producer_poll("p1") == "Pause"
+    assert m.producer_poll("p1") == "enqueued", "a sample larger than the watermark still goes into an empty queue"
+    m.check_invariants()
+    direct = _mirror(high_watermark=2, low_watermark=1)
+    _enqueue(direct, "s1", "s2", "s3")
+    direct.check_invariants()  # three 1-byte samples queued: over the bound, but put() never blocks
+
+
+def test_unknown_fault_calls_and_producers_are_refused() -> None:
+    m = _producers()
+    with pytest.raises(ValueError, match="store call"):
+        m.arm_fault("unlink")
+    with pytest.raises(KeyError, match="p9"):
+        m.producer_store("p9", "s1")
