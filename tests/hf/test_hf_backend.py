@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+import threading
 from typing import Any
 
 import pytest
@@ -327,3 +328,22 @@ def test_a_model_without_decoder_layers_is_refused() -> None:
 
     with pytest.raises(ValueError, match=r"cannot find the decoder layers of Headed"):
         HFEagle3TargetModel(Headed())
+
+
+def test_forwards_from_several_threads_each_get_their_own_features() -> None:
+    model = tiny_model()
+    target = HFEagle3TargetModel(model)
+    given = [as_inputs(*prompts(batch=1 + seed % 3, length=6 + seed, seed=seed)) for seed in range(8)]
+    expected = [reference_forward(model, target.aux_layer_ids, **_model_inputs(inputs)) for inputs in given]
+    results: dict[int, Eagle3TargetBatch] = {}
+
+    def work(index: int) -> None:
+        results[index] = target.generate_batch(**given[index])
+
+    threads = [threading.Thread(target=work, args=(index,)) for index in range(len(given))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    for index, (aux, logits) in enumerate(expected):
+        assert torch.equal(results[index].aux_hidden_states, aux) and torch.equal(results[index].logits, logits)

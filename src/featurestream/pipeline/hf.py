@@ -21,8 +21,8 @@ Recipe::
     from transformers import AutoModelForCausalLM
     from featurestream.pipeline.hf import HFEagle3TargetModel
 
-    target = HFEagle3TargetModel(AutoModelForCausalLM.from_pretrained(name, torch_dtype=torch.bfloat16))
-    producer = FeatureProducer(target, store, run_id="run-1")
+    target = HFEagle3TargetModel(AutoModelForCausalLM.from_pretrained(name, dtype=torch.bfloat16, device_map="cuda"))
+    producer = FeatureProducer(target, store, run_id="run-1")  # algorithm inferred: EAGLE3
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from torch import nn
 
 try:
     import transformers
-except ImportError as exc:  # pragma: no cover - exercised only without the extra
+except ImportError as exc:
     raise ImportError(
         "featurestream.pipeline.hf needs Hugging Face transformers, which is not installed: "
         "pip install 'featurestream[hf]'"
@@ -189,7 +189,7 @@ class HFEagle3TargetModel(Eagle3TargetBackend):
         self._lock = threading.Lock()
 
     @property
-    def config(self) -> transformers.PretrainedConfig | None:
+    def config(self) -> transformers.PreTrainedConfig | None:
         """The wrapped model's config (``None`` for a model without one)."""
         return getattr(self.model, "config", None)
 
