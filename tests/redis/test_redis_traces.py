@@ -60,7 +60,8 @@ def _machine_traces(client: redis.Redis) -> list[Trace]:
 
 
 def _threaded_trace(url: str) -> Trace:
-    """Two producer and three consumer threads on one instance, server clock, short leases, a reaper."""
+    """Two producer and three consumer threads on one instance (one of each batching), server clock, short
+    leases, a reaper."""
     recorder = TraceRecorder()
     store = LocalFeatureStore(max_samples=1000, max_bytes=None, high_watermark_bytes=None, low_watermark_bytes=None)
     queue = RedisSampleRefQueue(
@@ -70,23 +71,33 @@ def _threaded_trace(url: str) -> Trace:
     errors: list[BaseException] = []
 
     def produce(first: int) -> None:
-        for n in range(first, first + 20):
-            queue.put(store.put(f"t{n}", sample_tensors(0, TOKENS)))
+        refs = [store.put(f"t{n}", sample_tensors(0, TOKENS)) for n in range(first, first + 20)]
+        if first:  # the second producer puts in batches: traced as their items
+            for start in range(0, len(refs), 5):
+                queue.put_many(refs[start : start + 5])
+        for ref in refs if not first else []:
+            queue.put(ref)
 
     def consume(seed: int) -> None:
         rng = random.Random(seed)
         while True:
-            lease = queue.acquire(timeout=0.05)
-            if lease is None:
+            # The third consumer leases and settles in batches.
+            leases = queue.acquire_many(3, timeout=0.05) if seed == 2 else [queue.acquire(timeout=0.05)]
+            leases = [lease for lease in leases if lease is not None]
+            if not leases:
                 if queue.lifecycle_state == "drained":
                     return
                 continue
-            roll = rng.random()
-            if roll < 0.1:
-                continue  # crash: never settled, reclaimed by the reaper or the next call
-            if roll < 0.2:
-                threading.Event().wait(0.08)  # stall past the deadline; the late ack is usually stale
-            (queue.fail if roll < 0.35 else queue.ack)(lease)
+            acks, fails = [], []
+            for lease in leases:
+                roll = rng.random()
+                if roll < 0.1:
+                    continue  # crash: never settled, reclaimed by the reaper or the next call
+                if roll < 0.2:
+                    threading.Event().wait(0.08)  # stall past the deadline; the late ack is usually stale
+                (fails if roll < 0.35 else acks).append(lease)
+            queue.fail_many(fails)
+            queue.ack_many(acks)
 
     def guarded(target: Any, arg: int) -> threading.Thread:
         def run() -> None:

@@ -1,0 +1,168 @@
+"""Batch operations on the Redis backend: one server call each, every item settled or rejected on its own."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from featurestream import LocalFeatureStore
+from featurestream import VisibilityTimeout as VT
+from featurestream.core import events
+from featurestream.core.protocol import LeaseQueue
+from featurestream.core.queue import SampleRefQueue
+from featurestream.core.refs import SampleRef
+from featurestream.testing import FakeClock, sample_tensors
+
+redis = pytest.importorskip("redis", reason="redis-py is missing: pip install 'featurestream[redis]'")
+from featurestream.backends.redis.queue import RedisSampleRefQueue  # noqa: E402 - needs redis-py
+
+Factory = Callable[..., RedisSampleRefQueue]
+
+
+@pytest.fixture
+def store() -> LocalFeatureStore:
+    return LocalFeatureStore(max_samples=64)
+
+
+@pytest.fixture
+def make(redis_server: Any, queue_name: str) -> Iterator[Factory]:
+    made: list[RedisSampleRefQueue] = []
+
+    def factory(store: LocalFeatureStore, **kwargs: Any) -> RedisSampleRefQueue:
+        kwargs.setdefault("visibility_timeout", VT(10.0))
+        queue = RedisSampleRefQueue(store, url=redis_server.url, name=queue_name, **kwargs)
+        made.append(queue)
+        return queue
+
+    yield factory
+    for queue in made:
+        queue.disconnect()
+
+
+def refs(store: LocalFeatureStore, count: int, first: int = 0) -> list[SampleRef]:
+    return [store.put(f"s{i}", sample_tensors(i)) for i in range(first, first + count)]
+
+
+def fcalls(client: redis.Redis) -> int:
+    """How many FCALLs the server has run: its own count, so 'one round trip' is measured, not assumed."""
+    return int(client.info("commandstats").get("cmdstat_fcall", {}).get("calls", 0))
+
+
+def test_each_batch_operation_is_one_server_call(redis_server: Any, make: Factory, store: LocalFeatureStore) -> None:
+    queue = make(store)
+    client = redis.Redis.from_url(redis_server.url)
+    try:
+        before = fcalls(client)
+        queue.put_many(refs(store, 8))
+        leases = queue.acquire_many(8, timeout=0)
+        queue.ack_many(leases[:5])
+        queue.fail_many(leases[5:])
+        assert fcalls(client) - before == 4
+    finally:
+        client.close()
+    stats = queue.stats()
+    assert (stats.put, stats.leased, stats.acked, stats.failed, stats.pending) == (8, 8, 5, 3, 3)
+    assert [lease.ref.sample_id for lease in leases] == [f"s{i}" for i in range(8)]  # FIFO
+    assert store.health().sample_count == 3
+
+
+def test_acquire_many_returns_what_is_there_up_to_n(make: Factory, store: LocalFeatureStore) -> None:
+    queue = make(store)
+    assert queue.acquire_many(4, timeout=0) == []
+    queue.put_many(refs(store, 3))
+    first = queue.acquire_many(2, timeout=0)
+    rest = queue.acquire_many(4, timeout=5)  # one is available: returned at once, not after the timeout
+    assert [lease.ref.sample_id for lease in first + rest] == ["s0", "s1", "s2"]
+    assert len({lease.lease_id for lease in first + rest}) == 3
+    with pytest.raises(ValueError, match="n must be an int >= 1, got 0"):
+        queue.acquire_many(0)
+    with pytest.raises(ValueError, match="True"):
+        queue.acquire_many(True)
+
+
+def test_stale_leases_in_a_batch_are_rejected_one_by_one(make: Factory, store: LocalFeatureStore) -> None:
+    clock = FakeClock(1000.0)
+    queue = make(store, clock=clock, visibility_timeout=VT(10.0))
+    other = make(store, clock=clock, visibility_timeout=VT(10.0))
+    queue.put_many(refs(store, 4))
+    mine = queue.acquire_many(3, timeout=0)
+    foreign = other.acquire(timeout=0)
+    queue.ack(mine[0])  # already settled: stale in the batch
+    queue.ack_many([mine[0], mine[1], foreign, mine[2]])  # type: ignore[list-item]
+    stats = queue.stats()
+    assert (stats.acked, stats.stale_rejected, stats.outstanding) == (3, 2, 1)
+    assert store.is_resident("s3") and not any(store.is_resident(f"s{i}") for i in range(3))
+    other.fail_many([foreign, mine[1]])  # type: ignore[list-item]  # mine[1]: settled, and not other's
+    assert other.stats().failed == 1 and other.stats().stale_rejected == 3 and other.pending_count() == 1
+
+
+def test_put_many_is_all_or_nothing(make: Factory, store: LocalFeatureStore) -> None:
+    queue = make(store)
+    queue.put(refs(store, 1)[0])
+    queue.ack(queue.acquire(timeout=0))  # type: ignore[arg-type]
+    batch = refs(store, 3)  # s0 again: acked recently
+    before = store.health()
+    with pytest.raises(ValueError, match="'s0' was already acked"):
+        queue.put_many(batch)
+    stats = queue.stats()
+    assert (stats.put, stats.pending, stats.dedup_refused) == (1, 0, 1)
+    assert store.health() == before  # every retain undone
+    queued = refs(store, 2, first=5)
+    queue.put_many(queued)
+    fresh = refs(store, 1, first=7)[0]
+    with pytest.raises(ValueError, match="'s6' is already queued"):
+        queue.put_many([fresh, queued[1]])
+    assert queue.pending_count() == 2 and queue.stats().put == 3
+    for ref in (fresh, queued[1]):
+        store.release(store.get(ref)[1])
+    # The refused s7 is back to plain residency (freed on its last release); the queued s6 kept its retain.
+    assert not store.is_resident("s7") and store.is_resident("s6")
+    with pytest.raises(ValueError, match="'s9' appears twice"):
+        queue.put_many(refs(store, 1, first=9) * 2)
+    with pytest.raises(TypeError):
+        queue.put_many([refs(store, 1, first=10)[0], "s11"])  # type: ignore[list-item]
+    queue.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        queue.put_many(refs(store, 1, first=12))
+    assert queue.stats().put == 3
+
+
+def test_a_batch_is_traced_as_its_items(make: Factory, store: LocalFeatureStore) -> None:
+    trace: list[tuple[str, dict[str, object]]] = []
+    queue = make(store, tracer=lambda action, fields: trace.append((action, fields)), max_deliveries=1)
+    queue.put_many(refs(store, 2))
+    leases = queue.acquire_many(2, timeout=0)
+    queue.ack_many(leases[:1])
+    queue.fail_many(leases[1:])
+    ids = [lease.lease_id for lease in leases]
+    assert trace == [
+        (events.PUT, {"sample_id": "s0"}),
+        (events.PUT, {"sample_id": "s1"}),
+        (events.ACQUIRE, {"sample_id": "s0", "lease_id": ids[0]}),
+        (events.ACQUIRE, {"sample_id": "s1", "lease_id": ids[1]}),
+        (events.ACK, {"sample_id": "s0", "lease_id": ids[0]}),
+        (events.FAIL, {"sample_id": "s1", "lease_id": ids[1]}),
+        (events.DEAD_LETTER, {"sample_id": "s1"}),
+    ]
+
+
+# The public members each backend defines beyond the LeaseQueue protocol. A new public method is a contract
+# change: add it here (and to the protocol if every backend offers it).
+BEYOND_PROTOCOL = {
+    SampleRefQueue: {"lease_state_counts", "render"},
+    RedisSampleRefQueue: {
+        "lease_state_counts", "render", "disconnect", "put_many", "acquire_many", "ack_many", "fail_many",
+    },
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("backend", list(BEYOND_PROTOCOL), ids=lambda cls: cls.__name__)
+def test_each_backend_implements_the_protocol_itself(backend: type) -> None:
+    protocol = {name for name in [*vars(LeaseQueue), *LeaseQueue.__annotations__] if not name.startswith("_")}
+    defined = {name for name in vars(backend) if not name.startswith("_")}
+    # max_deliveries and dedup_window are instance attributes; everything else the class itself defines.
+    assert protocol - defined == {"max_deliveries", "dedup_window"}
+    assert defined - protocol == BEYOND_PROTOCOL[backend]
+    assert backend.__mro__ == (backend, object)  # no backend inherits another's internals
