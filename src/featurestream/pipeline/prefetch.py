@@ -72,7 +72,8 @@ class LeaseBook:
         self._cond = threading.Condition()
         self._entries: dict[int, _Entry] = {}
         self._closed = False
-        self._heartbeat = heartbeat
+        # A reference-era queue has no extend(): its booked leases then live on their visibility timeout alone.
+        self._heartbeat = heartbeat and callable(getattr(queue, "extend", None))
         self._thread: threading.Thread | None = None
 
     def add(self, lease: Lease) -> bool:
@@ -184,7 +185,8 @@ class Prefetcher:
 
     ``pull(stopping)`` returns the next ``Pulled`` (its leases booked in
     ``book``) or ``None`` at the end of the stream, and returns promptly once
-    ``stopping()`` is true. ``get`` blocks for the next item; it returns
+    ``stopping()`` is true. After an error item it pulls again only on the
+    consumer's ``get`` that follows the one that took the error. ``get`` blocks for the next item; it returns
     ``None`` at the end of the stream or once closed, and raises the thread's
     error after the thread died (everything it held already failed back).
     """
@@ -196,6 +198,7 @@ class Prefetcher:
         self._cond = threading.Condition()
         self._items: collections.deque[Pulled] = collections.deque()
         self._ended = False
+        self._paused = False
         self._stopped = False
         self._error: BaseException | None = None
         book.on_error = self.crash  # a heartbeat that cannot reach the queue stops the thread like its own error
@@ -205,6 +208,9 @@ class Prefetcher:
     def get(self) -> Pulled | None:
         """The next item (its leases still booked: ``book.take`` them at hand-off), or ``None`` at the end."""
         with self._cond:
+            if self._paused and not any(queued.error is not None for queued in self._items):
+                self._paused = False  # the error was taken by the previous get: pull on
+                self._cond.notify_all()
             while not (self._items or self._ended or self._stopped or self._error is not None):
                 self._cond.wait()
             if self._error is not None:
@@ -244,7 +250,9 @@ class Prefetcher:
         try:
             while True:
                 with self._cond:
-                    while len(self._items) >= self._depth and not self._stopped:
+                    # After an error it waits for the trainer's pull that follows the error, so a failing sample's
+                    # redeliveries are not burnt ahead of the trainer (the settles of pulling on its own thread).
+                    while (len(self._items) >= self._depth or self._paused) and not self._stopped:
                         self._cond.wait()
                     if self._stopped:
                         return
@@ -254,6 +262,7 @@ class Prefetcher:
                         self._ended = True
                     elif not self._stopped:
                         self._items.append(item)
+                        self._paused = item.error is not None
                     self._cond.notify_all()
                     if item is None:
                         return
