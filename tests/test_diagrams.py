@@ -18,6 +18,7 @@ from featurestream.tools.diagrams import (
     FORMATS,
     LIVE_MACHINES,
     REFRESH_COMMAND,
+    REVIEW_DIAGRAMS,
     GraphvizMissing,
     machine_dot,
     render_source,
@@ -42,14 +43,14 @@ def stale_diagrams(machines: tuple[tuple[MachineTable, object], ...], directory:
 
 
 def test_committed_dot_equals_the_live_machines() -> None:
-    stale = stale_diagrams(LIVE_MACHINES, DIAGRAMS)
+    stale = stale_diagrams(REVIEW_DIAGRAMS, DIAGRAMS)
     assert not stale, (
         f"stale diagrams: diagrams/{', diagrams/'.join(stale)} differ from the live machines "
         "(featurestream.core.machines); "
         f"refresh them from the repository root with `{REFRESH_COMMAND}` "
         "(or `python -m featurestream diagrams --out diagrams`) and commit diagrams/"
     )
-    for table, _ in LIVE_MACHINES:
+    for table, _ in REVIEW_DIAGRAMS:
         for fmt in ("svg", "png"):
             assert (DIAGRAMS / f"{table.name}.{fmt}").stat().st_size > 0, f"diagrams/{table.name}.{fmt} is empty"
 
@@ -137,7 +138,7 @@ def test_every_edge_names_an_action_the_spec_defines() -> None:
     text = SPEC.read_text()
     missing = [
         f"{table.name}.{t.trigger} -> {t.spec_action}"
-        for table, _ in LIVE_MACHINES
+        for table, _ in REVIEW_DIAGRAMS
         for t in table.transitions
         if not re.search(rf"^{t.spec_action}(\(.*?\))?\s*==", text, re.M)
     ]
@@ -181,7 +182,7 @@ def svg_text(data: bytes) -> str:
 def test_rendering_produces_svg_and_png_with_every_state() -> None:
     if shutil.which("dot") is None:
         pytest.skip(NEEDS_DOT)
-    for table, machine in LIVE_MACHINES:
+    for table, machine in REVIEW_DIAGRAMS:
         source = machine_dot(table, machine)
         text = svg_text(render_source(source, "svg"))
         for state in table.states:
@@ -194,8 +195,9 @@ def test_rendering_produces_svg_and_png_with_every_state() -> None:
 def test_cli_writes_dot_without_the_binary(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     assert main(["diagrams", "--out", str(tmp_path / "out"), "--format", "dot"]) == 0
-    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["backpressure.dot", "lease.dot", "lifecycle.dot"]
-    assert stale_diagrams(LIVE_MACHINES, tmp_path / "out") == []
+    written = sorted(p.name for p in (tmp_path / "out").iterdir())
+    assert written == ["backpressure.dot", "lease.dot", "lifecycle.dot", "sample.dot"]
+    assert stale_diagrams(REVIEW_DIAGRAMS, tmp_path / "out") == []
 
 
 def test_cli_without_dot_says_how_to_install(
@@ -282,3 +284,12 @@ def test_queue_render_refuses_an_unknown_suffix(busy_queue: SampleRefQueue, tmp_
     assert not (tmp_path / "snapshot.txt").exists()
     busy_queue.render(tmp_path / "snapshot.txt", format="dot")
     assert (tmp_path / "snapshot.txt").read_text().startswith("digraph queue_snapshot {")
+
+
+def test_sample_diagram_shows_where_the_bytes_are() -> None:
+    from featurestream.spec.lifecycle import RESIDENCY, SAMPLE
+
+    source = (DIAGRAMS / "sample.dot").read_text()
+    for state, where in RESIDENCY.items():
+        assert f"{state}\\n{where}" in source, f"sample.dot does not label {state!r} with its residency"
+    assert {t.spec_action for t in SAMPLE.transitions} >= {"Enqueue", "Ack", "Fail", "Reclaim", "RetryScrub"}

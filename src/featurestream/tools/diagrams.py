@@ -37,7 +37,9 @@ from featurestream.core.machines import (
     LIFECYCLE_MACHINE,
     MachineTable,
     Transition,
+    build_machine,
 )
+from featurestream.spec.lifecycle import RESIDENCY, SAMPLE
 
 if TYPE_CHECKING:
     import graphviz
@@ -47,6 +49,7 @@ if TYPE_CHECKING:
 __all__ = [
     "FORMATS",
     "LIVE_MACHINES",
+    "REVIEW_DIAGRAMS",
     "REFRESH_COMMAND",
     "GraphvizMissing",
     "QueueSnapshot",
@@ -76,6 +79,12 @@ LIVE_MACHINES: tuple[tuple[MachineTable, Machine], ...] = (
     (BACKPRESSURE, BACKPRESSURE_MACHINE),
     (LIFECYCLE, LIFECYCLE_MACHINE),
 )
+# The sample lifecycle is the spec's, not a running machine: drawn from its table, which a test
+# (tests/spec/test_lifecycle.py) holds to the edges the spec mirror really takes.
+REVIEW_DIAGRAMS: tuple[tuple[MachineTable, Machine], ...] = (*LIVE_MACHINES, (SAMPLE, build_machine(SAMPLE)))
+_NODE_LABELS: dict[str, Mapping[str, str]] = {
+    SAMPLE.name: {state: rf"{state}\n{where}" for state, where in RESIDENCY.items()},
+}
 
 # Titles in DOT's escapes: "\n" breaks a line. Edge labels read "trigger: queue method / [guard] / (spec action)".
 _TITLES = {
@@ -84,6 +93,8 @@ _TITLES = {
     "backpressure": r"backpressure: the producer in put_blocks_until_below()\n"
     r"between the watermarks the state holds (hysteresis)",
     "lifecycle": r"lifecycle: the queue as a whole\ndrained: acquire() returns None for good",
+    "sample": r"sample: one sample from the producer's store write to acked / dead / discarded (from the spec)\n"
+    r"each state with where its bytes are; owed: a failed scrub or unretain is retried until the bytes leave",
 }
 _FONT = "Helvetica"
 _GRAPH_ATTRS = {"rankdir": "LR", "nodesep": "0.5", "ranksep": "0.9", "fontname": _FONT, "fontsize": "14"}
@@ -210,7 +221,7 @@ def _graph(
 
 def machine_dot(table: MachineTable, machine: Machine) -> str:
     """The deterministic DOT source of one machine's reference diagram."""
-    return _graph(table, machine, title=_TITLES[table.name], node_labels={}).source
+    return _graph(table, machine, title=_TITLES[table.name], node_labels=_NODE_LABELS.get(table.name, {})).source
 
 
 def snapshot_dot(snapshot: QueueSnapshot) -> str:
@@ -277,7 +288,7 @@ def write_diagrams(out_dir: str | os.PathLike[str], formats: Sequence[str] = FOR
     out = pathlib.Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     written = []
-    for table, machine in LIVE_MACHINES:
+    for table, machine in REVIEW_DIAGRAMS:
         source = machine_dot(table, machine)
         for fmt in formats:
             path = out / f"{table.name}.{fmt}"
@@ -321,7 +332,10 @@ def render_queue(queue: SampleRefQueue, path: str | os.PathLike[str], fmt: str |
 
 # -- CLI: featurestream diagrams ---------------------------------------------------
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.description = "Render the lease, backpressure and lifecycle state diagrams from the live machines."
+    parser.description = (
+        "Render the lease, backpressure and lifecycle state diagrams from the live machines, "
+        "and the sample lifecycle from the spec's table."
+    )
     parser.add_argument("--out", default="diagrams", help="output directory (default: %(default)s)")
     parser.add_argument(
         "--format",
