@@ -153,7 +153,7 @@ def test_a_sigkilled_consumer_loses_nothing_and_duplicates_no_ack(tmp_path: Path
             process.kill()
         pipeline.stop()
 
-    expected = {f"sample-proc-{n}": checksum for n, checksum in enumerate(target.checksums)}
+    expected = {f"sample-proc-{n}": checksum for n, checksum in enumerate(target.checksums, 1)}  # ids count from 1
     assert len(expected) == SAMPLES
     trained = dict(coordinator.trained)
     assert trained == expected, "every sample trained on, with the bytes the producer computed"
