@@ -9,30 +9,44 @@ from collections.abc import Callable
 import pytest
 
 from core.samples import put_sample
-from featurestream import LocalFeatureStore, SampleRefQueue, VisibilityTimeout
+from featurestream import FeatureStore, LocalFeatureStore, SampleRefQueue, VisibilityTimeout
 from featurestream.core.queue import _Record
-from featurestream.spec.trace import TraceConstants, TraceRecorder, TraceResult, validate_trace, validate_traces
+from featurestream.spec.trace import (
+    STORE_GET,
+    STORE_PUT,
+    STORE_RELEASE,
+    STORE_SCRUB,
+    TraceConstants,
+    TraceRecorder,
+    TraceResult,
+    validate_trace,
+    validate_traces,
+)
 from featurestream.testing import FakeClock
 from stateful.defects import NoDedupQueue, NoDeliveryLimitQueue, RetainIgnoringStore, UnretainingScrubStore
 
 pytestmark = pytest.mark.timeout(600)
 
 MAX_DELIVERIES = 2
+VT = 10.0
 Scenario = Callable[[], list[tuple[str, dict[str, object]]]]
 
 
 def _queue(
-    queue_class: type[SampleRefQueue] = SampleRefQueue, store: LocalFeatureStore | None = None
-) -> tuple[SampleRefQueue, LocalFeatureStore, FakeClock, TraceRecorder]:
+    queue_class: type[SampleRefQueue] = SampleRefQueue, store: FeatureStore | None = None, *, wrap: bool = False
+) -> tuple[SampleRefQueue, FeatureStore, FakeClock, TraceRecorder]:
+    """A traced queue on a fake clock; ``wrap``: its store's put/get/release/scrub are traced too."""
     store = store if store is not None else LocalFeatureStore()
     clock, recorder = FakeClock(1000.0), TraceRecorder()
-    queue = queue_class(store, VisibilityTimeout(10), max_deliveries=MAX_DELIVERIES, clock=clock, tracer=recorder)
+    store = recorder.wrap(store) if wrap else store
+    queue = queue_class(store, VisibilityTimeout(VT), max_deliveries=MAX_DELIVERIES, clock=clock, tracer=recorder)
     return queue, store, clock, recorder
 
 
 def correct_run() -> list[tuple[str, dict[str, object]]]:
-    """Every traced action: puts, FIFO, fail, reclaim, stale ack, extend, dead letter, dedup, close, drain."""
-    queue, store, clock, recorder = _queue()
+    """Every traced action: puts, FIFO, fail, reclaim, stale ack, extend, dead letter, dedup, close, drain;
+    the store's put/get/release/scrub."""
+    queue, store, clock, recorder = _queue(wrap=True)
     refs = [put_sample(store, f"x{i}") for i in range(3)]
     for ref in refs:
         queue.put(ref)
@@ -66,13 +80,14 @@ def correct_run() -> list[tuple[str, dict[str, object]]]:
 
 def backpressure_run() -> list[tuple[str, dict[str, object]]]:
     """A producer stores, pauses at the high watermark, and resumes once consumers ack down to the low one."""
-    store = LocalFeatureStore(max_samples=None)
     recorder = TraceRecorder()
+    store = recorder.wrap(LocalFeatureStore(max_samples=None))
     refs = [put_sample(store, f"b{i}") for i in range(3)]
     size = refs[0].estimated_bytes
     queue = SampleRefQueue(
-        store, max_deliveries=MAX_DELIVERIES, high_watermark_bytes=2 * size, low_watermark_bytes=size, tracer=recorder
-    )
+        store, VisibilityTimeout(VT), max_deliveries=MAX_DELIVERIES, high_watermark_bytes=2 * size,
+        low_watermark_bytes=size, tracer=recorder,
+    )  # fmt: skip
     queue.put(refs[0])
     queue.put(refs[1])
     producer = threading.Thread(target=queue.put_blocks_until_below, args=(refs[2], 0.005))
@@ -160,13 +175,19 @@ DEFECTS: dict[str, tuple[Scenario, str]] = {
 def test_correct_trace_is_admitted_and_defect_traces_are_rejected(tlc_available: None) -> None:
     size = put_sample(LocalFeatureStore(), "probe").estimated_bytes
     traces = [correct_run(), backpressure_run()] + [scenario() for scenario, _ in DEFECTS.values()]
-    constants = TraceConstants(MAX_DELIVERIES, sample_bytes=size, high_watermark=2 * size, low_watermark=size)
+    constants = TraceConstants(
+        MAX_DELIVERIES, sample_bytes=size, high_watermark=2 * size, low_watermark=size, visibility_timeout=VT
+    )
     results = validate_traces(traces, constants)
     print(f"one TLC run for {len(traces)} traces: {results[0].tlc.seconds:.1f} s")
     for result in results[:2]:
         assert result.admitted, result.explain()
     assert results[0].total_steps >= 20
+    assert {STORE_PUT, STORE_GET, STORE_RELEASE, STORE_SCRUB} <= {a for a, _ in traces[0]}
     assert [a for a, _ in traces[1]].count("Pause") == 1 and [a for a, _ in traces[1]].count("Resume") == 1
+    # The values the validator checked were there to check.
+    assert all({"n", "pending", "outstanding", "now", "deadline"} <= f.keys() for a, f in traces[0] if a == "Acquire")
+    assert any("resident_bytes" in f for a, f in traces[1] if a == "Pause")
     for (name, (_, stuck_action)), result in zip(DEFECTS.items(), results[2:], strict=True):
         print(f"{name}: {result.explain()}")
         assert not result.admitted, name

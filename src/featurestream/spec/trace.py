@@ -1,62 +1,118 @@
-"""Trace validation: does ``spec/LeaseQueue.tla`` admit what the implementation did?
+"""Trace validation: does ``spec/LeaseQueue.tla`` admit what the implementation did -- names AND values?
 
 The queue's ``tracer`` hook reports every action under the queue lock
-(``TraceRecorder`` records them). ``validate_traces`` renders the recorded
-traces as one TLA+ module -- a cursor ``i`` over trace ``tr``, each event matched
-to the spec action it names -- and has TLC explore it: a trace is admitted when
-some behaviour of the spec consumes all of its events. Many traces share one
-TLC run (``tr`` is chosen in the initial state), so the JVM starts once.
+(``TraceRecorder`` records them; ``TraceRecorder.wrap(store)`` also records the
+store calls ``put``/``get``/``release``/``scrub``). ``validate_traces`` renders
+the recorded traces as one TLA+ module that EXTENDS LeaseQueue -- a cursor
+``i`` over trace ``tr``, each event matched to the spec action it names -- and
+has TLC explore it: a trace is admitted when some behaviour of the spec
+consumes all of its events. Many traces share one TLC run (``tr`` is chosen in
+the initial state), so the JVM starts once.
+
+Values. Every field an event carries is checked against the spec's NEXT state
+(a missing field is not checked, so traces of older backends still validate;
+a present one always is): ``n`` is the redelivery count of the lease concerned
+(``deliveries``, or the attempt of the held lease), ``pending`` is
+``Len(queue')``, ``outstanding`` the number of leased samples, ``resident_bytes``
+is ``residentBytes'``. The spec's time is abstract, so the trace module keeps
+the queue's clock and each lease's deadline as auxiliary variables, updated
+from the events' ``now``/``deadline`` fields (in integer microseconds from the
+trace's earliest time): the clock never goes back; ``Acquire`` sets the
+deadline to the acquiring call's clock + ``TraceConstants.visibility_timeout``
+(between the previous event's ``now`` and this one's, one tick of rounding);
+``Extend`` happens only to a lease whose deadline has not passed and sets one
+not in the past; ``Reclaim`` happens only at or after the lease's deadline.
 
 How events map to the spec: every lease is held by its own virtual consumer
-(numbered per trace), so consumer crashes are simply leases nobody settles; the
-producer's store write (``StorePut``) is inserted before a sample's first
-``Put``; a ``Fail``/``Reclaim`` followed by ``DeadLetter`` of the same sample is
-one spec step whose outcome must be ``dead`` (else ``pending``, at the tail);
-``StaleRejected`` (a stale or forged lease) changes nothing; a
+(numbered per trace), so consumer crashes are simply leases nobody settles.
+A store ``get``/``release`` is the spec's ``Get``/``Release`` by some consumer;
+a ``scrub`` must concern a settled sample. Traces recorded without a wrapped
+store get a ``StorePut`` inserted before a sample's first ``Put`` (or earlier,
+when a Pause/Resume reports more resident bytes than the samples stored so
+far). A ``Fail``/``Reclaim`` followed by ``DeadLetter`` of the same sample
+must end ``dead`` (else ``pending``, at the tail); an ``Ack`` or dead letter
+followed by a ``StoreFault`` of its scrub is the spec's settle with a failed
+scrub (the sample joins the retry backlog), ``ScrubRetried`` is the spec's
+successful ``RetryScrub``. ``StaleRejected`` is admitted only when the lease it
+names is not live in the spec (settled, reclaimed, never issued), or when the
+event says the token was ``forged`` (a copy of a live lease object). A
 ``Resident`` observation (``TraceRecorder.observe_residency``) demands the
-store's resident set (of samples put so far) equal the spec's.
+store's resident set -- and, with a wrapped store, its resident bytes -- equal
+the spec's. Batch calls are traced as their per-item events, one step each.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import re
 import tempfile
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
+
+import torch
 
 from featurestream.core import events
+from featurestream.core.checks import check_count, check_seconds
+from featurestream.core.refs import SampleRef
 from featurestream.spec.tlc import TLCResult, run_tlc
-from featurestream.stores.base import FeatureStore
+from featurestream.stores.base import FeatureStore, StoreHandle, StoreHealth
 
-__all__ = ["TraceConstants", "TraceRecorder", "TraceResult", "validate_trace", "validate_traces"]
+__all__ = [
+    "STORE_GET",
+    "STORE_PUT",
+    "STORE_RELEASE",
+    "STORE_SCRUB",
+    "TraceConstants",
+    "TraceRecorder",
+    "TraceResult",
+    "TracedStore",
+    "validate_trace",
+    "validate_traces",
+]
 
 Event = tuple[str, Mapping[str, object]]
 
-# Events the queue's tracer emits, plus the recorder's own observations.
-_KNOWN = events.ALL
+# The recorder's own events: store calls seen through TraceRecorder.wrap (fields: sample_id, handle_id).
+STORE_PUT = "StorePut"
+STORE_GET = "StoreGet"
+STORE_RELEASE = "StoreRelease"
+STORE_SCRUB = "StoreScrub"
+_KNOWN = events.ALL | {STORE_PUT, STORE_GET, STORE_RELEASE, STORE_SCRUB}
+# Recorded outside the queue's lock (producers and consumers call the store themselves): they may fall
+# between two events of one queue operation, so looking ahead within an operation skips them.
+_BYSTANDERS = frozenset({STORE_PUT, STORE_GET, STORE_RELEASE, events.RESIDENT})
+
+UNKNOWN = -1  # a value the event did not carry: not checked
+TICKS_PER_SECOND = 1_000_000  # the trace module's clock: integer microseconds from the trace's earliest time
+_TLC_INT_MAX = 2**31 - 1
 
 
 @dataclasses.dataclass(frozen=True)
 class TraceConstants:
-    """The queue's configuration the spec needs: ``max_deliveries`` and, for Pause/Resume, sizes and watermarks.
+    """The queue's configuration the spec needs.
 
-    ``sample_bytes`` is every sample's size; ``high_watermark``/``low_watermark``
-    are in bytes (leave ``None`` when the trace has no Pause/Resume).
+    ``max_deliveries``; ``sample_bytes``, every sample's size; the watermarks in
+    bytes (leave ``None`` when the trace has no Pause/Resume); and the queue's
+    ``visibility_timeout`` in seconds (``None``: Acquire deadlines not checked).
     """
 
     max_deliveries: int
     sample_bytes: int = 1
     high_watermark: int | None = None
     low_watermark: int | None = None
+    visibility_timeout: float | None = None
 
     def __post_init__(self) -> None:
-        if isinstance(self.max_deliveries, bool) or not isinstance(self.max_deliveries, int) or self.max_deliveries < 1:
-            raise ValueError(f"max_deliveries must be an int >= 1, got {self.max_deliveries!r}")
-        if self.sample_bytes < 1:
-            raise ValueError(f"sample_bytes must be >= 1, got {self.sample_bytes!r}")
+        check_count("max_deliveries", self.max_deliveries, minimum=1)
+        check_count("sample_bytes", self.sample_bytes, minimum=1)
+        check_count("high_watermark", self.high_watermark, allow_none=True)
+        check_count("low_watermark", self.low_watermark, allow_none=True)
+        if self.visibility_timeout is not None:
+            check_seconds("visibility_timeout", self.visibility_timeout, positive=True)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,90 +137,250 @@ class TraceResult:
 class TraceRecorder:
     """A queue ``tracer``: records ``(action, fields)`` pairs, thread-safe.
 
+    ``wrap(store)`` returns the store with its put/get/release/scrub recorded
+    too: give the wrapped store to the queue AND to producers and consumers.
     ``observe_residency(store)`` appends a ``Resident`` event listing which
-    samples put so far are resident; call it between operations (it reads the
-    store's ``is_resident``), e.g. after every step of a single-threaded test.
+    samples seen so far are resident (plus the store's resident bytes when the
+    store is wrapped); call it between operations (it reads ``is_resident``),
+    e.g. after every step of a single-threaded test.
     """
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        # Reentrant: a wrapped store call holds it while the store acts, so store events are recorded
+        # in the order the store performed them.
+        self._lock = threading.RLock()
         self.events: list[Event] = []
         self._samples: dict[str, None] = {}
+        self._wrapped = False
 
     def __call__(self, action: str, fields: Mapping[str, object]) -> None:
         with self._lock:
             self.events.append((action, dict(fields)))
             sample = fields.get("sample_id")
-            if action == "Put" and isinstance(sample, str):
+            if action in (events.PUT, STORE_PUT) and isinstance(sample, str):
                 self._samples[sample] = None
+
+    def wrap(self, store: FeatureStore) -> TracedStore:
+        """``store`` with its put/get/release/scrub recorded in this trace."""
+        with self._lock:
+            self._wrapped = True
+        return TracedStore(store, self)
 
     def observe_residency(self, store: FeatureStore) -> None:
         with self._lock:
             resident = sorted(s for s in self._samples if store.is_resident(s))
-            self.events.append(("Resident", {"samples": resident}))
+            fields: dict[str, object] = {"samples": resident}
+            if self._wrapped:
+                fields["resident_bytes"] = store.health().resident_bytes
+            self.events.append((events.RESIDENT, fields))
+
+
+class TracedStore(FeatureStore):
+    """A ``FeatureStore`` that forwards every call to ``store`` and records put/get/release/scrub.
+
+    Each recorded call runs under the recorder's lock, so the trace orders
+    store calls as the store performed them; a call that raises is not
+    recorded. Attributes other than the contract's are the wrapped store's.
+    """
+
+    def __init__(self, store: FeatureStore, recorder: TraceRecorder) -> None:
+        if not isinstance(store, FeatureStore):
+            raise TypeError(f"store must be a FeatureStore, got {type(store).__name__}")
+        self._store = store
+        self._recorder = recorder
+        self.store_uri = store.store_uri
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    def put(self, sample_id: str, tensors: Mapping[str, torch.Tensor], **options: Any) -> SampleRef:
+        with self._recorder._lock:
+            ref = self._store.put(sample_id, tensors, **options)
+            self._recorder(STORE_PUT, {"sample_id": ref.sample_id})
+        return ref
+
+    def get(self, ref: SampleRef, device: torch.device | str | None = None, **options: Any) -> Any:
+        with self._recorder._lock:
+            tensors, handle = self._store.get(ref, device, **options)
+            self._recorder(STORE_GET, {"sample_id": ref.sample_id, "handle_id": handle.handle_id})
+        return tensors, handle
+
+    def release(self, handle: StoreHandle) -> None:
+        with self._recorder._lock:
+            self._store.release(handle)
+            self._recorder(STORE_RELEASE, {"sample_id": handle.sample_id, "handle_id": handle.handle_id})
+
+    def scrub(self, ref: SampleRef) -> None:
+        with self._recorder._lock:
+            self._store.scrub(ref)
+            self._recorder(STORE_SCRUB, {"sample_id": ref.sample_id})
+
+    def retain(self, ref: SampleRef) -> None:
+        self._store.retain(ref)
+
+    def unretain(self, ref: SampleRef) -> None:
+        self._store.unretain(ref)
+
+    def gc(self) -> int:
+        return self._store.gc()
+
+    def health(self) -> StoreHealth:
+        return self._store.health()
+
+    def close(self) -> None:
+        self._store.close()
+
+    def is_resident(self, sample_id: str) -> bool:
+        return self._store.is_resident(sample_id)
 
 
 @dataclasses.dataclass(frozen=True)
 class _Step:
+    """One step of the trace module: the spec action, its arguments, and the values to check (UNKNOWN: none)."""
+
     action: str
     sample: str = ""
     lease: int = 0
     outcome: str = ""
+    flag: bool = False
     observed: tuple[str, ...] = ()
+    n: int = UNKNOWN
+    pending: int = UNKNOWN
+    outstanding: int = UNKNOWN
+    resident_bytes: int = UNKNOWN
+    now: int = UNKNOWN
+    deadline: int = UNKNOWN
     source: Mapping[str, object] | None = None
 
 
-def _steps(events: Iterable[Event], sample_bytes: int) -> list[_Step]:
-    """Events -> spec steps: insert StorePut, fold DeadLetter into its Fail/Reclaim.
+def _count(fields: Mapping[str, object], name: str) -> int:
+    value = fields.get(name)
+    if value is None:
+        return UNKNOWN
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"trace field {name!r} must be an int >= 0, got {value!r}")
+    return value
 
-    A sample's StorePut goes right before its first Put, or earlier when a
-    Pause/Resume reports more resident bytes than the samples stored so far:
-    producers write the store before they wait on backpressure to enqueue.
-    """
-    events = list(events)
-    steps: list[_Step] = []
-    stored: set[str] = set()
-    settled: set[str] = set()
-    first_puts = list(dict.fromkeys(str(f.get("sample_id", "")) for a, f in events if a == "Put"))
-    # Leases become consumers 1..n of this trace: small, dense domains keep TLC's states small.
-    consumer_of: dict[object, int] = {}
-    skip_next = False
-    for index, (action, fields) in enumerate(events):
-        if skip_next:
-            skip_next = False
-            continue
+
+class _Clock:
+    """A trace's times as TLC integers: microseconds from its earliest ``now``/``deadline``."""
+
+    def __init__(self, trace: Sequence[Event]) -> None:
+        times = [f[k] for _, f in trace for k in ("now", "deadline") if f.get(k) is not None]
+        for value in times:
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise ValueError(f"trace times must be finite numbers, got {value!r}")
+        self.origin = min(times, default=0.0)
+        span = self.ticks(max(times, default=0.0))
+        if span > _TLC_INT_MAX // 2:
+            raise ValueError(f"the trace spans {span / TICKS_PER_SECOND:.0f} s: too long for TLC's integers")
+
+    def ticks(self, value: object) -> int:
+        return UNKNOWN if value is None else round((float(value) - self.origin) * TICKS_PER_SECOND)  # type: ignore[arg-type]
+
+
+def _next_in_operation(trace: Sequence[Event], index: int) -> int | None:
+    """Index of the first event after ``index`` recorded by the queue itself (skipping bystanders)."""
+    for later in range(index + 1, len(trace)):
+        if trace[later][0] not in _BYSTANDERS:
+            return later
+    return None
+
+
+def _is(trace: Sequence[Event], index: int | None, action: str, sample: str, call: str | None = None) -> bool:
+    if index is None:
+        return False
+    name, fields = trace[index]
+    return name == action and fields.get("sample_id") == sample and (call is None or fields.get("call") == call)
+
+
+def _stores_traced(trace: Sequence[Event]) -> bool:
+    """Whether the trace shows the store's writes (recorded through ``TraceRecorder.wrap``)."""
+    return any(action == STORE_PUT for action, _ in trace)
+
+
+def _offers(action: str, fields: Mapping[str, object]) -> bool:
+    """Whether the event is the queue handling a put of the sample it names."""
+    return action == events.PUT or (action == events.STORE_FAULT and fields.get("call") == "retain")
+
+
+def _steps(trace: Sequence[Event], sample_bytes: int) -> list[_Step]:
+    """Events -> spec steps: names resolved by looking ahead within an operation, values converted."""
+    trace = list(trace)
+    for index, (action, _) in enumerate(trace):
         if action not in _KNOWN:
             raise ValueError(f"trace event {index} has unknown action {action!r}; known: {sorted(_KNOWN)}")
-        sample = str(fields.get("sample_id", ""))
+    clock = _Clock(trace)
+    infer_store_puts = not _stores_traced(trace)
+    # Without store events, a sample is stored right before the queue first sees it (put or failed retain).
+    first_seen = list(dict.fromkeys(str(f.get("sample_id", "")) for a, f in trace if _offers(a, f)))
+    stored: set[str] = set()
+    settled: set[str] = set()
+    scrub_faults: set[int] = set()  # StoreFault events of a settle's own scrub
+    unretain_faults: set[int] = set()  # StoreFault events of the unretain after a failed retain
+    # Leases become consumers 1..n of this trace: small, dense domains keep TLC's states small.
+    consumer_of: dict[object, int] = {}
+    steps: list[_Step] = []
+    for index, (action, fields) in enumerate(trace):
+        sample = str(fields.get("sample_id") or "")
         lease = fields.get("lease_id")
-        if action == "Acquire" and lease is not None:
+        if action == events.ACQUIRE and lease is not None:
             consumer_of.setdefault(lease, len(consumer_of) + 1)
-        lease_id = consumer_of.get(lease, -1)
         source = {"index": index, "action": action, **fields}
-        if action == "Put" and sample not in stored:
-            stored.add(sample)
-            steps.append(_Step("StorePut", sample, source=source))
-        if action in ("Pause", "Resume") and isinstance(fields.get("resident_bytes"), int):
-            missing = int(fields["resident_bytes"]) // sample_bytes - len(stored - settled)  # type: ignore[call-overload]
-            for early in [s for s in first_puts if s not in stored][: max(missing, 0)]:
+        values = dict(
+            n=_count(fields, "n"),
+            pending=_count(fields, "pending"),
+            outstanding=_count(fields, "outstanding"),
+            resident_bytes=_count(fields, "resident_bytes"),
+            now=clock.ticks(fields.get("now")),
+            deadline=clock.ticks(fields.get("deadline")),
+            source=source,
+        )
+        if infer_store_puts:
+            inferred = [sample] if _offers(action, fields) and sample not in stored else []
+            if isinstance(fields.get("resident_bytes"), int):  # producers store before they wait to enqueue
+                known = len((stored | set(inferred)) - settled)
+                missing = int(fields["resident_bytes"]) // sample_bytes - known  # type: ignore[call-overload]
+                inferred += [s for s in first_seen if s not in stored and s not in inferred][: max(missing, 0)]
+            for early in inferred:
                 stored.add(early)
-                steps.append(_Step("StorePut", early, source=source))
-        if action in ("Ack", "DeadLetter"):
+                steps.append(_Step(STORE_PUT, early, source=source))
+        if action in (events.ACK, events.DEAD_LETTER):
             settled.add(sample)
-        if action in ("Fail", "Reclaim"):
-            following = events[index + 1] if index + 1 < len(events) else None
-            dead = following is not None and following[0] == "DeadLetter" and following[1].get("sample_id") == sample
-            skip_next = dead
-            if dead:
-                settled.add(sample)
-            steps.append(_Step(action, sample, lease_id, "dead" if dead else "pending", source=source))
-        elif action == "StaleRejected":
-            steps.append(_Step(action, lease=lease_id, outcome=str(fields.get("op", "")), source=source))
-        elif action == "Resident":
-            observed = fields.get("samples", ())
-            steps.append(_Step(action, observed=tuple(sorted(map(str, observed))), source=source))  # type: ignore[call-overload]
+        consumer = consumer_of.get(lease, UNKNOWN)
+        nxt = _next_in_operation(trace, index)
+        if action in (events.ACK, events.DEAD_LETTER) and _is(trace, nxt, events.STORE_FAULT, sample, "scrub"):
+            scrub_faults.add(nxt)  # type: ignore[arg-type]
+        if action == events.ACK:
+            steps.append(_Step(action, sample, consumer, flag=nxt in scrub_faults, **values))
+        elif action in (events.FAIL, events.RECLAIM):
+            dead = _is(trace, nxt, events.DEAD_LETTER, sample)
+            after = _next_in_operation(trace, nxt) if dead else None  # type: ignore[arg-type]
+            fault = dead and _is(trace, after, events.STORE_FAULT, sample, "scrub")
+            steps.append(_Step(action, sample, consumer, "dead" if dead else "pending", fault, **values))
+        elif action == events.STALE_REJECTED:
+            forged = fields.get("forged") is True
+            steps.append(_Step(action, sample, consumer_of.get(lease, 0), str(fields.get("op", "")), forged, **values))
+        elif action == events.RESIDENT:
+            observed = tuple(sorted(map(str, fields.get("samples", ()))))  # type: ignore[call-overload]
+            steps.append(_Step(action, observed=observed, **values))
+        elif action == events.STORE_FAULT:
+            call = str(fields.get("call", ""))
+            if index in scrub_faults:
+                name = "ScrubFault"
+            elif call == "retain":
+                name = "RetainFault"
+                if _is(trace, nxt, events.STORE_FAULT, sample, "unretain"):
+                    unretain_faults.add(nxt)  # type: ignore[arg-type]
+            elif index in unretain_faults:
+                name = "UnretainFault"
+            elif call in ("scrub", "unretain"):
+                name = "RetryFault"
+            else:
+                name = "OtherFault"  # health, gc: nothing changes but the fault count
+            steps.append(_Step(name, sample, **values))
         else:
-            steps.append(_Step(action, sample, lease_id, source=source))
+            steps.append(_Step(action, sample, consumer, **values))
     return steps
 
 
@@ -176,52 +392,113 @@ def _record(step: _Step) -> str:
     observed = ", ".join(_tla_string(s) for s in step.observed)
     return (
         f'[a |-> "{step.action}", s |-> {_tla_string(step.sample)}, l |-> {step.lease}, '
-        f"o |-> {_tla_string(step.outcome)}, obs |-> {{{observed}}}]"
+        f"o |-> {_tla_string(step.outcome)}, f |-> {'TRUE' if step.flag else 'FALSE'}, obs |-> {{{observed}}}, "
+        f"n |-> {step.n}, pend |-> {step.pending}, out |-> {step.outstanding}, rb |-> {step.resident_bytes}, "
+        f"now |-> {step.now}, dl |-> {step.deadline}]"
     )
 
 
 _TRACE_MODULE = """---- MODULE LeaseQueueTrace ----
 (* Generated by featurestream.spec.trace: {count} implementation trace(s) to validate against LeaseQueue. *)
-EXTENDS LeaseQueue, Integers, Sequences
+EXTENDS LeaseQueue, Integers, Sequences, FiniteSets, TLC
 
 TraceSamples == {samples}
 TraceConsumers == {consumers}
+Unknown == -1
+VisibilityTicks == {visibility}  \\* the visibility timeout in clock ticks, Unknown: deadlines not checked
+Slack == 1                       \\* one tick of rounding between a float deadline and its ticks
 Log == <<
 {log}
 >>
+Exact == <<{exact}>>  \\* per trace: does it show the store's writes (TraceRecorder.wrap)?
 
-VARIABLES tr, i
+VARIABLES tr, i, clock, dl  \\* clock: the queue's clock; dl[l]: lease l's deadline (Unknown until traced)
+traceVars == <<tr, i, clock, dl>>
+
+Known(x) == x # Unknown
+Chk(v, x) == IF Known(v) THEN v = x ELSE TRUE
+Leased(st) == Cardinality({{s \\in Samples : st[s] = "leased"}})
+(* A store fault that changes nothing but the fault count. *)
+FaultOnly == Fault /\\ UNCHANGED <<status, queue, deliveries, lease, held, handles, storeVars, bp, lifecycle,
+                                 window, backlog, envVars>>
+(* The lease a StaleRejected event names is not live: never issued, settled or reclaimed -- or a forged copy. *)
+NotLive(e) == IF e.l = 0 \\/ e.f THEN TRUE ELSE \\A t \\in held[e.l] : lease[t[1]][t[2]] # "leased"
+(* A settle of the lease e names (attempt e.n when traced) that consumer e.l holds. *)
+Settles(e, name) == e.l \\in Consumers /\\ \\E t \\in held[e.l] :
+                     /\\ t[1] = e.s /\\ Chk(e.n, t[2]) /\\ CanFire(name, t[1], t[2])
+                     /\\ CASE name = "Ack" -> AckCore(e.l, t, e.f)
+                          [] name = "Fail" -> FailCore(e.l, t, e.f)
+                          [] name = "Extend" -> Extend(e.l, t)
 
 (* The event at the cursor, matched to the spec action it names. *)
 Match(e) ==
     CASE e.a = "StorePut" -> StorePut(e.s)
-      [] e.a = "Put" -> Put(e.s)
-      [] e.a = "DedupRefused" -> Reput(e.s)
-      [] e.a = "Acquire" -> e.l \\in Consumers /\\ queue # <<>> /\\ Head(queue) = e.s /\\ Acquire(e.l)
-      [] e.a = "Ack" -> e.l \\in Consumers /\\ \\E t \\in held[e.l] :
-                            t[1] = e.s /\\ CanFire("Ack", t[1], t[2]) /\\ Ack(e.l, t)
-      [] e.a = "Fail" -> e.l \\in Consumers /\\ \\E t \\in held[e.l] :
-                            t[1] = e.s /\\ CanFire("Fail", t[1], t[2]) /\\ Fail(e.l, t) /\\ status'[e.s] = e.o
-      [] e.a = "Reclaim" -> e.l \\in Consumers /\\ <<e.s, deliveries[e.s]>> \\in held[e.l]
-                            /\\ Reclaim(e.s) /\\ status'[e.s] = e.o
-      [] e.a = "Extend" -> e.l \\in Consumers /\\ \\E t \\in held[e.l] :
-                            t[1] = e.s /\\ CanFire("Extend", t[1], t[2]) /\\ Extend(e.l, t)
-      [] e.a = "StaleRejected" -> UNCHANGED vars
-      [] e.a = "Resident" -> {{s \\in resident : status[s] # "stored"}} = e.obs /\\ UNCHANGED vars
+      [] e.a = "StoreGet" -> \\E c \\in Consumers : Get(c, e.s)
+      [] e.a = "StoreRelease" -> \\E c \\in Consumers : e.s \\in handles[c] /\\ Release(c, e.s)
+      [] e.a = "StoreScrub" -> status[e.s] \\in Terminal \\cup {{"discarded"}} /\\ UNCHANGED vars
+      [] e.a = "Put" -> Chk(e.n, 0) /\\ Put(e.s)
+      [] e.a = "DedupRefused" -> Reput(e.s) /\\ UNCHANGED vars
+      [] e.a = "Acquire" -> e.l \\in Consumers /\\ queue # <<>> /\\ Head(queue) = e.s /\\ Chk(e.n, deliveries[e.s])
+                            /\\ Acquire(e.l)
+      [] e.a = "Ack" -> Settles(e, "Ack") /\\ UNCHANGED <<lifecycle, envVars>>
+      [] e.a = "Fail" -> Settles(e, "Fail") /\\ UNCHANGED <<lifecycle, envVars>> /\\ status'[e.s] = e.o
+      [] e.a = "Reclaim" -> e.l \\in Consumers /\\ <<e.s, deliveries[e.s]>> \\in held[e.l] /\\ Chk(e.n, deliveries[e.s])
+                            /\\ ReclaimCore(e.s, e.f) /\\ UNCHANGED <<lifecycle, envVars>> /\\ status'[e.s] = e.o
+      [] e.a = "DeadLetter" -> status[e.s] = "dead" /\\ Chk(e.n, deliveries[e.s]) /\\ UNCHANGED vars
+      [] e.a = "Extend" -> Settles(e, "Extend")
+      [] e.a = "StaleRejected" -> NotLive(e) /\\ UNCHANGED vars
+      [] e.a = "Resident" -> (IF Exact[tr] THEN resident ELSE {{s \\in resident : status[s] # "stored"}}) = e.obs
+                             /\\ UNCHANGED vars
       [] e.a = "Pause" -> Pause
       [] e.a = "Resume" -> Resume
       [] e.a = "Close" -> Close
       [] e.a = "Drain" -> Drain
+      [] e.a = "ScrubFault" -> e.s \\in backlog /\\ UNCHANGED vars
+      [] e.a = "ScrubRetried" -> RetryScrub(e.s, FALSE)
+      [] e.a = "RetryFault" -> RetryScrub(e.s, TRUE)
+      [] e.a = "RetainFault" -> status[e.s] = "stored" /\\ lifecycle = "open" /\\ FaultOnly
+      [] e.a = "UnretainFault" -> /\\ Fault /\\ retained' = retained \\cup {{e.s}} /\\ backlog' = backlog \\cup {{e.s}}
+                                  /\\ UNCHANGED <<status, queue, deliveries, lease, held, handles, resident, hcount,
+                                                 residentBytes, bp, lifecycle, window, envVars>>
+      [] e.a = "OtherFault" -> FaultOnly
       [] OTHER -> FALSE
 
-TraceInit == tr \\in 1..Len(Log) /\\ i = 1 /\\ Init
-TraceNext == i <= Len(Log[tr]) /\\ Match(Log[tr][i]) /\\ i' = i + 1 /\\ UNCHANGED tr
-TraceSpec == TraceInit /\\ [][TraceNext]_<<vars, tr, i>>
+(* The state the event reports it left: counts and residency of the spec's next state. *)
+(* Without the store's events (Exact[tr] false) the store may hold samples the trace never names: *)
+(* resident bytes are then checked as a lower bound.                                              *)
+Values(e) ==
+    /\\ Chk(e.pend, Len(queue')) /\\ Chk(e.out, Leased(status'))
+    /\\ IF Known(e.rb) /\\ ~Exact[tr] THEN e.rb >= residentBytes' ELSE Chk(e.rb, residentBytes')
 
-(* Both "invariants" are reports: TraceMatched breaks when trace tr is fully consumed (admitted), *)
-(* TraceStuck when no spec action matches event i of trace tr.                                   *)
-TraceMatched == i <= Len(Log[tr])
-TraceStuck == ~(i <= Len(Log[tr]) /\\ ~ENABLED TraceNext)
+(* The clock never goes back; Acquire sets the deadline to the call's clock + the visibility timeout; *)
+(* Extend only a lease not yet expired, to a deadline not in the past; Reclaim only at/after it.     *)
+Time(e) ==
+    /\\ IF Known(e.now) THEN e.now >= clock /\\ clock' = e.now ELSE clock' = clock
+    /\\ CASE e.a = "Acquire" ->
+              /\\ Known(e.dl) /\\ Known(VisibilityTicks) =>
+                    /\\ Known(clock) => e.dl >= clock + VisibilityTicks - Slack
+                    /\\ Known(e.now) => e.dl <= e.now + VisibilityTicks + Slack
+              /\\ dl' = [dl EXCEPT ![e.l] = e.dl]
+          [] e.a = "Extend" ->
+              /\\ Known(dl[e.l]) => dl[e.l] > clock
+              /\\ Known(e.dl) => e.dl >= clock
+              /\\ dl' = [dl EXCEPT ![e.l] = e.dl]
+          [] e.a = "Reclaim" ->
+              /\\ Known(e.dl) /\\ Known(dl[e.l]) => e.dl = dl[e.l]
+              /\\ LET due == IF Known(e.dl) THEN e.dl ELSE dl[e.l] IN Known(due) /\\ Known(e.now) => e.now >= due
+              /\\ UNCHANGED dl
+          [] OTHER -> UNCHANGED dl
+
+TraceInit == tr \\in 1..Len(Log) /\\ i = 1 /\\ clock = Unknown /\\ dl = [l \\in TraceConsumers |-> Unknown] /\\ Init
+TraceNext == i <= Len(Log[tr]) /\\ LET e == Log[tr][i] IN
+                Match(e) /\\ Values(e) /\\ Time(e) /\\ i' = i + 1 /\\ UNCHANGED tr
+TraceSpec == TraceInit /\\ [][TraceNext]_<<vars, traceVars>>
+
+(* The verdicts, printed rather than raised as violations (a violation would print the whole behaviour): *)
+(* "matched" when trace tr is fully consumed, "stuck" when no spec action matches its event i.          *)
+TraceReport ==
+    /\\ i > Len(Log[tr]) => PrintT(<<"matched", tr>>)
+    /\\ i <= Len(Log[tr]) /\\ ~ENABLED TraceNext => PrintT(<<"stuck", tr, i>>)
 ====
 """
 
@@ -234,22 +511,17 @@ CONSTANTS
     LowWatermark = {low}
     MaxHeld = 1
     SampleBytes = {sample_bytes}
+    MaxFaults = {faults}
     BugStaleRelease = FALSE
     BugNoScrub = FALSE
     BugNoDedup = FALSE
     BugNoDeliveryLimit = FALSE
     BugNoReaper = FALSE
-INVARIANTS
-    TraceMatched
-    TraceStuck
+INVARIANT
+    TraceReport
 """
 
-_REPORT = re.compile(r"Error: Invariant (TraceMatched|TraceStuck) is violated\.(.*?)(?=Error: Invariant|\Z)", re.S)
-
-
-def _last_value(block: str, name: str) -> int:
-    values = re.findall(rf"/\\ {name} = (\d+)", block)
-    return int(values[-1]) if values else 0
+_REPORT = re.compile(r'^<<"(matched|stuck)", (\d+)(?:, (\d+))?>>$', re.M)
 
 
 def validate_traces(
@@ -258,25 +530,31 @@ def validate_traces(
     """Validate every trace in one TLC run; one ``TraceResult`` per trace, in order.
 
     Raises ``ToolMissing`` without Java/TLC, ``ValueError`` for an unknown
-    event, ``RuntimeError`` when TLC fails for a reason other than a verdict.
+    event or a malformed value, ``RuntimeError`` when TLC fails for a reason
+    other than a verdict.
     """
+    traces = [list(trace) for trace in traces]
     all_steps = [_steps(trace, constants.sample_bytes) for trace in traces]
     if not all_steps:
         return []
-    samples = sorted({step.sample for steps in all_steps for step in steps if step.sample})
+    samples = sorted({s for steps in all_steps for step in steps for s in (step.sample, *step.observed) if s})
     consumers = max((step.lease for steps in all_steps for step in steps), default=0)
-    empty = '[a |-> "End", s |-> "", l |-> 0, o |-> "", obs |-> {}]'
+    faults = max(sum(action == events.STORE_FAULT for action, _ in trace) for trace in traces)
+    empty = _record(_Step("End"))
     log = ",\n".join(f"  <<{', '.join(map(_record, steps)) if steps else empty}>>" for steps in all_steps)
+    vt = constants.visibility_timeout
     module = _TRACE_MODULE.format(
         count=len(all_steps),
         samples="{" + ", ".join(map(_tla_string, samples or ["none"])) + "}",
         consumers=f"1..{max(consumers, 1)}",
+        visibility=UNKNOWN if vt is None else round(vt * TICKS_PER_SECOND),
         log=log,
+        exact=", ".join("TRUE" if _stores_traced(trace) else "FALSE" for trace in traces),
     )
     high = constants.high_watermark if constants.high_watermark is not None else 1 << 30
     low = constants.low_watermark if constants.low_watermark is not None else 0
     config = _TRACE_CONFIG.format(
-        max_deliveries=constants.max_deliveries, high=high, low=low, sample_bytes=constants.sample_bytes
+        max_deliveries=constants.max_deliveries, high=high, low=low, sample_bytes=constants.sample_bytes, faults=faults
     )
     with tempfile.TemporaryDirectory(prefix="featurestream-trace-") as scratch:
         module_path = Path(scratch) / "LeaseQueueTrace.tla"
@@ -289,19 +567,16 @@ def validate_traces(
             main_module=module_path.name,
             workers=1,
             timeout=timeout,
-            extra_args=["-continue"],
         )
-    reports = _REPORT.findall(result.output)
-    if not reports and not result.ok:
+    if not result.ok:
         raise RuntimeError(f"TLC failed on the trace module: {result.error}\n{result.output[-3000:]}")
     admitted: set[int] = set()
     furthest: dict[int, int] = {}
-    for name, block in reports:
-        tr, i = _last_value(block, "tr"), _last_value(block, "i")
-        if name == "TraceMatched":
-            admitted.add(tr)
+    for name, tr, i in _REPORT.findall(result.output):
+        if name == "matched":
+            admitted.add(int(tr))
         else:
-            furthest[tr] = max(furthest.get(tr, 0), i)
+            furthest[int(tr)] = max(furthest.get(int(tr), 0), int(i))
     verdicts = []
     for number, steps in enumerate(all_steps, start=1):
         if number in admitted or not steps:

@@ -1,0 +1,204 @@
+"""Trace validation checks VALUES: hand-written traces whose event fields are right are admitted, and each
+seeded wrong value (redelivery count, pending/outstanding count, resident bytes, deadline, clock, a live lease
+rejected as stale) makes TLC stop at exactly that event.
+
+The traces carry every field the queues emit (``n``, ``pending``, ``outstanding``, ``resident_bytes``, ``now``,
+``deadline``) plus the store events of ``TraceRecorder.wrap``. All go to one TLC run.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from featurestream.core import events
+from featurestream.spec.trace import (
+    STORE_GET,
+    STORE_PUT,
+    STORE_RELEASE,
+    STORE_SCRUB,
+    TraceConstants,
+    TraceResult,
+    validate_traces,
+)
+
+pytestmark = pytest.mark.timeout(600)
+
+Event = tuple[str, dict[str, object]]
+SIZE = 10  # bytes per sample
+VT = 10.0  # visibility timeout, seconds
+CONSTANTS = TraceConstants(max_deliveries=2, sample_bytes=SIZE, high_watermark=3 * SIZE, low_watermark=SIZE,
+                           visibility_timeout=VT)  # fmt: skip
+
+
+def ev(action: str, **fields: object) -> Event:
+    return (action, fields)
+
+
+def redelivery() -> list[Event]:
+    """x0 is failed, redelivered, reclaimed at its deadline and dead-lettered; a stale ack of the first lease."""
+    return [
+        ev(STORE_PUT, sample_id="x0"),
+        ev(events.PUT, sample_id="x0", n=0, pending=1, outstanding=0, now=0.0),
+        ev(events.ACQUIRE, sample_id="x0", lease_id=101, n=0, pending=0, outstanding=1, now=0.0, deadline=10.0),
+        ev(STORE_GET, sample_id="x0", handle_id=1),
+        ev(events.FAIL, sample_id="x0", lease_id=101, n=0, pending=1, outstanding=0, now=1.0),
+        ev(events.STALE_REJECTED, op="ack", lease_id=101, sample_id="x0", n=0, pending=1, outstanding=0, now=1.5),
+        ev(STORE_RELEASE, sample_id="x0", handle_id=1),
+        ev(events.ACQUIRE, sample_id="x0", lease_id=102, n=1, pending=0, outstanding=1, now=2.0, deadline=12.0),
+        ev(events.EXTEND, sample_id="x0", lease_id=102, n=1, pending=0, outstanding=1, now=3.0, deadline=13.0),
+        ev(events.RESIDENT, samples=["x0"], resident_bytes=SIZE),
+        ev(events.RECLAIM, sample_id="x0", lease_id=102, n=1, pending=0, outstanding=0, now=13.0, deadline=13.0),
+        ev(events.DEAD_LETTER, sample_id="x0", n=1, pending=0, outstanding=0, now=13.0),
+        ev(STORE_SCRUB, sample_id="x0"),
+        ev(events.STALE_REJECTED, op="fail", lease_id=102, sample_id="x0", n=1, pending=0, outstanding=0, now=14.0),
+        ev(events.RESIDENT, samples=[], resident_bytes=0),
+    ]
+
+
+def backpressure() -> list[Event]:
+    """Three stored samples pause the producer at the high watermark; acks bring it down to the low one."""
+    trace = [ev(STORE_PUT, sample_id=f"b{k}") for k in range(3)]
+    trace += [ev(events.PAUSE, resident_bytes=3 * SIZE, pending=0, outstanding=0, now=0.0)]
+    trace += [
+        ev(events.PUT, sample_id="b0", n=0, pending=1, outstanding=0, now=0.0, resident_bytes=3 * SIZE),
+        ev(events.ACQUIRE, sample_id="b0", lease_id=7, n=0, pending=0, outstanding=1, now=0.0, deadline=10.0),
+        ev(events.ACK, sample_id="b0", lease_id=7, n=0, pending=0, outstanding=0, now=0.5),
+        ev(STORE_SCRUB, sample_id="b0"),
+        ev(events.RESIDENT, samples=["b1", "b2"], resident_bytes=2 * SIZE),
+        ev(events.PUT, sample_id="b1", n=0, pending=1, outstanding=0, now=0.5, resident_bytes=2 * SIZE),
+        ev(events.ACQUIRE, sample_id="b1", lease_id=8, n=0, pending=0, outstanding=1, now=0.5, deadline=10.5),
+        ev(events.ACK, sample_id="b1", lease_id=8, n=0, pending=0, outstanding=0, now=0.6),
+        ev(STORE_SCRUB, sample_id="b1"),
+        ev(events.RESUME, resident_bytes=SIZE, pending=0, outstanding=0, now=0.7),
+        ev(events.PUT, sample_id="b2", n=0, pending=1, outstanding=0, now=0.7, resident_bytes=SIZE),
+    ]
+    return trace
+
+
+def scrub_fault() -> list[Event]:
+    """An ack whose scrub fails stands; the re-put is refused; the retried scrub frees the bytes."""
+    return [
+        ev(STORE_PUT, sample_id="x0"),
+        ev(events.PUT, sample_id="x0", n=0, pending=1, outstanding=0, now=0.0),
+        ev(events.ACQUIRE, sample_id="x0", lease_id=5, n=0, pending=0, outstanding=1, now=0.0, deadline=10.0),
+        ev(events.ACK, sample_id="x0", lease_id=5, n=0, pending=0, outstanding=0, now=1.0),
+        ev(events.STORE_FAULT, call="scrub", sample_id="x0", error="OSError(5)", pending=0, outstanding=0, now=1.0),
+        ev(events.RESIDENT, samples=["x0"], resident_bytes=SIZE),
+        ev(events.DEDUP_REFUSED, sample_id="x0", pending=0, outstanding=0, now=2.0),
+        ev(events.STORE_FAULT, call="scrub", sample_id="x0", error="OSError(5)", pending=0, outstanding=0, now=3.0),
+        ev(STORE_SCRUB, sample_id="x0"),
+        ev(events.SCRUB_RETRIED, call="scrub", sample_id="x0", pending=0, outstanding=0, now=4.0),
+        ev(events.RESIDENT, samples=[], resident_bytes=0),
+        ev(events.CLOSE, pending=0, outstanding=0, now=5.0),
+        ev(events.DRAIN, pending=0, outstanding=0, now=5.0),
+    ]
+
+
+def batch() -> list[Event]:
+    """put/acquire_many/ack_many: one call is traced as several consecutive per-item events."""
+    ids = ["m0", "m1", "m2"]
+    trace = [ev(STORE_PUT, sample_id=s) for s in ids]
+    trace += [ev(events.PUT, sample_id=s, n=0, pending=k + 1, outstanding=0, now=0.0) for k, s in enumerate(ids)]
+    trace += [
+        ev(events.ACQUIRE, sample_id=s, lease_id=20 + k, n=0, pending=2 - k, outstanding=k + 1, now=1.0, deadline=11.0)
+        for k, s in enumerate(ids)
+    ]
+    trace += [ev(events.ACK, sample_id=s, lease_id=20 + k, n=0, pending=0, outstanding=2 - k, now=2.0)
+              for k, s in enumerate(ids[:2])]  # fmt: skip
+    trace += [ev(STORE_SCRUB, sample_id=s) for s in ids[:2]]  # ack_many: the scrubs after the whole batch
+    trace += [
+        ev(events.ACK, sample_id="m2", lease_id=22, n=0, pending=0, outstanding=0, now=2.0),
+        ev(STORE_SCRUB, sample_id="m2"),
+        ev(events.RESIDENT, samples=[], resident_bytes=0),
+    ]
+    return trace
+
+
+def forged_copy() -> list[Event]:
+    """A copy of a live lease object is rejected as forged: admitted because the event says so."""
+    return [
+        ev(STORE_PUT, sample_id="x0"),
+        ev(events.PUT, sample_id="x0", n=0, pending=1, outstanding=0, now=0.0),
+        ev(events.ACQUIRE, sample_id="x0", lease_id=9, n=0, pending=0, outstanding=1, now=0.0, deadline=10.0),
+        ev(events.STALE_REJECTED, op="ack", lease_id=9, sample_id="x0", n=0, forged=True, pending=0, outstanding=1),
+        ev(events.STALE_REJECTED, op="extend", lease_id=12345, pending=0, outstanding=1),  # a made-up id
+    ]
+
+
+def replace(trace: list[Event], index: int, rename: str | None = None, **changes: object) -> list[Event]:
+    """``trace`` with event ``index`` renamed to ``rename`` and its fields changed (``None`` removes a field)."""
+    action, fields = trace[index]
+    action = rename or action
+    merged = {**fields, **changes}
+    return [*trace[:index], (action, {k: v for k, v in merged.items() if v is not None}), *trace[index + 1 :]]
+
+
+def insert(trace: list[Event], index: int, event: Event) -> list[Event]:
+    return [*trace[:index], event, *trace[index:]]
+
+
+CORRECT = {
+    "redelivery": redelivery(),
+    "backpressure": backpressure(),
+    "scrub fault": scrub_fault(),
+    "batch": batch(),
+    "forged copy": forged_copy(),
+    # Old traces without the value fields still validate: a missing field is not checked.
+    "no values": [
+        (a, {k: v for k, v in f.items() if k in ("sample_id", "lease_id", "op", "samples")}) for a, f in redelivery()
+    ],
+}
+# A stale fail of the first (settled) lease, when the second one's deadline (12.0) has passed.
+LATE_STALE = ev(events.STALE_REJECTED, op="fail", lease_id=101, sample_id="x0", n=0, pending=0, outstanding=1, now=12.2)
+LIVE_STALE = ev(events.STALE_REJECTED, op="ack", lease_id=102, sample_id="x0", n=1, pending=0, outstanding=1, now=2.5)
+# name -> (trace, index of the event TLC must stop at)
+DEFECTS: dict[str, tuple[list[Event], int]] = {
+    "wrong n after a Fail redelivery": (replace(redelivery(), 7, n=0), 7),
+    "pending off by one": (replace(redelivery(), 4, pending=2), 4),
+    "outstanding off by one": (replace(batch(), 7, outstanding=3), 7),
+    "Reclaim before its deadline": (replace(redelivery(), 10, now=12.5), 10),
+    "Reclaim before the traced deadline (no deadline field)": (replace(redelivery(), 10, now=12.5, deadline=None), 10),
+    "Reclaim names another deadline": (replace(redelivery(), 10, deadline=14.0, now=14.0), 10),
+    "StaleRejected of a live lease": (insert(redelivery(), 8, LIVE_STALE), 8),
+    "Acquire deadline is not now + visibility timeout": (replace(redelivery(), 7, deadline=22.0), 7),
+    "Extend of an expired lease": (insert(replace(redelivery(), 8, now=12.5, deadline=22.5), 8, LATE_STALE), 9),
+    "the clock goes back": (replace(redelivery(), 5, now=0.5), 5),
+    "resident bytes off at Pause": (replace(backpressure(), 3, resident_bytes=2 * SIZE), 3),
+    "resident bytes off after a settle": (replace(backpressure(), 8, resident_bytes=3 * SIZE), 8),
+    "wrong n at the dead letter": (replace(redelivery(), 11, n=0), 11),
+    "a Get after the bytes are scrubbed": (insert(redelivery(), 13, ev(STORE_GET, sample_id="x0", handle_id=2)), 13),
+    "bytes gone although the scrub failed": (replace(scrub_fault(), 5, samples=[], resident_bytes=0), 5),
+    "a re-put accepted after a failed scrub": (replace(scrub_fault(), 6, events.PUT, n=0, pending=1), 6),
+}
+
+
+def test_correct_values_are_admitted_and_each_seeded_wrong_value_is_rejected_at_its_event(
+    tlc_available: None,
+) -> None:
+    traces = [*CORRECT.values(), *(trace for trace, _ in DEFECTS.values())]
+    results = validate_traces(traces, CONSTANTS)
+    print(f"one TLC run for {len(traces)} hand-written traces: {results[0].tlc.seconds:.1f} s")
+    for name, result in zip(CORRECT, results, strict=False):
+        assert result.admitted, (name, result.explain())
+    for (name, (_, index)), result in zip(DEFECTS.items(), results[len(CORRECT) :], strict=True):
+        print(f"{name}: {result.explain()}")
+        assert not result.admitted, name
+        assert result.stuck_at is not None and result.stuck_at["index"] == index, (name, result.explain())
+    assert {events.PAUSE, events.RESUME} <= {action for action, _ in CORRECT["backpressure"]}
+
+
+def test_reclaim_at_the_deadline_needs_the_queues_clock_not_just_the_events_order(tlc_available: None) -> None:
+    """Without clock fields the same trace is admitted: the time checks come from the values alone."""
+    untimed = [(a, {k: v for k, v in f.items() if k not in ("now", "deadline")}) for a, f in DEFECTS[
+        "Reclaim before its deadline"][0]]  # fmt: skip
+    result: TraceResult = validate_traces([untimed], CONSTANTS)[0]
+    assert result.admitted, result.explain()
+
+
+def test_malformed_values_are_refused_by_name() -> None:
+    with pytest.raises(ValueError, match="pending"):
+        validate_traces([[ev(events.PUT, sample_id="x0", pending=-1)]], CONSTANTS)
+    with pytest.raises(ValueError, match="finite"):
+        validate_traces([[ev(events.PUT, sample_id="x0", now=float("nan"))]], CONSTANTS)
+    with pytest.raises(ValueError, match="visibility_timeout"):
+        TraceConstants(max_deliveries=1, visibility_timeout=0)
