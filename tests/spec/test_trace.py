@@ -9,7 +9,7 @@ from collections.abc import Callable
 import pytest
 
 from core.samples import put_sample
-from featurestream import FeatureStore, LocalFeatureStore, SampleRefQueue, VisibilityTimeout
+from featurestream import FeatureStore, LeaseLost, LocalFeatureStore, SampleRefQueue, VisibilityTimeout
 from featurestream.core.queue import _Record
 from featurestream.spec.trace import (
     STORE_GET,
@@ -195,15 +195,25 @@ def test_correct_trace_is_admitted_and_defect_traces_are_rejected(tlc_available:
 
 
 def test_thread_stress_trace_is_admitted(tlc_available: None) -> None:
-    """Real threads, a real clock and the reaper: whatever interleaving happened, the spec admits it."""
-    store = LocalFeatureStore(max_samples=None)
-    recorder = TraceRecorder()
-    queue = SampleRefQueue(store, VisibilityTimeout(0.02), max_deliveries=3, reaper_interval=0.005, tracer=recorder)
-    samples = 60
+    """Real threads, a real clock, the reaper, and a producer blocked by reachable watermarks: the spec admits
+    whatever interleaving happened, values included (counts, resident bytes, deadlines), with Pause and Resume.
 
-    def produce(offset: int) -> None:
-        for i in range(offset, samples, 2):
-            queue.put(put_sample(store, f"t{i}"))
+    One producer stores and puts (``put_blocks_until_below``) on its own: its health reads then see exactly the
+    store writes traced before them. The consumers start once it has paused.
+    """
+    recorder = TraceRecorder()
+    store = recorder.wrap(LocalFeatureStore(max_samples=None))
+    size = put_sample(LocalFeatureStore(), "probe").estimated_bytes
+    vt = 0.02
+    queue = SampleRefQueue(
+        store, VisibilityTimeout(vt), high_watermark_bytes=4 * size, low_watermark_bytes=2 * size,
+        max_deliveries=3, reaper_interval=0.005, tracer=recorder,
+    )  # fmt: skip
+    samples = 40
+
+    def produce() -> None:
+        for i in range(samples):
+            queue.put_blocks_until_below(put_sample(store, f"t{i}"), poll_interval=0.002)
 
     def consume(seed: int) -> None:
         rng = random.Random(seed)
@@ -217,21 +227,28 @@ def test_thread_stress_trace_is_admitted(tlc_available: None) -> None:
                 try:
                     queue.extend(lease)
                     queue.ack(lease)
-                except Exception:  # LeaseLost: the reaper was faster
+                except LeaseLost:  # the reaper was faster
                     queue.ack(lease)
             # else: this consumer "crashes" on the lease and the reaper reclaims it
 
-    producers = [threading.Thread(target=produce, args=(k,)) for k in range(2)]
+    producer = threading.Thread(target=produce)
     consumers = [threading.Thread(target=consume, args=(k,)) for k in range(3)]
-    for thread in producers + consumers:
+    producer.start()
+    while queue.backpressure_state != "paused" and producer.is_alive():
+        producer.join(0.001)
+    for thread in consumers:
         thread.start()
-    for thread in producers:
-        thread.join()
+    producer.join(timeout=30)
     queue.close()
     for thread in consumers:
         thread.join(timeout=30)
-    assert queue.lifecycle_state == "drained"
-    result: TraceResult = validate_trace(recorder.events, TraceConstants(max_deliveries=3))
+    assert not producer.is_alive() and queue.lifecycle_state == "drained"
+    actions = [action for action, _ in recorder.events]
+    assert actions.count("Pause") >= 1 and actions.count("Resume") >= 1
+    constants = TraceConstants(
+        max_deliveries=3, sample_bytes=size, high_watermark=4 * size, low_watermark=2 * size, visibility_timeout=vt
+    )
+    result: TraceResult = validate_trace(recorder.events, constants)
     print(f"{len(recorder.events)} events: {result.explain()} ({result.tlc.seconds:.1f} s)")
     assert result.admitted, result.explain()
 
