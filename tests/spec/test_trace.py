@@ -256,3 +256,23 @@ def test_thread_stress_trace_is_admitted(tlc_available: None) -> None:
 def test_unknown_events_are_refused_by_name() -> None:
     with pytest.raises(ValueError, match="Teleport"):
         validate_traces([[("Teleport", {})]], TraceConstants(max_deliveries=1))
+
+
+def test_wrapped_store_records_the_calls_that_took_effect_and_forwards_the_rest() -> None:
+    recorder = TraceRecorder()
+    inner = LocalFeatureStore()
+    store = recorder.wrap(inner)
+    ref = put_sample(store, "w0")
+    _, handle = store.get(ref)
+    store.release(handle)
+    store.retain(ref)
+    store.scrub(ref)
+    with pytest.raises(KeyError):
+        store.get(ref)  # scrubbed: the failed get is not a step
+    assert [action for action, _ in recorder.events] == [STORE_PUT, STORE_GET, STORE_RELEASE, STORE_SCRUB]
+    assert recorder.events[1][1] == {"sample_id": "w0", "handle_id": handle.handle_id}
+    assert store.store_uri == inner.store_uri and store.health() == inner.health() and not store.is_resident("w0")
+    recorder.observe_residency(store)
+    assert recorder.events[-1] == ("Resident", {"samples": [], "resident_bytes": 0})
+    with pytest.raises(TypeError, match="FeatureStore"):
+        recorder.wrap(object())  # type: ignore[arg-type]

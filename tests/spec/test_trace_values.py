@@ -94,6 +94,19 @@ def scrub_fault() -> list[Event]:
     ]
 
 
+def retain_fault() -> list[Event]:
+    """A put refused by a failed retain whose unretain fails too: the unretain is owed, retried, then the put."""
+    return [
+        ev(STORE_PUT, sample_id="x1"),
+        ev(events.STORE_FAULT, call="retain", sample_id="x1", error="OSError(5)", pending=0, outstanding=0, now=0.0),
+        ev(events.STORE_FAULT, call="unretain", sample_id="x1", error="OSError(5)", pending=0, outstanding=0, now=0.0),
+        ev(events.STORE_FAULT, call="unretain", sample_id="x1", error="OSError(5)", pending=0, outstanding=0, now=1.0),
+        ev(events.RESIDENT, samples=["x1"], resident_bytes=SIZE),
+        ev(events.SCRUB_RETRIED, call="unretain", sample_id="x1", pending=0, outstanding=0, now=2.0),
+        ev(events.PUT, sample_id="x1", n=0, pending=1, outstanding=0, now=3.0),
+    ]
+
+
 def batch() -> list[Event]:
     """put/acquire_many/ack_many: one call is traced as several consecutive per-item events."""
     ids = ["m0", "m1", "m2"]
@@ -141,6 +154,7 @@ CORRECT = {
     "redelivery": redelivery(),
     "backpressure": backpressure(),
     "scrub fault": scrub_fault(),
+    "retain fault": retain_fault(),
     "batch": batch(),
     "forged copy": forged_copy(),
     # Old traces without the value fields still validate: a missing field is not checked.

@@ -317,7 +317,6 @@ def _steps(trace: Sequence[Event], sample_bytes: int) -> list[_Step]:
     stored: set[str] = set()
     settled: set[str] = set()
     scrub_faults: set[int] = set()  # StoreFault events of a settle's own scrub
-    unretain_faults: set[int] = set()  # StoreFault events of the unretain after a failed retain
     # Leases become consumers 1..n of this trace: small, dense domains keep TLC's states small.
     consumer_of: dict[object, int] = {}
     steps: list[_Step] = []
@@ -370,11 +369,9 @@ def _steps(trace: Sequence[Event], sample_bytes: int) -> list[_Step]:
                 name = "ScrubFault"
             elif call == "retain":
                 name = "RetainFault"
-                if _is(trace, nxt, events.STORE_FAULT, sample, "unretain"):
-                    unretain_faults.add(nxt)  # type: ignore[arg-type]
-            elif index in unretain_faults:
-                name = "UnretainFault"
-            elif call in ("scrub", "unretain"):
+            elif call == "unretain":
+                name = "UnretainFault"  # of a refused put, or of its retry
+            elif call == "scrub":
                 name = "RetryFault"
             else:
                 name = "OtherFault"  # health, gc: nothing changes but the fault count
@@ -421,6 +418,12 @@ Leased(st) == Cardinality({{s \\in Samples : st[s] = "leased"}})
 (* A store fault that changes nothing but the fault count. *)
 FaultOnly == Fault /\\ UNCHANGED <<status, queue, deliveries, lease, held, handles, storeVars, bp, lifecycle,
                                  window, backlog, envVars>>
+(* A put refused after its retain (a retain fault, or close) whose unretain failed too: the queue owes the *)
+(* unretain (as the spec's ClosedRaise with a fault).                                                       *)
+RefusedPutOwed(s) ==
+    /\\ status[s] = "stored" /\\ Fault /\\ retained' = retained \\cup {{s}} /\\ backlog' = backlog \\cup {{s}}
+    /\\ UNCHANGED <<status, queue, deliveries, lease, held, handles, resident, hcount, residentBytes, bp, lifecycle,
+                   window, envVars>>
 (* The lease a StaleRejected event names is not live: never issued, settled or reclaimed -- or a forged copy. *)
 NotLive(e) == IF e.l = 0 \\/ e.f THEN TRUE ELSE \\A t \\in held[e.l] : lease[t[1]][t[2]] # "leased"
 (* A settle of the lease e names (attempt e.n when traced) that consumer e.l holds. *)
@@ -457,9 +460,7 @@ Match(e) ==
       [] e.a = "ScrubRetried" -> RetryScrub(e.s, FALSE)
       [] e.a = "RetryFault" -> RetryScrub(e.s, TRUE)
       [] e.a = "RetainFault" -> status[e.s] = "stored" /\\ lifecycle = "open" /\\ FaultOnly
-      [] e.a = "UnretainFault" -> /\\ Fault /\\ retained' = retained \\cup {{e.s}} /\\ backlog' = backlog \\cup {{e.s}}
-                                  /\\ UNCHANGED <<status, queue, deliveries, lease, held, handles, resident, hcount,
-                                                 residentBytes, bp, lifecycle, window, envVars>>
+      [] e.a = "UnretainFault" -> IF e.s \\in backlog THEN RetryScrub(e.s, TRUE) ELSE RefusedPutOwed(e.s)
       [] e.a = "OtherFault" -> FaultOnly
       [] OTHER -> FALSE
 
