@@ -35,6 +35,23 @@ def test_round_trip_keeps_every_field_and_feature_order(ref: SampleRef) -> None:
     assert ref_from_json(ref_to_json(ref).encode()) == ref
 
 
+def test_encoding_is_canonical_json(ref: SampleRef) -> None:
+    """The fast encoder writes exactly what json writes for the schema's objects (field order, no spaces)."""
+    text = ref_to_json(ref)
+    assert json.dumps(json.loads(text), separators=(",", ":"), ensure_ascii=False) == text
+    dead = dead_letter_to_json(DeadLetter(ref, "expired 2 times", 2))
+    assert json.dumps(json.loads(dead), separators=(",", ":"), ensure_ascii=False) == dead
+
+
+def test_non_canonical_text_is_decoded_strictly(ref: SampleRef) -> None:
+    """Text from another writer (spaces, other key order) decodes through the strict path, to the same ref."""
+    obj = json.loads(ref_to_json(ref))
+    assert ref_from_json(json.dumps(dict(reversed(obj.items())), indent=2)) == ref
+    duplicated = ref_to_json(ref).replace('"run_id":"run-7"', '"run_id":"x","run_id":"run-7"')
+    with pytest.raises(ValueError, match="duplicate key 'run_id'"):
+        ref_from_json(duplicated)
+
+
 def test_dead_letter_round_trip(ref: SampleRef) -> None:
     dead = DeadLetter(ref, "failed 3 times (max_deliveries=3)", 3)
     assert dead_letter_from_json(dead_letter_to_json(dead)) == dead

@@ -39,8 +39,8 @@ at the start of this instance's later calls and by its reaper thread.
 from __future__ import annotations
 
 import collections
-import contextlib
 import dataclasses
+import itertools
 import logging
 import math
 import os
@@ -48,7 +48,7 @@ import secrets
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from typing import Any, NoReturn
 
 try:
@@ -92,6 +92,9 @@ _ACTIONS = {
 }
 
 _RETRYABLE = (redis.ConnectionError, redis.TimeoutError)
+
+# The functions that report settles from the ``retired`` feed to a producing caller.
+_FEEDING = frozenset({"put", "put_many", "reclaim"})
 
 # QueueStats fields this instance keeps itself (store faults are per process); the rest are queue-wide.
 _LOCAL_STATS = ("store_errors", "scrub_backlog")
@@ -220,6 +223,11 @@ class RedisSampleRefQueue:
         # sample id -> (store call, ref) this instance still owes its store: a scrub or unretain that raised.
         self._owed: collections.OrderedDict[str, tuple[str, SampleRef]] = collections.OrderedDict()
         self._reaper_stop = threading.Event()
+        self._op = _Operation(self)
+        # Put tokens and lease tokens: this instance's random prefix and a counter (unique, and unknown to
+        # other processes; cheaper than fresh randomness per call).
+        self._token_prefix = secrets.token_hex(8)
+        self._token_counter = itertools.count()
 
         self._owns_client = client is None
         if client is None:
@@ -227,6 +235,10 @@ class RedisSampleRefQueue:
         self._redis: redis.Redis = client
         self.name = name
         self._reconnect_timeout = reconnect_timeout
+        self._functions = {script: self._library.function(script) for script in functions.FUNCTIONS}
+        # The header's fixed middle and end (see _header; the feed cursor goes between them).
+        self._settings = f"\t{max_deliveries}\t{dedup_window}\t"
+        self._trace_flag = "\t1" if tracer is not None else "\t"
         self._prefix = f"featurestream:{{{name}}}:"
         self._key = {key: self._prefix + key for key in functions.KEY_NAMES}
         self._load_library()
@@ -266,7 +278,7 @@ class RedisSampleRefQueue:
         whose reply was lost is not refused as its own duplicate).
         """
         self._check_ref(ref)
-        with self._operation():
+        with self._op:
             self._put_locked(ref)
 
     def put_many(self, refs: Iterable[SampleRef]) -> None:
@@ -286,7 +298,7 @@ class RedisSampleRefQueue:
             seen.add(ref.sample_id)
         if not batch:
             return
-        with self._operation():
+        with self._op:
             self._put_batch_locked(batch)
 
     def put_blocks_until_below(
@@ -314,7 +326,7 @@ class RedisSampleRefQueue:
         while True:
             if abort_when is not None and abort_when():
                 raise RuntimeError(f"put of sample {ref.sample_id!r} aborted: abort_when() returned True")
-            with self._operation():
+            with self._op:
                 if self._backpressure.state == "flowing" and not self._should_pause(self._read_health(ref)):
                     # Flowing and staying so: the put function itself reaps and checks the lifecycle.
                     self._put_locked(ref)
@@ -398,7 +410,7 @@ class RedisSampleRefQueue:
         extra = self._vt.seconds if seconds is None else seconds
         check_seconds("seconds", extra, positive=True)
         key, token, _ = self._proof(lease)
-        with self._operation():
+        with self._op:
             status, reply_events, *rest = self._run("extend", key, token, repr(float(extra)))
             self._apply(reply_events)
             if _text(status) == "ok":
@@ -414,7 +426,7 @@ class RedisSampleRefQueue:
         """Redeliver (or dead-letter) every lease past its deadline, whoever held it; return how many."""
         total = 0
         while True:
-            with self._operation():
+            with self._op:
                 _, reply_events, count, *_ = self._run("reclaim")
                 self._apply(reply_events)
             total += int(count)
@@ -428,7 +440,7 @@ class RedisSampleRefQueue:
 
         ``acquire`` drains what is held, then returns ``None``.
         """
-        with self._operation():
+        with self._op:
             _, reply_events = self._run("close")
             self._apply(reply_events)
             self._not_full.notify_all()
@@ -512,27 +524,42 @@ class RedisSampleRefQueue:
             raise
 
     def _run(self, script: str, *args: str | int | bytes) -> Any:
-        """Call one library function with the shared header (now, max_deliveries, dedup_window, feed cursor)."""
-        function = self._library.function(script)
-        feeds = self._producing and script in ("put", "put_many", "reclaim")
+        """Call one library function with the shared header (now, max_deliveries, dedup_window, feed cursor, trace).
 
-        def call() -> Any:
-            self._sent_now = None if self._server_time else float(self._clock())
-            now = "" if self._sent_now is None else repr(self._sent_now)
+        The first attempt goes straight to the server (the hot path); a connection error, or a server that lost
+        the library, takes the slow path that retries and reloads.
+        """
+        try:
+            return self._redis.fcall(self._functions[script], 1, self._prefix, self._header(script), *args)
+        except _RETRYABLE:
+            pass
+        except redis.ResponseError as exc:
+            if "function not found" not in str(exc).lower():
+                raise
+        return self._retrying(self._call_reloading, script, args)
+
+    def _header(self, script: str) -> str:
+        if self._server_time:
+            self._sent_now = None
+            now = ""
+        else:
+            self._sent_now = float(self._clock())
+            now = repr(self._sent_now)
+        if self._producing and script in _FEEDING:
             # Holding no unsettled puts, this instance needs no settles from before now, only the newest id.
-            cursor = (self._feed_cursor if self._mine else "$") if feeds else ""
-            trace = "1" if self._tracer is not None else ""
-            header = f"{now}\t{self.max_deliveries}\t{self.dedup_window}\t{cursor}\t{trace}"
-            try:
-                return self._redis.fcall(function, 1, self._prefix, header, *args)
-            except redis.ResponseError as exc:
-                if "function not found" not in str(exc).lower():
-                    raise
-            # A server restarted without persistence, or FUNCTION FLUSHed: load the library again.
-            self._load_library()
-            return self._redis.fcall(function, 1, self._prefix, header, *args)
+            return f"{now}{self._settings}{self._feed_cursor if self._mine else '$'}{self._trace_flag}"
+        return f"{now}{self._settings}{self._trace_flag}"
 
-        return self._retrying(call)
+    def _call_reloading(self, script: str, args: tuple[str | int | bytes, ...]) -> Any:
+        function = self._functions[script]
+        try:
+            return self._redis.fcall(function, 1, self._prefix, self._header(script), *args)
+        except redis.ResponseError as exc:
+            if "function not found" not in str(exc).lower():
+                raise
+        # A server restarted without persistence, or FUNCTION FLUSHed: load the library again.
+        self._load_library()
+        return self._redis.fcall(function, 1, self._prefix, self._header(script), *args)
 
     def _retrying(self, call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Call ``call``, retrying with backoff while Redis is unreachable, for up to ``reconnect_timeout``.
@@ -597,8 +624,7 @@ class RedisSampleRefQueue:
         """Put ``ref``; with ``if_idle`` only into an empty queue (``False``: it was not, nothing changed)."""
         self._retain([ref])
         wire = ref_to_json(ref).encode()
-        token = secrets.token_hex(8)
-        status, reply_events, *rest = self._run("put", ref.sample_id, wire, token, "1" if if_idle else "")
+        status, reply_events, *rest = self._run("put", ref.sample_id, wire, self._token(), "1" if if_idle else "")
         self._apply(reply_events)
         status = _text(status)
         if status == "ok":
@@ -615,7 +641,7 @@ class RedisSampleRefQueue:
         items: list[str | bytes] = []
         for ref, wire in zip(batch, wires, strict=True):
             items += [ref.sample_id, wire]
-        status, reply_events, *rest = self._run("put_many", secrets.token_hex(8), *items)
+        status, reply_events, *rest = self._run("put_many", self._token(), *items)
         self._apply(reply_events)
         status = _text(status)
         if status == "ok":
@@ -641,6 +667,10 @@ class RedisSampleRefQueue:
             f"sample {ref.sample_id!r} was already {_text(outcome[0])}; re-puts of settled samples are refused "
             "(discard the duplicate from the store)"
         )
+
+    def _token(self) -> str:
+        """A fresh token (the server appends an item number to it for the leases or puts of a batch)."""
+        return f"{self._token_prefix}{next(self._token_counter)}."
 
     def _remember(self, ref: SampleRef, wire: bytes) -> None:
         self._mine[ref.sample_id] = ref
@@ -683,8 +713,8 @@ class RedisSampleRefQueue:
         """Up to ``n`` leases from one server call, waiting server-side up to ``wait`` seconds for the first."""
         give_up = time.monotonic() + wait
         while True:
-            base = secrets.token_hex(8)
-            with self._operation():
+            base = self._token()
+            with self._op:
                 status, reply_events, *rest = self._run("acquire", repr(float(self._vt.seconds)), base, n)
                 self._apply(reply_events)
                 status = _text(status)
@@ -743,7 +773,7 @@ class RedisSampleRefQueue:
         if not leases:
             return
         proofs = [self._proof(lease) for lease in leases]
-        with self._operation():
+        with self._op:
             statuses, reply_events = self._run(trigger, *(part for proof in proofs for part in proof))
             self._apply(reply_events)
             for lease, (_, token, sample_id), raw in zip(leases, proofs, statuses, strict=True):
@@ -769,7 +799,7 @@ class RedisSampleRefQueue:
     def _apply(self, reply_events: list[Any]) -> None:
         """Trace the server's events in order, scrub settled samples here, queue the dead-letter callbacks.
 
-        Called inside ``_operation`` (lock held), so one instance's trace follows the server's order. A store
+        Called inside ``self._op`` (lock held), so one instance's trace follows the server's order. A store
         fault while scrubbing is owed, never raised: it belongs to a sample, not to this caller.
         """
         for index in range(0, len(reply_events), 3):
@@ -840,22 +870,6 @@ class RedisSampleRefQueue:
         """Whether the reaper has nothing left to do here: the queue drained and no store call owed."""
         return self.lifecycle_state == "drained" and not self._owed
 
-    @contextlib.contextmanager
-    def _operation(self) -> Iterator[None]:
-        """Hold the lock for the body (after retrying owed store calls); then, even if it raised,
-        run queued callbacks and the store's gc."""
-        outbox: list[tuple[Callable[..., None], object]] = []
-        try:
-            with self._lock:
-                try:
-                    if self._owed:
-                        self._pay_owed()
-                    yield
-                finally:
-                    outbox, self._outbox = self._outbox, []
-        finally:
-            self._after(outbox)
-
     def _after(self, outbox: list[tuple[Callable[..., None], object]]) -> None:
         for callback, argument in outbox:
             try:
@@ -867,6 +881,35 @@ class RedisSampleRefQueue:
         except Exception as exc:
             with self._lock:
                 self._store_fault("gc", None, exc)
+
+
+class _Operation:
+    """``with queue._op:`` -- hold the queue's lock for one operation (after retrying owed store calls); then,
+    even if the body raised, release it and run the queued callbacks and the store's gc outside it.
+
+    One reusable object per queue instead of a generator context manager: every call pays for this.
+    """
+
+    __slots__ = ("_queue",)
+
+    def __init__(self, queue: RedisSampleRefQueue) -> None:
+        self._queue = queue
+
+    def __enter__(self) -> None:
+        queue = self._queue
+        queue._lock.acquire()
+        if queue._owed:
+            try:
+                queue._pay_owed()
+            except BaseException:
+                queue._lock.release()
+                raise
+
+    def __exit__(self, *exc_info: object) -> None:
+        queue = self._queue
+        outbox, queue._outbox = queue._outbox, []
+        queue._lock.release()
+        queue._after(outbox)
 
 
 def _no_callback(health: StoreHealth) -> None:

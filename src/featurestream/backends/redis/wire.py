@@ -72,29 +72,56 @@ _REF_FIELDS = {
 }
 _FEATURE_FIELDS = {"name": str, "key": str, "shape": list, "dtype": str}
 _DEAD_FIELDS = {"ref": dict, "reason": str, "deliveries": int}
-# One encoder for every call: ``json.dumps`` with options would build a new one each time.
-_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+# JSON string literal of a str, as JSONEncoder(ensure_ascii=False) writes it (the C implementation).
+_STRING = json.encoder.encode_basestring
+# The encoded tail of a feature object by spec (',"shape":[...],"dtype":"..."}'): a run repeats a few specs.
+_SPEC_JSON: dict[FeatureSpec, str] = {}
 # Decoded specs by (dtype name, *shape): FeatureSpec is immutable, and a run repeats a few shapes many times.
 _SPEC_CACHE: dict[tuple[object, ...], FeatureSpec] = {}
 _SPEC_CACHE_LIMIT = 4096
 
 
 def ref_to_json(ref: SampleRef) -> str:
-    """Encode ``ref`` (features in ``feature_names()`` order); ``ValueError`` for a dtype not in ``DTYPES``."""
+    """Encode ``ref`` canonically: the schema's field order, features in ``feature_names()`` order, no spaces.
+
+    ``ValueError`` for a dtype not in ``DTYPES``. Built from cached pieces rather than through a dict and
+    ``json``: a producer encodes every ref it puts.
+    """
     if not isinstance(ref, SampleRef):
         raise TypeError(f"ref_to_json expects a SampleRef, got {type(ref).__name__}")
-    return _ENCODER.encode(_ref_obj(ref))
+    features = ",".join(
+        f'{{"name":{_STRING(name)},"key":{_STRING(ref.feature_keys[name])}{_spec_json(ref, name)}'
+        for name in ref.feature_names()
+    )
+    # SampleRef's constructor guarantees the ints are non-negative ints (never bools) and the rest strs.
+    return (
+        f'{{"v":{WIRE_VERSION},"sample_id":{_STRING(ref.sample_id)},"run_id":{_STRING(ref.run_id)},'
+        f'"store_uri":{_STRING(ref.store_uri)},"algorithm":{_STRING(ref.algorithm.value)},'
+        f'"schema_version":{ref.schema_version:d},"num_tokens":{ref.num_tokens:d},'
+        f'"estimated_bytes":{ref.estimated_bytes:d},"target_model_version":{_STRING(ref.target_model_version)},'
+        f'"draft_weight_version":{_STRING(ref.draft_weight_version)},"features":[{features}]}}'
+    )
 
 
 def ref_from_json(text: str | bytes) -> SampleRef:
     """Decode a ref encoded by ``ref_to_json``; ``ValueError`` for anything outside the schema."""
+    if isinstance(text, (str, bytes)):
+        # Fast path: a text that is exactly the canonical encoding of the ref it parses to holds no duplicate
+        # key, NaN or stray field (``ref_to_json`` writes none); anything else is parsed strictly.
+        try:
+            ref = _ref_from_obj(json.loads(text), "ref")
+        except (ValueError, TypeError):
+            ref = None
+        if ref is not None:
+            canonical = ref_to_json(ref)
+            if canonical == (text if isinstance(text, str) else text.decode("utf-8", "replace")):
+                return ref
     return _ref_from_obj(_loads(text, "ref"), "ref")
 
 
 def dead_letter_to_json(dead: DeadLetter) -> str:
     """Encode a dead letter as ``{"ref": <ref object>, "reason": str, "deliveries": int}``."""
-    obj = {"ref": _ref_obj(dead.ref), "reason": dead.reason, "deliveries": dead.deliveries}
-    return _ENCODER.encode(obj)
+    return f'{{"ref":{ref_to_json(dead.ref)},"reason":{_STRING(dead.reason)},"deliveries":{dead.deliveries:d}}}'
 
 
 def dead_letter_from_json(text: str | bytes) -> DeadLetter:
@@ -107,30 +134,21 @@ def dead_letter_from_json(text: str | bytes) -> DeadLetter:
 
 
 # -- internals -----------------------------------------------------------------
-def _ref_obj(ref: SampleRef) -> dict[str, Any]:
-    features = []
-    for name in ref.feature_names():
-        spec = ref.feature_specs[name]
+def _spec_json(ref: SampleRef, name: str) -> str:
+    spec = ref.feature_specs[name]
+    tail = _SPEC_JSON.get(spec)
+    if tail is None:
         dtype_name = _DTYPE_NAME.get(spec.dtype)
         if dtype_name is None:
             raise ValueError(
                 f"sample {ref.sample_id!r} feature {name!r} has dtype {spec.dtype}, which the wire format does not "
                 f"carry; known dtypes: {sorted(DTYPES)}"
             )
-        features.append({"name": name, "key": ref.feature_keys[name], "shape": list(spec.shape), "dtype": dtype_name})
-    return {
-        "v": WIRE_VERSION,
-        "sample_id": ref.sample_id,
-        "run_id": ref.run_id,
-        "store_uri": ref.store_uri,
-        "algorithm": ref.algorithm.value,
-        "schema_version": ref.schema_version,
-        "num_tokens": ref.num_tokens,
-        "estimated_bytes": ref.estimated_bytes,
-        "target_model_version": ref.target_model_version,
-        "draft_weight_version": ref.draft_weight_version,
-        "features": features,
-    }
+        tail = f',"shape":[{",".join(f"{dim:d}" for dim in spec.shape)}],"dtype":"{dtype_name}"}}'
+        if len(_SPEC_JSON) >= _SPEC_CACHE_LIMIT:
+            _SPEC_JSON.clear()
+        _SPEC_JSON[spec] = tail
+    return tail
 
 
 def _reject_constant(name: str) -> None:

@@ -6,24 +6,32 @@
 local NEEDED = {dead = true, retired = true, drain = true}
 
 local K_STREAM, K_REFS, K_LEASES, K_DEADLINES, K_DONE, K_DONE_ORDER, K_DEAD, K_META, K_STATS, K_WAKE, K_RETIRED
-local now, MAX_DELIVERIES, DEDUP_WINDOW, CURSOR, TRACE, events
+local CLOCK, now, MAX_DELIVERIES, DEDUP_WINDOW, CURSOR, TRACE, events
 
 local function begin(keys, argv)
   local P = keys[1]
   K_STREAM, K_REFS, K_LEASES, K_DEADLINES = P .. 'stream', P .. 'refs', P .. 'leases', P .. 'deadlines'
   K_DONE, K_DONE_ORDER, K_DEAD, K_META = P .. 'done', P .. 'done_order', P .. 'dead', P .. 'meta'
   K_STATS, K_WAKE, K_RETIRED = P .. 'stats', P .. 'wake', P .. 'retired'
-  local clock
-  clock, MAX_DELIVERIES, DEDUP_WINDOW, CURSOR, TRACE = string.match(
+  CLOCK, MAX_DELIVERIES, DEDUP_WINDOW, CURSOR, TRACE = string.match(
     argv[1], '^([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)$')
   MAX_DELIVERIES, DEDUP_WINDOW, TRACE = tonumber(MAX_DELIVERIES), tonumber(DEDUP_WINDOW), TRACE == '1'
-  if clock == '' then
-    local t = redis.call('TIME')
-    now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-  else
-    now = tonumber(clock)
-  end
+  now = nil
   events = {}
+end
+
+-- This call's time in seconds: the caller's clock, or the server's TIME (read once, and only when needed:
+-- most puts and acks find no lease due without it).
+local function clock()
+  if not now then
+    if CLOCK == '' then
+      local t = redis.call('TIME')
+      now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+    else
+      now = tonumber(CLOCK)
+    end
+  end
+  return now
 end
 
 local function emit(kind, a, b)
@@ -141,10 +149,10 @@ end
 local function reap()
   -- Most calls find nothing due: look at the earliest deadline before asking for the due range.
   local first = redis.call('ZRANGE', K_DEADLINES, 0, 0, 'WITHSCORES')
-  if not first[2] or tonumber(first[2]) > now then
+  if not first[2] or tonumber(first[2]) > clock() then
     return 0
   end
-  local due = redis.call('ZRANGEBYSCORE', K_DEADLINES, '-inf', fmt(now), 'LIMIT', 0, REAP_LIMIT)
+  local due = redis.call('ZRANGEBYSCORE', K_DEADLINES, '-inf', fmt(clock()), 'LIMIT', 0, REAP_LIMIT)
   for _, key in ipairs(due) do
     local entry, _, n, put_token, sid = parse_lease(redis.call('HGET', K_LEASES, key))
     drop_lease(key, entry, 'reclaimed')
@@ -211,7 +219,7 @@ local function lease_entries(count, vt, base, reply)
         local key = string.format('%016d', redis.call('HINCRBY', K_STATS, 'leased', 1))
         local rec = id .. '\t' .. base .. leased .. '\t' .. n .. '\t' .. put_token .. '\t' .. sid
         redis.call('HSET', K_LEASES, key, rec)
-        redis.call('ZADD', K_DEADLINES, fmt(now + vt), key)
+        redis.call('ZADD', K_DEADLINES, fmt(clock() + vt), key)
         emit('lease', sid, key)
         -- the client knows the deadline: its clock (or the now it sent) plus vt
         reply[#reply + 1] = key
@@ -237,7 +245,7 @@ local function empty_reply()
   local first = redis.call('ZRANGE', K_DEADLINES, 0, 0, 'WITHSCORES')
   local until_deadline = ''
   if first[2] then
-    until_deadline = fmt(tonumber(first[2]) - now)
+    until_deadline = fmt(tonumber(first[2]) - clock())
   end
   return {'empty', events, last[1] and last[1][1] or '0-0', wake[1] and wake[1][1] or '0-0', until_deadline}
 end
