@@ -481,7 +481,7 @@ Time(e) ==
                     /\\ Known(e.now) => e.dl <= e.now + VisibilityTicks + Slack
               /\\ dl' = [dl EXCEPT ![e.l] = e.dl]
           [] e.a = "Extend" ->
-              /\\ Known(dl[e.l]) => dl[e.l] > clock
+              /\\ Known(dl[e.l]) => dl[e.l] >= clock  \\* its reap spared it (ties: rounding)
               /\\ Known(e.dl) => e.dl >= clock
               /\\ dl' = [dl EXCEPT ![e.l] = e.dl]
           [] e.a = "Reclaim" ->
