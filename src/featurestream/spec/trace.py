@@ -7,7 +7,9 @@ the recorded traces as one TLA+ module that EXTENDS LeaseQueue -- a cursor
 ``i`` over trace ``tr``, each event matched to the spec action it names -- and
 has TLC explore it: a trace is admitted when some behaviour of the spec
 consumes all of its events. Many traces share one TLC run (``tr`` is chosen in
-the initial state), so the JVM starts once.
+the initial state), so the JVM starts once. The verdicts are printed (``PrintT``)
+rather than raised as violations, and the end of a trace, consumed or stuck, is
+an explicit terminal step: TLC runs with deadlock checking, as everywhere.
 
 Values. Every field an event carries is checked against the spec's NEXT state
 (a missing field is not checked, so traces of older backends still validate;
@@ -491,15 +493,18 @@ Time(e) ==
           [] OTHER -> UNCHANGED dl
 
 TraceInit == tr \\in 1..Len(Log) /\\ i = 1 /\\ clock = Unknown /\\ dl = [l \\in TraceConsumers |-> Unknown] /\\ Init
-TraceNext == i <= Len(Log[tr]) /\\ LET e == Log[tr][i] IN
+TraceStep == i <= Len(Log[tr]) /\\ LET e == Log[tr][i] IN
                 Match(e) /\\ Values(e) /\\ Time(e) /\\ i' = i + 1 /\\ UNCHANGED tr
+(* The end of a validation, consumed or stuck: an explicit terminal step, so TLC runs with deadlock checking. *)
+TraceHalt == (i > Len(Log[tr]) \\/ ~ENABLED TraceStep) /\\ UNCHANGED <<vars, traceVars>>
+TraceNext == TraceStep \\/ TraceHalt
 TraceSpec == TraceInit /\\ [][TraceNext]_<<vars, traceVars>>
 
 (* The verdicts, printed rather than raised as violations (a violation would print the whole behaviour): *)
 (* "matched" when trace tr is fully consumed, "stuck" when no spec action matches its event i.          *)
 TraceReport ==
     /\\ i > Len(Log[tr]) => PrintT(<<"matched", tr>>)
-    /\\ i <= Len(Log[tr]) /\\ ~ENABLED TraceNext => PrintT(<<"stuck", tr, i>>)
+    /\\ i <= Len(Log[tr]) /\\ ~ENABLED TraceStep => PrintT(<<"stuck", tr, i>>)
 ====
 """
 
@@ -568,6 +573,7 @@ def validate_traces(
             main_module=module_path.name,
             workers=1,
             timeout=timeout,
+            check_deadlock=True,
         )
     if not result.ok:
         raise RuntimeError(f"TLC failed on the trace module: {result.error}\n{result.output[-3000:]}")
