@@ -165,7 +165,7 @@ class SampleRefQueue:
         if high_watermark_bytes is not None and low_watermark_bytes is not None:
             if low_watermark_bytes >= high_watermark_bytes:
                 raise ValueError(
-                    f"low_watermark_bytes ({low_watermark_bytes}) must be below "
+                    f"low_watermark_bytes ({low_watermark_bytes}) must be strictly less than "
                     f"high_watermark_bytes ({high_watermark_bytes}) so the hysteresis band is non-empty"
                 )
         check_count("max_deliveries", max_deliveries, minimum=1)
@@ -258,7 +258,7 @@ class SampleRefQueue:
                 if callback is not None:
                     self._outbox.append((callback, health))
                     continue
-                if self._backpressure.state == "flowing" or not self._held:
+                if self._may_enqueue():
                     self._enqueue_new(ref, health)
                     return
                 self._not_full.wait(poll_interval)
@@ -440,7 +440,8 @@ class SampleRefQueue:
         sample_id = ref.sample_id
         if sample_id in self._held:
             raise ValueError(
-                f"sample {sample_id!r} is already queued ({self._held[sample_id].state}); ids must be unique"
+                f"sample {sample_id!r} is already present: it is already queued "
+                f"({self._held[sample_id].state}); ids must be unique"
             )
         outcome = self._recent_terminal.get(sample_id)
         if outcome is not None:
@@ -632,6 +633,10 @@ class SampleRefQueue:
             self._trace_state(events.RESUME, resident_bytes=health.resident_bytes)
             return self._on_resume or _no_callback
         return None
+
+    def _may_enqueue(self) -> bool:
+        """The producer rule: flowing, or the queue holds nothing (then waiting could never end)."""
+        return self._backpressure.state == "flowing" or not self._held
 
     def _should_pause(self, health: StoreHealth) -> bool:
         if self._high is not None:

@@ -185,7 +185,7 @@ class RedisSampleRefQueue:
         if high_watermark_bytes is not None and low_watermark_bytes is not None:
             if low_watermark_bytes >= high_watermark_bytes:
                 raise ValueError(
-                    f"low_watermark_bytes ({low_watermark_bytes}) must be below "
+                    f"low_watermark_bytes ({low_watermark_bytes}) must be strictly less than "
                     f"high_watermark_bytes ({high_watermark_bytes}) so the hysteresis band is non-empty"
                 )
         check_count("max_deliveries", max_deliveries, minimum=1)
@@ -662,7 +662,7 @@ class RedisSampleRefQueue:
         if status == "closed":
             raise RuntimeError(f"cannot put sample {ref.sample_id!r}: the queue is closed")
         if status == "held":
-            raise ValueError(f"sample {ref.sample_id!r} is already queued; ids must be unique")
+            raise ValueError(f"sample {ref.sample_id!r} is already present: it is already queued; ids must be unique")
         raise ValueError(
             f"sample {ref.sample_id!r} was already {_text(outcome[0])}; re-puts of settled samples are refused "
             "(discard the duplicate from the store)"
