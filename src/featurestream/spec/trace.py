@@ -29,10 +29,12 @@ How events map to the spec: every lease is held by its own virtual consumer
 (numbered per trace), so consumer crashes are simply leases nobody settles.
 A store ``get``/``release`` is the spec's ``Get``/``Release`` by some consumer;
 a ``scrub`` must concern a settled sample. Traces recorded without a wrapped
-store get a ``StorePut`` inserted before a sample's first ``Put`` (or earlier,
-when a Pause/Resume reports more resident bytes than the samples stored so
-far). A ``Fail``/``Reclaim`` followed by ``DeadLetter`` of the same sample
-must end ``dead`` (else ``pending``, at the tail); an ``Ack`` or dead letter
+store get a ``StorePut`` inserted before the queue first sees a sample (or
+earlier, when an event reports more resident bytes than the samples stored so
+far); the store may then hold samples the trace never names, so their
+``resident_bytes`` are checked as a lower bound of the spec's. A
+``Fail``/``Reclaim`` followed by ``DeadLetter`` of the same sample must end
+``dead`` (else ``pending``, at the tail); an ``Ack`` or dead letter
 followed by a ``StoreFault`` of its scrub is the spec's settle with a failed
 scrub (the sample joins the retry backlog), ``ScrubRetried`` is the spec's
 successful ``RetryScrub``. ``StaleRejected`` is admitted only when the lease it
@@ -306,6 +308,53 @@ def _offers(action: str, fields: Mapping[str, object]) -> bool:
     return action == events.PUT or (action == events.STORE_FAULT and fields.get("call") == "retain")
 
 
+class _StorePutInference:
+    """For a trace without store events: when was each sample stored?
+
+    Right before the queue first sees it (its put, or its failed retain), or
+    earlier when an event reports more resident bytes than the samples stored
+    so far: producers store before they wait to enqueue.
+    """
+
+    def __init__(self, trace: Sequence[Event], sample_bytes: int) -> None:
+        self._sample_bytes = sample_bytes
+        self._first_seen = list(dict.fromkeys(str(f.get("sample_id", "")) for a, f in trace if _offers(a, f)))
+        self._stored: set[str] = set()
+        self._settled: set[str] = set()
+
+    def before(self, action: str, fields: Mapping[str, object], source: Mapping[str, object]) -> list[_Step]:
+        """The ``StorePut`` steps to insert before this event."""
+        sample = str(fields.get("sample_id") or "")
+        stores = [sample] if _offers(action, fields) and sample not in self._stored else []
+        reported = fields.get("resident_bytes")
+        if isinstance(reported, int):
+            missing = reported // self._sample_bytes - len((self._stored | set(stores)) - self._settled)
+            stores += [s for s in self._first_seen if s not in self._stored and s not in stores][: max(missing, 0)]
+        if action in (events.ACK, events.DEAD_LETTER):
+            self._settled.add(sample)
+        self._stored.update(stores)
+        return [_Step(STORE_PUT, s, source=source) for s in stores]
+
+
+def _settle_scrub_faults(trace: Sequence[Event]) -> set[int]:
+    """Indices of the ``StoreFault`` events of a settle's own scrub (right after its Ack or DeadLetter)."""
+    faults: set[int] = set()
+    for index, (action, fields) in enumerate(trace):
+        following = _next_in_operation(trace, index)
+        if action in (events.ACK, events.DEAD_LETTER) and _is(
+            trace, following, events.STORE_FAULT, str(fields.get("sample_id")), "scrub"
+        ):
+            faults.add(following)  # type: ignore[arg-type]
+    return faults
+
+
+def _fault_step(call: str, own_scrub: bool) -> str:
+    """The trace module's step for a ``StoreFault`` of store call ``call``."""
+    if own_scrub:
+        return "ScrubFault"  # the settle just before it already took the fault
+    return {"retain": "RetainFault", "unretain": "UnretainFault", "scrub": "RetryFault"}.get(call, "OtherFault")
+
+
 def _steps(trace: Sequence[Event], sample_bytes: int) -> list[_Step]:
     """Events -> spec steps: names resolved by looking ahead within an operation, values converted."""
     trace = list(trace)
@@ -313,12 +362,8 @@ def _steps(trace: Sequence[Event], sample_bytes: int) -> list[_Step]:
         if action not in _KNOWN:
             raise ValueError(f"trace event {index} has unknown action {action!r}; known: {sorted(_KNOWN)}")
     clock = _Clock(trace)
-    infer_store_puts = not _stores_traced(trace)
-    # Without store events, a sample is stored right before the queue first sees it (put or failed retain).
-    first_seen = list(dict.fromkeys(str(f.get("sample_id", "")) for a, f in trace if _offers(a, f)))
-    stored: set[str] = set()
-    settled: set[str] = set()
-    scrub_faults: set[int] = set()  # StoreFault events of a settle's own scrub
+    inference = None if _stores_traced(trace) else _StorePutInference(trace, sample_bytes)
+    scrub_faults = _settle_scrub_faults(trace)
     # Leases become consumers 1..n of this trace: small, dense domains keep TLC's states small.
     consumer_of: dict[object, int] = {}
     steps: list[_Step] = []
@@ -327,6 +372,7 @@ def _steps(trace: Sequence[Event], sample_bytes: int) -> list[_Step]:
         lease = fields.get("lease_id")
         if action == events.ACQUIRE and lease is not None:
             consumer_of.setdefault(lease, len(consumer_of) + 1)
+        consumer = consumer_of.get(lease, UNKNOWN)
         source = {"index": index, "action": action, **fields}
         values = dict(
             n=_count(fields, "n"),
@@ -337,27 +383,14 @@ def _steps(trace: Sequence[Event], sample_bytes: int) -> list[_Step]:
             deadline=clock.ticks(fields.get("deadline")),
             source=source,
         )
-        if infer_store_puts:
-            inferred = [sample] if _offers(action, fields) and sample not in stored else []
-            if isinstance(fields.get("resident_bytes"), int):  # producers store before they wait to enqueue
-                known = len((stored | set(inferred)) - settled)
-                missing = int(fields["resident_bytes"]) // sample_bytes - known  # type: ignore[call-overload]
-                inferred += [s for s in first_seen if s not in stored and s not in inferred][: max(missing, 0)]
-            for early in inferred:
-                stored.add(early)
-                steps.append(_Step(STORE_PUT, early, source=source))
-        if action in (events.ACK, events.DEAD_LETTER):
-            settled.add(sample)
-        consumer = consumer_of.get(lease, UNKNOWN)
-        nxt = _next_in_operation(trace, index)
-        if action in (events.ACK, events.DEAD_LETTER) and _is(trace, nxt, events.STORE_FAULT, sample, "scrub"):
-            scrub_faults.add(nxt)  # type: ignore[arg-type]
+        if inference is not None:
+            steps += inference.before(action, fields, source)
+        following = _next_in_operation(trace, index)
         if action == events.ACK:
-            steps.append(_Step(action, sample, consumer, flag=nxt in scrub_faults, **values))
+            steps.append(_Step(action, sample, consumer, flag=following in scrub_faults, **values))
         elif action in (events.FAIL, events.RECLAIM):
-            dead = _is(trace, nxt, events.DEAD_LETTER, sample)
-            after = _next_in_operation(trace, nxt) if dead else None  # type: ignore[arg-type]
-            fault = dead and _is(trace, after, events.STORE_FAULT, sample, "scrub")
+            dead = _is(trace, following, events.DEAD_LETTER, sample)
+            fault = dead and following is not None and _next_in_operation(trace, following) in scrub_faults
             steps.append(_Step(action, sample, consumer, "dead" if dead else "pending", fault, **values))
         elif action == events.STALE_REJECTED:
             forged = fields.get("forged") is True
@@ -366,18 +399,7 @@ def _steps(trace: Sequence[Event], sample_bytes: int) -> list[_Step]:
             observed = tuple(sorted(map(str, fields.get("samples", ()))))  # type: ignore[call-overload]
             steps.append(_Step(action, observed=observed, **values))
         elif action == events.STORE_FAULT:
-            call = str(fields.get("call", ""))
-            if index in scrub_faults:
-                name = "ScrubFault"
-            elif call == "retain":
-                name = "RetainFault"
-            elif call == "unretain":
-                name = "UnretainFault"  # of a refused put, or of its retry
-            elif call == "scrub":
-                name = "RetryFault"
-            else:
-                name = "OtherFault"  # health, gc: nothing changes but the fault count
-            steps.append(_Step(name, sample, **values))
+            steps.append(_Step(_fault_step(str(fields.get("call", "")), index in scrub_faults), sample, **values))
         else:
             steps.append(_Step(action, sample, consumer, **values))
     return steps
