@@ -1,11 +1,15 @@
-"""The EAGLE-3 v1 schema and Eagle3TargetBatch."""
+"""The EAGLE-3 v1 schema, Eagle3TargetBatch, and the algorithm schema registry."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 import torch
 
 from featurestream import Eagle3TargetBatch, FeatureAlgorithm, LocalFeatureStore
+from featurestream.core.refs import REQUIRED_FEATURES
+from featurestream.pipeline import eagle3, schemas
 from featurestream.pipeline.eagle3 import check_feature_names, feature_tensors, validate_ref
 
 from .helpers import eagle3_sample
@@ -66,3 +70,66 @@ def test_batch_reads_by_attribute_and_by_name_in_schema_order() -> None:
         Eagle3TargetBatch(**{n: tensors[n] for n in CORE})
     with pytest.raises(TypeError, match=r"must be a torch.Tensor"):
         feature_tensors({**tensors, "logits": [1.0]})
+
+
+def test_to_trainer_inputs_gives_the_encoding_the_batch_carries() -> None:
+    tensors = eagle3_sample(1)
+    assert list(Eagle3TargetBatch.from_tensors(tensors).to_trainer_inputs()) == [*CORE, "logits"]
+    probs = {**{n: tensors[n] for n in CORE}, "target_probs": tensors["logits"], "position_mask": tensors["loss_mask"]}
+    packing = {"position_ids": tensors["input_ids"], "seq_lens": torch.tensor([4]), "doc_remaining": torch.tensor([0])}
+    packed = {**probs, **packing}
+    inputs = Eagle3TargetBatch.from_tensors(packed).to_trainer_inputs()
+    assert list(inputs) == [*CORE, "target_probs", "position_mask", *PACKING]
+    assert all(inputs[name] is packed[name] for name in packed)
+
+
+def test_the_eagle3_schema_is_registered_and_its_core_set_is_the_control_planes() -> None:
+    schema = schemas.schema_for(FeatureAlgorithm.EAGLE3)
+    assert schema is eagle3.EAGLE3_SCHEMA and schemas.schema_for("eagle3") is schema
+    assert schema.required_features is REQUIRED_FEATURES[FeatureAlgorithm.EAGLE3] is eagle3.CORE_FEATURES
+    assert schema.feature_order == eagle3.FEATURE_ORDER and schema.schema_version == 1
+    assert schema.batch_type is Eagle3TargetBatch and schema.backend_type is eagle3.Eagle3TargetBackend
+    assert schema.validate_ref is eagle3.validate_eagle3_ref
+
+
+def test_schema_for_an_unregistered_or_unknown_algorithm_names_it_and_the_registered_ones() -> None:
+    with pytest.raises(ValueError, match=r"registered for FeatureAlgorithm\.DSPARK; registered: .*EAGLE3"):
+        schemas.schema_for(FeatureAlgorithm.DSPARK)
+    with pytest.raises(ValueError, match=r"'medusa' is not a FeatureAlgorithm"):
+        schemas.schema_for("medusa")
+
+
+def test_register_refuses_a_second_schema_for_an_algorithm_and_a_wrong_core_set() -> None:
+    schema = schemas.schema_for(FeatureAlgorithm.EAGLE3)
+    assert schemas.register(schema) is schema, "registering the same schema again is a no-op"
+    with pytest.raises(ValueError, match=r"already registered"):
+        schemas.register(dataclasses.replace(schema, schema_version=2))
+    with pytest.raises(ValueError, match=r"requires exactly .*'loss_mask'"):
+        dataclasses.replace(schema, required_features=CORE[:3])
+    with pytest.raises(TypeError, match=r"batch_type dict has no from_tensors\(\)"):
+        dataclasses.replace(schema, batch_type=dict)
+
+    class Untrainable:
+        from_tensors = dict
+
+    with pytest.raises(TypeError, match=r"batch_type Untrainable has no to_trainer_inputs\(\)"):
+        dataclasses.replace(schema, batch_type=Untrainable)
+    assert schemas.schema_for(FeatureAlgorithm.EAGLE3) is schema, "a refused registration changes nothing"
+
+
+def test_make_batch_uses_from_tensors_when_there_is_one_else_keywords() -> None:
+    tensors = eagle3_sample(2)
+
+    @dataclasses.dataclass
+    class RecipeBatch:
+        aux_hidden_states: torch.Tensor
+        input_ids: torch.Tensor
+        attention_mask: torch.Tensor
+        loss_mask: torch.Tensor
+        logits: torch.Tensor | None = None
+        target_probs: torch.Tensor | None = None
+
+    built = schemas.make_batch(tensors, RecipeBatch)
+    assert isinstance(built, RecipeBatch) and built.logits is tensors["logits"] and built.target_probs is None
+    with pytest.raises(ValueError, match=r"no supervision encoding"):
+        schemas.make_batch({n: tensors[n] for n in CORE}, Eagle3TargetBatch)  # validated by from_tensors

@@ -70,14 +70,6 @@ FEATURE_ORDER = CORE_FEATURES + LOGITS_SUPERVISION + PROBS_SUPERVISION + PACKING
 _PACKING_TOGETHER = "pass position_ids, seq_lens, and doc_remaining together (packing metadata is all-or-none)"
 
 
-def require_eagle3(algorithm: FeatureAlgorithm | str | None, owner: str) -> FeatureAlgorithm:
-    """``algorithm`` as a ``FeatureAlgorithm`` (``None`` means EAGLE-3); ``ValueError`` for any other."""
-    resolved = FeatureAlgorithm.EAGLE3 if algorithm is None else FeatureAlgorithm(algorithm)
-    if resolved is not FeatureAlgorithm.EAGLE3:
-        raise ValueError(f"{owner} implements the eagle3 schema only, got algorithm {resolved.value!r}")
-    return resolved
-
-
 def _check_packing(present: Iterable[str]) -> None:
     """``ValueError`` unless none or all three packing features are among ``present``."""
     names = set(present)
