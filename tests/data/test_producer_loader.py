@@ -100,7 +100,7 @@ class TestProducer:
         assert store.health().sample_count == 0 and not store.is_resident("a")
 
     def test_bad_construction(self) -> None:
-        with pytest.raises(ValueError, match=r"cannot infer FeatureAlgorithm from a object backend"):
+        with pytest.raises(ValueError, match=r"cannot infer FeatureAlgorithm for target_backend of type object"):
             FeatureProducer(object(), LocalFeatureStore(), run_id="r")  # type: ignore[arg-type]
         with pytest.raises(TypeError, match=r"generate_batch"):
             FeatureProducer(object(), LocalFeatureStore(), run_id="r", algorithm=FeatureAlgorithm.EAGLE3)  # type: ignore[arg-type]
@@ -190,7 +190,7 @@ class TestProducer:
             def generate_batch(self, **inputs: Any) -> Any:
                 raise AssertionError("never called")
 
-        with pytest.raises(ValueError, match=r"cannot infer FeatureAlgorithm from a DuckTarget backend"):
+        with pytest.raises(ValueError, match=r"cannot infer FeatureAlgorithm for target_backend of type DuckTarget"):
             FeatureProducer(DuckTarget(), LocalFeatureStore(), run_id="r")
         producer = FeatureProducer(DuckTarget(), LocalFeatureStore(), run_id="r", algorithm=FeatureAlgorithm.EAGLE3)
         assert producer.algorithm is FeatureAlgorithm.EAGLE3

@@ -215,8 +215,8 @@ def _infer_schema(backend: object) -> AlgorithmSchema:
         if s.backend_type is not None
     )
     raise ValueError(
-        f"cannot infer FeatureAlgorithm from a {type(backend).__name__} backend: it subclasses none of the "
-        f"algorithms' backend base classes ({bases}); subclass one, or pass algorithm= explicitly"
+        f"cannot infer FeatureAlgorithm for target_backend of type {type(backend).__name__}: it subclasses none "
+        f"of the algorithms' backend base classes ({bases}); subclass one, or pass algorithm= explicitly"
     )
 
 
