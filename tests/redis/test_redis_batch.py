@@ -96,6 +96,13 @@ def test_stale_leases_in_a_batch_are_rejected_one_by_one(make: Factory, store: L
     assert store.is_resident("s3") and not any(store.is_resident(f"s{i}") for i in range(3))
     other.fail_many([foreign, mine[1]])  # type: ignore[list-item]  # mine[1]: settled, and not other's
     assert other.stats().failed == 1 and other.stats().stale_rejected == 3 and other.pending_count() == 1
+    again = queue.acquire(timeout=0)
+    queue.ack_many([again, again])  # type: ignore[list-item]  # the second is stale, as a second ack() is
+    assert (queue.stats().acked, queue.stats().stale_rejected) == (4, 4)
+    with pytest.raises(ValueError, match="at most 1000 items"):
+        queue.ack_many([again] * 1001)  # type: ignore[list-item]
+    with pytest.raises(ValueError, match="at most 1000"):
+        queue.acquire_many(1001)
 
 
 def test_put_many_is_all_or_nothing(make: Factory, store: LocalFeatureStore) -> None:
@@ -112,7 +119,7 @@ def test_put_many_is_all_or_nothing(make: Factory, store: LocalFeatureStore) -> 
     queued = refs(store, 2, first=5)
     queue.put_many(queued)
     fresh = refs(store, 1, first=7)[0]
-    with pytest.raises(ValueError, match="'s6' is already queued"):
+    with pytest.raises(ValueError, match="'s6' is already present"):
         queue.put_many([fresh, queued[1]])
     assert queue.pending_count() == 2 and queue.stats().put == 3
     for ref in (fresh, queued[1]):

@@ -141,9 +141,7 @@ def test_stale_leases_are_rejected_without_changes(make: Factory, store: LocalFe
         assert queue.stats().acked == 1
 
 
-def test_late_ack_of_a_reclaimed_lease_changes_nothing_across_instances(
-    make: Factory, clock: FakeClock
-) -> None:
+def test_late_ack_of_a_reclaimed_lease_changes_nothing_across_instances(make: Factory, clock: FakeClock) -> None:
     """Two instances (two connections, as two processes would be), each with its own store view."""
     store = LocalFeatureStore()
     slow, fast = make(store), make(store)
@@ -188,7 +186,7 @@ def test_put_rejects_bad_input_and_changes_nothing(make: Factory, store: LocalFe
     foreign = LocalFeatureStore().put("x", sample_tensors(0))
     with pytest.raises(ValueError, match="lives in mem://"):
         queue.put(foreign)
-    with pytest.raises(ValueError, match="'s0' is already queued"):
+    with pytest.raises(ValueError, match="'s0' is already present: it is already queued"):
         queue.put(ref)
     assert queue.stats() == before
 
@@ -346,9 +344,7 @@ def test_blocked_acquire_wakes_at_a_lease_deadline_to_reap(redis_server: Any, qu
     assert (again.ref.sample_id, again.redelivery_count) == ("s0", 1)
 
 
-def test_backpressure_pauses_and_resumes_with_hysteresis(
-    make: Factory, store: LocalFeatureStore
-) -> None:
+def test_backpressure_pauses_and_resumes_with_hysteresis(make: Factory, store: LocalFeatureStore) -> None:
     events: list[tuple[str, int]] = []
 
     def on_pause(health: StoreHealth) -> None:

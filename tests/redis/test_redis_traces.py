@@ -42,9 +42,11 @@ Trace = list[tuple[str, dict[str, object]]]
 class _NoDedupQueue(RedisSampleRefQueue):
     """Seeded defect C on the server: the put function never consults the dedup window."""
 
-    _LOOKUP = "local why, outcome = put_check(sid, token)"
+    _LOOKUP = "local done = not held and redis.call('HGET', K_DONE, sid)"
     assert _LOOKUP in functions.SCRIPTS["put"]
-    _library = functions.Library({**functions.SCRIPTS, "put": functions.SCRIPTS["put"].replace(_LOOKUP, "local why")})
+    _library = functions.Library(
+        {**functions.SCRIPTS, "put": functions.SCRIPTS["put"].replace(_LOOKUP, "local done = false")}
+    )
 
 
 def _factory(client: redis.Redis, queue_class: type[RedisSampleRefQueue] = RedisSampleRefQueue) -> Any:

@@ -82,6 +82,7 @@ REAP_LIMIT = 1000  # most leases one call reaps, to keep the server responsive
 FEED_LIMIT = 1000  # most settles one call reports from ``retired``
 RETIRED_MAXLEN = 100_000  # approximate cap of ``retired``
 TRIM_EVERY = 1000  # settles between bulk trims of ``stream``
+MAX_BATCH = 1000  # most items one batch call takes (the Lua unpacks a batch into one command's arguments)
 
 # The one definition of every constant the Lua uses: prepended to the prelude as ``local NAME = value``.
 CONSTANTS: dict[str, str | int] = {

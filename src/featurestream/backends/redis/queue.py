@@ -120,6 +120,14 @@ def _text(value: object) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+def _batch(name: str, items: Iterable[Any]) -> list[Any]:
+    """``items`` as a list of at most ``MAX_BATCH`` (a batch is one server call); ``ValueError`` otherwise."""
+    batch = list(items)
+    if len(batch) > functions.MAX_BATCH:
+        raise ValueError(f"{name} must hold at most {functions.MAX_BATCH} items (one server call), got {len(batch)}")
+    return batch
+
+
 def _pending(counters: dict[Any, Any]) -> int:
     """The pending gauge from the counters: every stream entry is a put or a redelivery, minus those leased."""
     values = {_text(k): int(v) for k, v in counters.items()}
@@ -288,7 +296,7 @@ class RedisSampleRefQueue:
         refused -- the error is the one that ``put`` raises, naming the first
         offending sample -- and with ``ValueError`` when an id repeats.
         """
-        batch = list(refs)
+        batch = _batch("refs", refs)
         for ref in batch:
             self._check_ref(ref)
         seen: set[str] = set()
@@ -372,6 +380,8 @@ class RedisSampleRefQueue:
         drained. Each lease is traced as its own ``Acquire``.
         """
         check_count("n", n, minimum=1)
+        if n > functions.MAX_BATCH:
+            raise ValueError(f"n must be at most {functions.MAX_BATCH} (one server call), got {n!r}")
         wait = 0.05 if timeout is None else timeout
         check_seconds("timeout", wait)
         return self._lease(n, wait)
@@ -388,7 +398,7 @@ class RedisSampleRefQueue:
 
     def ack_many(self, leases: Iterable[Lease]) -> None:
         """``ack`` every lease of ``leases`` in one server call; each stale one is rejected on its own."""
-        self._settle("ack", list(leases))
+        self._settle("ack", _batch("leases", leases))
 
     def fail(self, lease: Lease) -> None:
         """Give ``lease``'s sample back: redelivered from the tail, or dead once deliveries are spent.
@@ -399,7 +409,7 @@ class RedisSampleRefQueue:
 
     def fail_many(self, leases: Iterable[Lease]) -> None:
         """``fail`` every lease of ``leases`` in one server call; each stale one is rejected on its own."""
-        self._settle("fail", list(leases))
+        self._settle("fail", _batch("leases", leases))
 
     def extend(self, lease: Lease, seconds: float | None = None) -> None:
         """Push ``lease.deadline`` to now + ``seconds`` (default: the visibility timeout).
@@ -772,7 +782,12 @@ class RedisSampleRefQueue:
         """Ack or fail ``leases`` in one server call; each is settled or rejected as stale on its own."""
         if not leases:
             return
-        proofs = [self._proof(lease) for lease in leases]
+        proofs, seen = [], set()
+        for lease in leases:
+            key, token, sample_id = self._proof(lease)
+            # A lease repeated in the batch: its second settle is stale, as a second ack() would be.
+            proofs.append((key, token if key not in seen else "", sample_id))
+            seen.add(key)
         with self._op:
             statuses, reply_events = self._run(trigger, *(part for proof in proofs for part in proof))
             self._apply(reply_events)

@@ -6,10 +6,11 @@
 local NEEDED = {dead = true, retired = true, drain = true}
 
 local K_STREAM, K_REFS, K_LEASES, K_DEADLINES, K_DONE, K_DONE_ORDER, K_DEAD, K_META, K_STATS, K_WAKE, K_RETIRED
-local CLOCK, now, MAX_DELIVERIES, DEDUP_WINDOW, CURSOR, TRACE, events
+local ARGS, CLOCK, now, MAX_DELIVERIES, DEDUP_WINDOW, CURSOR, TRACE, events
 
 local function begin(keys, argv)
   local P = keys[1]
+  ARGS = argv
   K_STREAM, K_REFS, K_LEASES, K_DEADLINES = P .. 'stream', P .. 'refs', P .. 'leases', P .. 'deadlines'
   K_DONE, K_DONE_ORDER, K_DEAD, K_META = P .. 'done', P .. 'done_order', P .. 'dead', P .. 'meta'
   K_STATS, K_WAKE, K_RETIRED = P .. 'stats', P .. 'wake', P .. 'retired'
@@ -70,8 +71,12 @@ local function feed()
     emit('retired', '', last[1] and last[1][1] or '0-0')
     return
   end
+  -- an entry holds the ids of one call's settles: s, id, s, id ...
   for _, entry in ipairs(redis.call('XRANGE', K_RETIRED, '(' .. cursor, '+', 'COUNT', FEED_LIMIT)) do
-    emit('retired', entry[2][2], entry[1])
+    local fields = entry[2]
+    for j = 2, #fields, 2 do
+      emit('retired', fields[j], entry[1])
+    end
   end
 end
 
@@ -109,13 +114,24 @@ local function after_retire()
   end
 end
 
-local function retire(sid, outcome, key, token, put_token)
-  redis.call('HDEL', K_REFS, sid)
-  redis.call('XADD', K_RETIRED, 'MAXLEN', '~', RETIRED_MAXLEN, '*', 's', sid)
+-- Settle samples for good: ``items`` are {sample id, lease key, lease token, put token}. One command of each
+-- kind for the whole batch: the held refs go, one ``retired`` entry reports them, the dedup window records them.
+local function retire(items, outcome)
+  local sids, done, fed = {}, {}, {}
+  for i, item in ipairs(items) do
+    sids[i] = item[1]
+    done[2 * i - 1] = item[1]
+    done[2 * i] = outcome .. '\t' .. item[2] .. '\t' .. item[3] .. '\t' .. item[4]
+    fed[2 * i - 1] = 's'
+    fed[2 * i] = item[1]
+  end
+  redis.call('HDEL', K_REFS, unpack(sids))
+  redis.call('XADD', K_RETIRED, 'MAXLEN', '~', RETIRED_MAXLEN, '*', unpack(fed))
   if DEDUP_WINDOW > 0 then
-    redis.call('HSET', K_DONE, sid, outcome .. '\t' .. key .. '\t' .. token .. '\t' .. put_token)
-    if redis.call('RPUSH', K_DONE_ORDER, sid) > DEDUP_WINDOW then
-      redis.call('HDEL', K_DONE, redis.call('LPOP', K_DONE_ORDER))
+    redis.call('HSET', K_DONE, unpack(done))
+    local over = redis.call('RPUSH', K_DONE_ORDER, unpack(sids)) - DEDUP_WINDOW
+    if over > 0 then
+      redis.call('HDEL', K_DONE, unpack(redis.call('LPOP', K_DONE_ORDER, over)))
     end
   end
   after_retire()
@@ -130,18 +146,20 @@ local function redeliver(sid, n, reason, key, token, put_token)
     redis.call('RPUSH', K_DEAD, letter)
     redis.call('HINCRBY', K_STATS, 'dead_lettered', 1)
     emit('dead', sid, letter)
-    retire(sid, 'dead-lettered', key, token, put_token)
+    retire({{sid, key, token, put_token}}, 'dead-lettered')
   else
     redis.call('XADD', K_STREAM, '*', 's', sid, 'n', deliveries)
   end
 end
 
--- Remove a live lease and count its settle under ``counter``; every TRIM_EVERY settles, trim the stream.
-local function drop_lease(key, entry, counter)
-  redis.call('HDEL', K_LEASES, key)
-  redis.call('ZREM', K_DEADLINES, key)
-  redis.call('XACK', K_STREAM, GROUP, entry)
-  if redis.call('HINCRBY', K_STATS, counter, 1) % TRIM_EVERY == 0 then
+-- Remove live leases (their keys and stream entries) and count their settles under ``counter``; every
+-- TRIM_EVERY settles, trim the stream.
+local function drop_leases(keys, entries, counter)
+  redis.call('HDEL', K_LEASES, unpack(keys))
+  redis.call('ZREM', K_DEADLINES, unpack(keys))
+  redis.call('XACK', K_STREAM, GROUP, unpack(entries))
+  local total = redis.call('HINCRBY', K_STATS, counter, #keys)
+  if math.floor(total / TRIM_EVERY) ~= math.floor((total - #keys) / TRIM_EVERY) then
     trim_stream()
   end
 end
@@ -155,7 +173,7 @@ local function reap()
   local due = redis.call('ZRANGEBYSCORE', K_DEADLINES, '-inf', fmt(clock()), 'LIMIT', 0, REAP_LIMIT)
   for _, key in ipairs(due) do
     local entry, _, n, put_token, sid = parse_lease(redis.call('HGET', K_LEASES, key))
-    drop_lease(key, entry, 'reclaimed')
+    drop_leases({key}, {entry}, 'reclaimed')
     emit('reclaim', sid, key)
     -- no token in the dedup record: a late fail of this lease is stale, not a retry of a settle
     redeliver(sid, tonumber(n), 'expired', key, '', put_token)
@@ -167,17 +185,16 @@ local function is_open()
   return redis.call('HGET', K_META, 'state') == 'open'
 end
 
--- Why a put of ``sid`` with put token ``token`` cannot add it: nil (it can), 'again' (this very put took
--- effect already: a retry after a lost reply), 'held' (queued by another put), or 'dedup' and the outcome.
-local function put_check(sid, token)
-  local held = redis.call('HGET', K_REFS, sid)
+-- Why a put with put token ``token`` cannot add a sample whose ``refs`` and ``done`` values are ``held`` and
+-- ``done`` (false when absent): nil (it can), 'again' (this very put took effect already: a retry after a lost
+-- reply), 'held' (queued by another put), or 'dedup' and the outcome.
+local function put_verdict(held, done, token)
   if held then
     if split_held(held) == token then
       return 'again'
     end
     return 'held'
   end
-  local done = redis.call('HGET', K_DONE, sid)
   if done then
     local outcome, _, _, put_token = parse_done(done)
     if put_token == token then
@@ -193,15 +210,23 @@ local function refuse_dedup(sid)
   emit('dedup', sid, '')
 end
 
-local function put_new(sid, ref, token)
-  redis.call('HSET', K_REFS, sid, token .. '\t' .. ref)
-  redis.call('XADD', K_STREAM, '*', 's', sid, 'n', '0')
-  redis.call('HINCRBY', K_STATS, 'put', 1)
-  emit('put', sid, '')
+-- Enqueue new samples: ``fresh`` is a list of {sample id, ref JSON, put token}, in order.
+local function put_new(fresh)
+  local refs = {}
+  for i, item in ipairs(fresh) do
+    refs[2 * i - 1] = item[1]
+    refs[2 * i] = item[3] .. '\t' .. item[2]
+  end
+  redis.call('HSET', K_REFS, unpack(refs))
+  for _, item in ipairs(fresh) do
+    redis.call('XADD', K_STREAM, '*', 's', item[1], 'n', '0')
+    emit('put', item[1], '')
+  end
+  redis.call('HINCRBY', K_STATS, 'put', #fresh)
 end
 
 -- Lease up to ``count`` entries to the caller; lease i gets token ``base .. i``. Appends
--- ``key, n, ref JSON`` per lease to ``reply``; returns how many.
+-- ``key, n, ref JSON`` per lease to ``reply``; returns how many. One command of each kind per batch.
 local function lease_entries(count, vt, base, reply)
   local leased = 0
   while leased < count do
@@ -209,27 +234,43 @@ local function lease_entries(count, vt, base, reply)
     if not got then
       break
     end
-    for _, entry in ipairs(got[1][2]) do
-      local id, fields = entry[1], entry[2]
-      local sid, n = fields[2], fields[4]
-      local held = redis.call('HGET', K_REFS, sid)
-      if held then
-        leased = leased + 1
-        local put_token, ref = split_held(held)
-        local key = string.format('%016d', redis.call('HINCRBY', K_STATS, 'leased', 1))
-        local rec = id .. '\t' .. base .. leased .. '\t' .. n .. '\t' .. put_token .. '\t' .. sid
-        redis.call('HSET', K_LEASES, key, rec)
-        redis.call('ZADD', K_DEADLINES, fmt(clock() + vt), key)
+    local entries, sids = got[1][2], {}
+    for i, entry in ipairs(entries) do
+      sids[i] = entry[2][2]
+    end
+    local held = redis.call('HMGET', K_REFS, unpack(sids))
+    local taken = {}
+    for i, entry in ipairs(entries) do
+      if held[i] then
+        taken[#taken + 1] = i
+      else
+        -- an entry whose sample is no longer held is never leased (defensive: no function leaves one; the
+        -- pending gauge would count it)
+        redis.call('XACK', K_STREAM, GROUP, entry[1])
+      end
+    end
+    if #taken > 0 then
+      local last = redis.call('HINCRBY', K_STATS, 'leased', #taken)
+      local deadline = fmt(clock() + vt)
+      local records, scores = {}, {}
+      for j, i in ipairs(taken) do
+        local id, fields = entries[i][1], entries[i][2]
+        local sid, n = fields[2], fields[4]
+        local put_token, ref = split_held(held[i])
+        local key = string.format('%016d', last - #taken + j)
+        records[2 * j - 1] = key
+        records[2 * j] = id .. '\t' .. base .. (leased + j) .. '\t' .. n .. '\t' .. put_token .. '\t' .. sid
+        scores[2 * j - 1] = deadline
+        scores[2 * j] = key
         emit('lease', sid, key)
         -- the client knows the deadline: its clock (or the now it sent) plus vt
         reply[#reply + 1] = key
         reply[#reply + 1] = n
         reply[#reply + 1] = ref
-      else
-        -- an entry whose sample is no longer held is never leased (defensive: no function leaves one; the
-        -- pending gauge would count it)
-        redis.call('XACK', K_STREAM, GROUP, id)
       end
+      redis.call('HSET', K_LEASES, unpack(records))
+      redis.call('ZADD', K_DEADLINES, unpack(scores))
+      leased = leased + #taken
     end
   end
   return leased
@@ -263,6 +304,7 @@ local function live_lease(key, token)
   return entry, tonumber(n), put_token, sid
 end
 
+-- whether the lease (key, token) was settled with ``outcome`` already (a retry after a lost reply)
 local function settled_by(sid, outcome, key, token)
   local done = redis.call('HGET', K_DONE, sid)
   local prefix = outcome .. '\t' .. key .. '\t' .. token .. '\t'
@@ -274,34 +316,56 @@ local function stale(op, key)
   emit('stale', op, key)
 end
 
--- Ack one lease: 'ok', 'again' (this very lease acked already: the caller still has to scrub) or 'stale'.
-local function ack_one(key, token, sid)
-  local entry, _, put_token, live_sid = live_lease(key, token)
-  if entry then
-    drop_lease(key, entry, 'acked')
-    emit('ack', live_sid, key)
-    retire(live_sid, 'acked', key, token, put_token)
-    return 'ok'
+-- Settle a batch of leases, ARGV[2:] = (lease key, token, sample id) per lease, each on its own: 'ok',
+-- 'again' (this very lease settled so already: a retry after a lost reply), or 'stale'. The live ones are
+-- dropped together (``counter``); ``settle(live)`` finishes them, ``live`` being a list of
+-- {sample id, lease key, token, redelivery count, put token}. Returns the statuses, in order.
+local function settle_batch(op, counter, outcome, settle)
+  local keys = {}
+  for i = 2, #ARGS, 3 do
+    keys[#keys + 1] = ARGS[i]
   end
-  if settled_by(sid, 'acked', key, token) then
-    return 'again'
+  local records = redis.call('HMGET', K_LEASES, unpack(keys))
+  local statuses, live, live_keys, entries = {}, {}, {}, {}
+  for j, key in ipairs(keys) do
+    local token, sid = ARGS[3 * j], ARGS[3 * j + 1]
+    local entry, tok, n, put_token, live_sid
+    if records[j] then
+      entry, tok, n, put_token, live_sid = parse_lease(records[j])
+    end
+    -- the client sends each lease of a batch once with its token (a repeated one without), so keys differ
+    if entry and token ~= '' and tok == token then
+      statuses[j] = 'ok'
+      live[#live + 1] = {live_sid, key, token, tonumber(n), put_token}
+      live_keys[#live_keys + 1] = key
+      entries[#entries + 1] = entry
+    elseif settled_by(sid, outcome, key, token) then
+      statuses[j] = 'again'
+    else
+      -- a stale lease's event goes before the settles of its batch; each is its own step
+      stale(op, key)
+      statuses[j] = 'stale'
+    end
   end
-  stale('ack', key)
-  return 'stale'
+  if #live > 0 then
+    drop_leases(live_keys, entries, counter)
+    settle(live)
+  end
+  return statuses
 end
 
--- Fail one lease: 'ok', 'again' (this very lease failed into the dead letters already) or 'stale'.
-local function fail_one(key, token, sid)
-  local entry, n, put_token, live_sid = live_lease(key, token)
-  if entry then
-    drop_lease(key, entry, 'failed')
-    emit('fail', live_sid, key)
-    redeliver(live_sid, n, 'failed', key, token, put_token)
-    return 'ok'
+local function ack_live(live)
+  local items = {}
+  for i, lease in ipairs(live) do
+    emit('ack', lease[1], lease[2])
+    items[i] = {lease[1], lease[2], lease[3], lease[5]}
   end
-  if settled_by(sid, 'dead-lettered', key, token) then
-    return 'again'
+  retire(items, 'acked')
+end
+
+local function fail_live(live)
+  for _, lease in ipairs(live) do
+    emit('fail', lease[1], lease[2])
+    redeliver(lease[1], lease[4], 'failed', lease[2], lease[3], lease[5])
   end
-  stale('fail', key)
-  return 'stale'
 end

@@ -2,11 +2,13 @@
 feed()
 reap()
 local sid, ref, token, if_idle = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
+local held = redis.call('HGET', K_REFS, sid)
 if not is_open() then
   -- whether the id is queued all the same: then its retain belongs to that queued sample
-  return {'closed', events, redis.call('HEXISTS', K_REFS, sid)}
+  return {'closed', events, held and 1 or 0}
 end
-local why, outcome = put_check(sid, token)
+local done = not held and redis.call('HGET', K_DONE, sid)
+local why, outcome = put_verdict(held, done, token)
 if why == 'again' then
   return {'ok', events}
 end
@@ -20,5 +22,5 @@ end
 if if_idle == '1' and redis.call('HLEN', K_REFS) ~= 0 then
   return {'busy', events}
 end
-put_new(sid, ref, token)
+put_new({{sid, ref, token}})
 return {'ok', events}

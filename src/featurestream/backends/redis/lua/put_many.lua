@@ -1,22 +1,27 @@
 -- ARGV: base put token, then (sample id, ref JSON) pairs; item i's put token is base .. i.
 -- All or nothing: any refused item refuses the batch, which then changes nothing but the refusal's count.
+-- A refusal replies the offending id, the outcome (dedup) and, per item, whether the queue holds that id.
 feed()
 reap()
-local base = ARGV[2]
+local base, sids = ARGV[2], {}
+for i = 3, #ARGV, 2 do
+  sids[#sids + 1] = ARGV[i]
+end
+local held = redis.call('HMGET', K_REFS, unpack(sids))
 local function held_flags()
   local flags = {}
-  for i = 3, #ARGV, 2 do
-    flags[#flags + 1] = redis.call('HEXISTS', K_REFS, ARGV[i])
+  for j = 1, #sids do
+    flags[j] = held[j] and 1 or 0
   end
   return flags
 end
 if not is_open() then
   return {'closed', events, '', '', held_flags()}
 end
+local done = redis.call('HMGET', K_DONE, unpack(sids))
 local fresh = {}
-for i = 3, #ARGV, 2 do
-  local sid = ARGV[i]
-  local why, outcome = put_check(sid, base .. ((i - 1) / 2))
+for j, sid in ipairs(sids) do
+  local why, outcome = put_verdict(held[j], done[j], base .. j)
   if why == 'dedup' then
     refuse_dedup(sid)
     return {'dedup', events, sid, outcome, held_flags()}
@@ -24,11 +29,11 @@ for i = 3, #ARGV, 2 do
   if why == 'held' then
     return {'held', events, sid, '', held_flags()}
   end
-  fresh[i] = why == nil
-end
-for i = 3, #ARGV, 2 do
-  if fresh[i] then
-    put_new(ARGV[i], ARGV[i + 1], base .. ((i - 1) / 2))
+  if why == nil then
+    fresh[#fresh + 1] = {sid, ARGV[2 * j + 2], base .. j}
   end
+end
+if #fresh > 0 then
+  put_new(fresh)
 end
 return {'ok', events}
