@@ -161,6 +161,17 @@ LIVE_STALE = ev(events.STALE_REJECTED, op="ack", lease_id=102, sample_id="x0", n
 CORRECT["early reclaim, untimed"] = [
     (a, {k: v for k, v in f.items() if k not in ("now", "deadline")}) for a, f in replace(redelivery(), 10, now=12.5)
 ]
+# A day-long trace needs coarser ticks than microseconds to fit TLC's integers; its deadlines are still checked.
+DAY = 86_400.0
+
+
+def day_long(reclaim_at: float) -> list[Event]:
+    """``redelivery`` with the lease reclaimed at ``reclaim_at`` and everything after it a day later."""
+    trace = replace(redelivery(), 10, now=reclaim_at)
+    return [(a, {**f, "now": f["now"] + DAY} if k > 10 and "now" in f else f) for k, (a, f) in enumerate(trace)]
+
+
+CORRECT["a day long"] = day_long(reclaim_at=DAY)
 # name -> (trace, index of the event TLC must stop at)
 DEFECTS: dict[str, tuple[list[Event], int]] = {
     "wrong n after a Fail redelivery": (replace(redelivery(), 7, n=0), 7),
@@ -176,6 +187,7 @@ DEFECTS: dict[str, tuple[list[Event], int]] = {
     "resident bytes off at Pause": (replace(backpressure(), 3, resident_bytes=2 * SIZE), 3),
     "resident bytes off after a settle": (replace(backpressure(), 8, resident_bytes=3 * SIZE), 8),
     "wrong n at the dead letter": (replace(redelivery(), 11, n=0), 11),
+    "a day long, reclaimed half a second early": (day_long(reclaim_at=12.5), 10),
     "a Get after the bytes are scrubbed": (insert(redelivery(), 13, ev(STORE_GET, sample_id="x0", handle_id=2)), 13),
     "bytes gone although the scrub failed": (replace(scrub_fault(), 5, samples=[], resident_bytes=0), 5),
     "a re-put accepted after a failed scrub": (replace(scrub_fault(), 6, events.PUT, n=0, pending=1), 6),

@@ -19,7 +19,7 @@ a present one always is): ``n`` is the redelivery count of the lease concerned
 is ``residentBytes'``. The spec's time is abstract, so the trace module keeps
 the queue's clock and each lease's deadline as auxiliary variables, updated
 from the events' ``now``/``deadline`` fields (in integer microseconds from the
-trace's earliest time): the clock never goes back; ``Acquire`` sets the
+trace's earliest time, coarser for very long traces): the clock never goes back; ``Acquire`` sets the
 deadline to the acquiring call's clock + ``TraceConstants.visibility_timeout``
 (between the previous event's ``now`` and this one's, one tick of rounding);
 ``Extend`` happens only to a lease whose deadline has not passed and sets one
@@ -91,7 +91,7 @@ _KNOWN = events.ALL | {STORE_PUT, STORE_GET, STORE_RELEASE, STORE_SCRUB}
 _BYSTANDERS = frozenset({STORE_PUT, STORE_GET, STORE_RELEASE, events.RESIDENT})
 
 UNKNOWN = -1  # a value the event did not carry: not checked
-TICKS_PER_SECOND = 1_000_000  # the trace module's clock: integer microseconds from the trace's earliest time
+MICROSECONDS = 1_000_000.0  # ticks per second of the trace module's clock, unless the trace is too long for that
 _TLC_INT_MAX = 2**31 - 1
 
 
@@ -267,20 +267,26 @@ def _count(fields: Mapping[str, object], name: str) -> int:
 
 
 class _Clock:
-    """A trace's times as TLC integers: microseconds from its earliest ``now``/``deadline``."""
+    """A trace's times as TLC integers: ticks from its earliest ``now``/``deadline``.
 
-    def __init__(self, trace: Sequence[Event]) -> None:
+    A tick is a microsecond, or coarser for traces too long for TLC's 32-bit
+    integers (a deadline and the visibility timeout added to it must fit).
+    """
+
+    def __init__(self, trace: Sequence[Event], visibility_timeout: float | None) -> None:
         times = [f[k] for _, f in trace for k in ("now", "deadline") if f.get(k) is not None]
         for value in times:
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
                 raise ValueError(f"trace times must be finite numbers, got {value!r}")
-        self.origin = min(times, default=0.0)
-        span = self.ticks(max(times, default=0.0))
-        if span > _TLC_INT_MAX // 2:
-            raise ValueError(f"the trace spans {span / TICKS_PER_SECOND:.0f} s: too long for TLC's integers")
+        self.origin = float(min(times, default=0.0))
+        seconds = float(max(times, default=0.0)) - self.origin + (visibility_timeout or 0.0)
+        self.per_second = MICROSECONDS
+        while seconds * self.per_second > _TLC_INT_MAX // 4:
+            self.per_second /= 10
+        self.visibility = UNKNOWN if visibility_timeout is None else round(visibility_timeout * self.per_second)
 
     def ticks(self, value: object) -> int:
-        return UNKNOWN if value is None else round((float(value) - self.origin) * TICKS_PER_SECOND)  # type: ignore[arg-type]
+        return UNKNOWN if value is None else round((float(value) - self.origin) * self.per_second)  # type: ignore[arg-type]
 
 
 def _next_in_operation(trace: Sequence[Event], index: int) -> int | None:
@@ -355,13 +361,12 @@ def _fault_step(call: str, own_scrub: bool) -> str:
     return {"retain": "RetainFault", "unretain": "UnretainFault", "scrub": "RetryFault"}.get(call, "OtherFault")
 
 
-def _steps(trace: Sequence[Event], sample_bytes: int) -> list[_Step]:
+def _steps(trace: Sequence[Event], sample_bytes: int, clock: _Clock) -> list[_Step]:
     """Events -> spec steps: names resolved by looking ahead within an operation, values converted."""
     trace = list(trace)
     for index, (action, _) in enumerate(trace):
         if action not in _KNOWN:
             raise ValueError(f"trace event {index} has unknown action {action!r}; known: {sorted(_KNOWN)}")
-    clock = _Clock(trace)
     inference = None if _stores_traced(trace) else _StorePutInference(trace, sample_bytes)
     scrub_faults = _settle_scrub_faults(trace)
     # Leases become consumers 1..n of this trace: small, dense domains keep TLC's states small.
@@ -426,8 +431,7 @@ EXTENDS LeaseQueue, Integers, Sequences, FiniteSets, TLC
 TraceSamples == {samples}
 TraceConsumers == {consumers}
 Unknown == -1
-VisibilityTicks == {visibility}  \\* the visibility timeout in clock ticks, Unknown: deadlines not checked
-Slack == 1                       \\* one tick of rounding between a float deadline and its ticks
+Slack == 1  \\* one tick of rounding between a float deadline and its ticks
 Log == <<
 {log}
 >>
@@ -435,6 +439,7 @@ Exact == <<{exact}>>  \\* per trace: does it show the store's writes (TraceRecor
 
 VARIABLES tr, i, clock, dl  \\* clock: the queue's clock; dl[l]: lease l's deadline (Unknown until traced)
 traceVars == <<tr, i, clock, dl>>
+VisibilityTicks == <<{visibility}>>[tr]  \\* trace tr's visibility timeout in its ticks; Unknown: not checked
 
 Known(x) == x # Unknown
 Chk(v, x) == IF Known(v) THEN v = x ELSE TRUE
@@ -562,7 +567,8 @@ def validate_traces(
     other than a verdict.
     """
     traces = [list(trace) for trace in traces]
-    all_steps = [_steps(trace, constants.sample_bytes) for trace in traces]
+    clocks = [_Clock(trace, constants.visibility_timeout) for trace in traces]
+    all_steps = [_steps(trace, constants.sample_bytes, clock) for trace, clock in zip(traces, clocks, strict=True)]
     if not all_steps:
         return []
     samples = sorted({s for steps in all_steps for step in steps for s in (step.sample, *step.observed) if s})
@@ -570,12 +576,11 @@ def validate_traces(
     faults = max(sum(action == events.STORE_FAULT for action, _ in trace) for trace in traces)
     empty = _record(_Step("End"))
     log = ",\n".join(f"  <<{', '.join(map(_record, steps)) if steps else empty}>>" for steps in all_steps)
-    vt = constants.visibility_timeout
     module = _TRACE_MODULE.format(
         count=len(all_steps),
         samples="{" + ", ".join(map(_tla_string, samples or ["none"])) + "}",
         consumers=f"1..{max(consumers, 1)}",
-        visibility=UNKNOWN if vt is None else round(vt * TICKS_PER_SECOND),
+        visibility=", ".join(str(clock.visibility) for clock in clocks),
         log=log,
         exact=", ".join("TRUE" if _stores_traced(trace) else "FALSE" for trace in traces),
     )
