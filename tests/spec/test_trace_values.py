@@ -172,40 +172,54 @@ def day_long(reclaim_at: float) -> list[Event]:
 
 
 CORRECT["a day long"] = day_long(reclaim_at=DAY)
-# name -> (trace, index of the event TLC must stop at)
-DEFECTS: dict[str, tuple[list[Event], int]] = {
-    "wrong n after a Fail redelivery": (replace(redelivery(), 7, n=0), 7),
-    "pending off by one": (replace(redelivery(), 4, pending=2), 4),
-    "outstanding off by one": (replace(batch(), 7, outstanding=3), 7),
-    "Reclaim before its deadline": (replace(redelivery(), 10, now=12.5), 10),
-    "Reclaim before the traced deadline (no deadline field)": (replace(redelivery(), 10, now=12.5, deadline=None), 10),
-    "Reclaim names another deadline": (replace(redelivery(), 10, deadline=14.0, now=14.0), 10),
-    "StaleRejected of a live lease": (insert(redelivery(), 8, LIVE_STALE), 8),
-    "Acquire deadline is not now + visibility timeout": (replace(redelivery(), 7, deadline=22.0), 7),
-    "Extend of an expired lease": (insert(replace(redelivery(), 8, now=12.5, deadline=22.5), 8, LATE_STALE), 9),
-    "the clock goes back": (replace(redelivery(), 5, now=0.5), 5),
-    "resident bytes off at Pause": (replace(backpressure(), 3, resident_bytes=2 * SIZE), 3),
-    "resident bytes off after a settle": (replace(backpressure(), 8, resident_bytes=3 * SIZE), 8),
-    "wrong n at the dead letter": (replace(redelivery(), 11, n=0), 11),
-    "a day long, reclaimed half a second early": (day_long(reclaim_at=12.5), 10),
-    "a Get after the bytes are scrubbed": (insert(redelivery(), 13, ev(STORE_GET, sample_id="x0", handle_id=2)), 13),
-    "bytes gone although the scrub failed": (replace(scrub_fault(), 5, samples=[], resident_bytes=0), 5),
-    "a re-put accepted after a failed scrub": (replace(scrub_fault(), 6, events.PUT, n=0, pending=1), 6),
+# name -> (trace, index of the event TLC must stop at, what fails there: the action, its values or its clock)
+WHY = {"action": "does not allow", "values": "pending/outstanding/resident_bytes", "clock": "now/deadline"}
+DEFECTS: dict[str, tuple[list[Event], int, str]] = {
+    "wrong n after a Fail redelivery": (replace(redelivery(), 7, n=0), 7, "action"),
+    "pending off by one": (replace(redelivery(), 4, pending=2), 4, "values"),
+    "outstanding off by one": (replace(batch(), 7, outstanding=3), 7, "values"),
+    "Reclaim before its deadline": (replace(redelivery(), 10, now=12.5), 10, "clock"),
+    "Reclaim before the traced deadline (no deadline field)": (
+        replace(redelivery(), 10, now=12.5, deadline=None),
+        10,
+        "clock",
+    ),
+    "Reclaim names another deadline": (replace(redelivery(), 10, deadline=14.0, now=14.0), 10, "clock"),
+    "StaleRejected of a live lease": (insert(redelivery(), 8, LIVE_STALE), 8, "action"),
+    "Acquire deadline is not now + visibility timeout": (replace(redelivery(), 7, deadline=22.0), 7, "clock"),
+    "Extend of an expired lease": (
+        insert(replace(redelivery(), 8, now=12.5, deadline=22.5), 8, LATE_STALE),
+        9,
+        "clock",
+    ),
+    "the clock goes back": (replace(redelivery(), 5, now=0.5), 5, "clock"),
+    "resident bytes off at Pause": (replace(backpressure(), 3, resident_bytes=2 * SIZE), 3, "values"),
+    "resident bytes off after a settle": (replace(backpressure(), 8, resident_bytes=3 * SIZE), 8, "values"),
+    "wrong n at the dead letter": (replace(redelivery(), 11, n=0), 11, "action"),
+    "a day long, reclaimed half a second early": (day_long(reclaim_at=12.5), 10, "clock"),
+    "a Get after the bytes are scrubbed": (
+        insert(redelivery(), 13, ev(STORE_GET, sample_id="x0", handle_id=2)),
+        13,
+        "action",
+    ),
+    "bytes gone although the scrub failed": (replace(scrub_fault(), 5, samples=[], resident_bytes=0), 5, "action"),
+    "a re-put accepted after a failed scrub": (replace(scrub_fault(), 6, events.PUT, n=0, pending=1), 6, "action"),
 }
 
 
 def test_correct_values_are_admitted_and_each_seeded_wrong_value_is_rejected_at_its_event(
     tlc_available: None,
 ) -> None:
-    traces = [*CORRECT.values(), *(trace for trace, _ in DEFECTS.values())]
+    traces = [*CORRECT.values(), *(trace for trace, _, _ in DEFECTS.values())]
     results = validate_traces(traces, CONSTANTS)
     print(f"one TLC run for {len(traces)} hand-written traces: {results[0].tlc.seconds:.1f} s")
     for name, result in zip(CORRECT, results, strict=False):
         assert result.admitted, (name, result.explain())
-    for (name, (_, index)), result in zip(DEFECTS.items(), results[len(CORRECT) :], strict=True):
+    for (name, (_, index, why)), result in zip(DEFECTS.items(), results[len(CORRECT) :], strict=True):
         print(f"{name}: {result.explain()}")
         assert not result.admitted, name
         assert result.stuck_at is not None and result.stuck_at["index"] == index, (name, result.explain())
+        assert WHY[why] in result.why, (name, result.why)
     assert {events.PAUSE, events.RESUME} <= {action for action, _ in CORRECT["backpressure"]}
 
 

@@ -121,20 +121,21 @@ class TraceConstants:
 
 @dataclasses.dataclass(frozen=True)
 class TraceResult:
-    """The verdict on one trace: ``admitted``, how many spec steps matched, the first unmatched event."""
+    """The verdict on one trace: ``admitted``, how many spec steps matched, the first unmatched event and why."""
 
     admitted: bool
     matched_steps: int
     total_steps: int
     stuck_at: Mapping[str, object] | None
     tlc: TLCResult
+    why: str = ""  # for a rejected trace: which part of the unmatched event failed
 
     def explain(self) -> str:
         if self.admitted:
             return f"trace admitted by the spec ({self.total_steps} steps)"
         return (
             f"trace REJECTED: the spec admits the first {self.matched_steps} of {self.total_steps} steps; "
-            f"no spec action matches step {self.matched_steps + 1}: {self.stuck_at}"
+            f"no spec action matches step {self.matched_steps + 1}: {self.stuck_at} -- {self.why}"
         )
 
 
@@ -529,9 +530,12 @@ TraceSpec == TraceInit /\\ [][TraceNext]_<<vars, traceVars>>
 
 (* The verdicts, printed rather than raised as violations (a violation would print the whole behaviour): *)
 (* "matched" when trace tr is fully consumed, "stuck" when no spec action matches its event i.          *)
+(* A stuck report says which part failed: the action itself, the values it reports, or its timing. *)
 TraceReport ==
     /\\ i > Len(Log[tr]) => PrintT(<<"matched", tr>>)
-    /\\ i <= Len(Log[tr]) /\\ ~ENABLED TraceStep => PrintT(<<"stuck", tr, i>>)
+    /\\ i <= Len(Log[tr]) /\\ ~ENABLED TraceStep =>
+          LET e == Log[tr][i] IN
+          PrintT(<<"stuck", tr, i, ENABLED Match(e), ENABLED (Match(e) /\\ Values(e)), ENABLED (Match(e) /\\ Time(e))>>)
 ====
 """
 
@@ -554,7 +558,18 @@ INVARIANT
     TraceReport
 """
 
-_REPORT = re.compile(r'^<<"(matched|stuck)", (\d+)(?:, (\d+))?>>$', re.M)
+_REPORT = re.compile(r'^<<"(matched|stuck)", (\d+)((?:, (?:\d+|TRUE|FALSE))*)>>$', re.M)
+
+
+def _why(action: str, enabled: bool, values: bool, timing: bool) -> str:
+    """Why the trace module's step for ``action`` could not be taken, from what TLC found enabled."""
+    if not enabled:
+        return f"the spec does not allow {action} here (its state, sample, lease or redelivery count n differ)"
+    if not values:
+        return f"the spec allows {action}, but not with the pending/outstanding/resident_bytes it reports"
+    if not timing:
+        return f"the spec allows {action}, but its now/deadline break the clock rules"
+    return f"the spec allows {action} with its values and with its timing, but not with both"
 
 
 def validate_traces(
@@ -605,19 +620,22 @@ def validate_traces(
     if not result.ok:
         raise RuntimeError(f"TLC failed on the trace module: {result.error}\n{result.output[-3000:]}")
     admitted: set[int] = set()
-    furthest: dict[int, int] = {}
-    for name, tr, i in _REPORT.findall(result.output):
+    furthest: dict[int, tuple[int, str]] = {}  # trace -> the furthest stuck event (1-based) and why
+    for name, tr, rest in _REPORT.findall(result.output):
         if name == "matched":
             admitted.add(int(tr))
-        else:
-            furthest[int(tr)] = max(furthest.get(int(tr), 0), int(i))
+            continue
+        at, *enabled = rest.strip(", ").split(", ")
+        step = all_steps[int(tr) - 1][int(at) - 1]
+        why = _why(step.action, *(flag == "TRUE" for flag in enabled))
+        furthest[int(tr)] = max(furthest.get(int(tr), (0, "")), (int(at), why))
     verdicts = []
     for number, steps in enumerate(all_steps, start=1):
         if number in admitted or not steps:
             verdicts.append(TraceResult(True, len(steps), len(steps), None, result))
             continue
-        at = furthest.get(number, 1)
-        verdicts.append(TraceResult(False, at - 1, len(steps), steps[at - 1].source, result))
+        at, why = furthest.get(number, (1, ""))
+        verdicts.append(TraceResult(False, at - 1, len(steps), steps[at - 1].source, result, why))
     return verdicts
 
 
