@@ -185,6 +185,31 @@ class TestPrefetch:
         assert [index_of(batch) for batch in loader] == [1, 2]
         assert queue.stats().reclaimed == 0 and queue.stats().acked == 3
 
+    def test_a_prefetched_batch_whose_lease_was_lost_is_not_handed_out(
+        self, make_store: Callable[[], FeatureStore]
+    ) -> None:
+        store = make_store()
+        clock = FakeClock()
+        queue = filled_queue(store, 3, visibility_timeout=VisibilityTimeout(10.0), clock=clock)
+        loader = FeatureDataLoader(queue, make_store(), prefetch=2, heartbeat_interval=0.005)
+        assert index_of(next(loader)) == 0
+        wait_for("a full prefetch buffer", lambda: queue.outstanding_count() == 3)
+        clock.advance(11.0)  # every lease expires before a heartbeat reaches it: the next extend finds them lost
+        wait_for("the expired leases reclaimed", lambda: queue.stats().reclaimed == 3)
+        rest = []
+        for batch in loader:
+            rest.append((index_of(batch), loader.current_lease.redelivery_count))  # type: ignore[union-attr]
+        assert rest == [(0, 1), (1, 1), (2, 1)], "the lost batches were skipped and their samples leased afresh"
+        assert queue.stats().acked == 3 and queue.stats().stale_rejected >= 1
+
+    def test_materialises_on_the_requested_device(self, make_store: Callable[[], FeatureStore]) -> None:
+        store = make_store()
+        queue = filled_queue(store, 2)
+        loader = FeatureDataLoader(queue, make_store(), device="cpu", non_blocking=True)
+        batches = list(loader)
+        assert [b.logits.device.type for b in batches] == ["cpu", "cpu"]
+        assert_is_sample(batches[1].tensors(), 1)
+
     def test_a_crashed_consumer_with_a_full_buffer_loses_nothing(self, make_store: Callable[[], FeatureStore]) -> None:
         store = make_store()
         clock = FakeClock()
