@@ -209,7 +209,7 @@ def test_thread_stress_trace_is_admitted(tlc_available: None) -> None:
         store, VisibilityTimeout(vt), high_watermark_bytes=4 * size, low_watermark_bytes=2 * size,
         max_deliveries=3, reaper_interval=0.005, tracer=recorder,
     )  # fmt: skip
-    samples = 40
+    samples = 25
 
     def produce() -> None:
         for i in range(samples):
