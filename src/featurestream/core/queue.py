@@ -507,7 +507,10 @@ class SampleRefQueue:
             logger.debug("rejected stale %s of lease %r", action, getattr(lease, "lease_id", lease))
             sample_id = getattr(getattr(lease, "ref", None), "sample_id", None)
             n = getattr(lease, "redelivery_count", None)
-            self._emit(events.STALE_REJECTED, op=action, lease_id=lease_id, sample_id=sample_id, n=n)
+            # forged: this lease id is live, but the object is a copy of its lease, not the one acquire returned.
+            self._emit(
+                events.STALE_REJECTED, op=action, lease_id=lease_id, sample_id=sample_id, n=n, forged=record is not None
+            )
             return None
         return record
 
