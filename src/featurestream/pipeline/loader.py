@@ -9,8 +9,6 @@ Options beyond the reference loader (see ``docs/loader.md``): ``prefetch``
 
 from __future__ import annotations
 
-import collections
-import dataclasses
 import threading
 import weakref
 from collections.abc import Callable, Sequence
@@ -24,152 +22,16 @@ from featurestream.core.lease import Lease
 from featurestream.core.protocol import LeaseQueue
 from featurestream.core.refs import FeatureAlgorithm
 from featurestream.pipeline import lockstep
-from featurestream.pipeline.batching import ack_many, acquire_many, concat_samples, fail_many
+from featurestream.pipeline.batching import ack_many, fail_many
 from featurestream.pipeline.prefetch import LeaseBook, Prefetcher, Pulled
-from featurestream.pipeline.schemas import AlgorithmSchema, make_batch, schema_for
+from featurestream.pipeline.pull import Collate, Puller, PullSpec, stream_ended
+from featurestream.pipeline.schemas import schema_for
 from featurestream.stores.base import FeatureStore, StoreHandle
 
 __all__ = ["FeatureDataLoader"]
 
 # The prefetch thread's longest single wait in ``acquire``: how soon it notices close() (a put wakes it at once).
 _PREFETCH_WAIT = 0.1
-
-Collate = Callable[[list[dict[str, torch.Tensor]]], Any]
-
-
-@dataclasses.dataclass(frozen=True)
-class _Spec:
-    """What a pull needs; holds no reference to the loader, so an abandoned loader can be collected."""
-
-    queue: LeaseQueue
-    store: FeatureStore
-    schema: AlgorithmSchema
-    batch_type: type
-    collate_fn: Collate | None
-    batch_size: int
-    device: torch.device | None
-    non_blocking: bool
-    wait: float
-    # Lockstep ranks end their stream when the queue is closed with nothing pending, not at the drain: the
-    # leases still out may be their peers' batches, held while those peers wait for this rank's vote.
-    end_when_nothing_pending: bool
-
-    @property
-    def async_copy(self) -> bool:
-        return self.non_blocking and self.device is not None and self.device.type == "cuda"
-
-
-def _stream_ended(spec: _Spec, own: int) -> bool:
-    """Whether nothing will ever come: closed, nothing pending, no lease out but the ``own`` this loader holds."""
-    queue = spec.queue
-    if not queue.is_closed or queue.pending_count() > 0:
-        return False
-    return spec.end_when_nothing_pending or queue.outstanding_count() <= own
-
-
-def _algorithm_name(algorithm: FeatureAlgorithm) -> str:
-    return f"{type(algorithm).__name__}.{algorithm.name}"
-
-
-class _Puller:
-    """Leases, checks and materialises samples and builds batches of ``batch_size``; one thread at a time.
-
-    Every lease it takes is booked in ``book`` until the loader hands the
-    batch over; samples already materialised when a later one fails stay
-    booked for the next batch, and the errors come out one per pull, in order.
-    """
-
-    def __init__(self, spec: _Spec, book: LeaseBook) -> None:
-        self._spec = spec
-        self.book = book
-        self._ready: list[tuple[Lease, StoreHandle, dict[str, torch.Tensor]]] = []
-        self._errors: collections.deque[BaseException] = collections.deque()
-
-    def pull(self, stopping: Callable[[], bool]) -> Pulled | None:
-        """The next batch or error; ``None`` at the end of the stream (a last batch may be short) or when stopping."""
-        spec = self._spec
-        while not self._errors and len(self._ready) < spec.batch_size:
-            if stopping():
-                return None
-            leases = acquire_many(spec.queue, spec.batch_size - len(self._ready), timeout=spec.wait)
-            if not leases:
-                if _stream_ended(spec, self.book.count()):
-                    break
-                continue
-            for index, lease in enumerate(leases):
-                if not self.book.add(lease):  # the loader closed meanwhile: hand these back untouched
-                    fail_many(spec.queue, leases[index:])
-                    return None
-            for lease in leases:
-                try:
-                    sample = self._materialise(lease)
-                except Exception as exc:
-                    self._errors.append(exc)
-                else:
-                    if sample is None:
-                        return None
-                    self._ready.append(sample)
-        if self._errors:
-            return Pulled([], [], error=self._errors.popleft())
-        if not self._ready:
-            return None
-        samples, self._ready = self._ready[: spec.batch_size], self._ready[spec.batch_size :]
-        return self._collate(samples)
-
-    def _materialise(self, lease: Lease) -> tuple[Lease, StoreHandle, dict[str, torch.Tensor]] | None:
-        """Check and read one leased sample; settle it and raise as the loader contract says; ``None`` if closed."""
-        spec, ref = self._spec, lease.ref
-        if ref.algorithm is not spec.schema.algorithm:
-            self.book.forget(lease)
-            spec.queue.fail(lease)
-            raise ValueError(
-                f"FeatureDataLoader is bound to algorithm={_algorithm_name(spec.schema.algorithm)}, but sample "
-                f"{ref.sample_id!r} is {_algorithm_name(ref.algorithm)} ({ref.algorithm.value}); "
-                "its lease was failed so a matching consumer can take it"
-            )
-        try:
-            spec.schema.validate_ref(ref)
-        except ValueError as exc:
-            self.book.forget(lease)
-            spec.queue.ack(lease)
-            raise ValueError(f"{exc}; the sample was dropped (acked, never redelivered)") from None
-        try:
-            if spec.async_copy:
-                tensors, handle = spec.store.get(ref)
-                tensors = {n: t.pin_memory().to(spec.device, non_blocking=True) for n, t in tensors.items()}
-            elif spec.device is not None:
-                tensors, handle = spec.store.get(ref, spec.device)
-            else:
-                tensors, handle = spec.store.get(ref)
-        except Exception:
-            self.book.forget(lease)
-            spec.queue.fail(lease)
-            raise
-        if not self.book.attach(lease, handle):  # closed meanwhile: the book failed the lease back
-            spec.store.release(handle)
-            return None
-        return lease, handle, tensors
-
-    def _collate(self, samples: list[tuple[Lease, StoreHandle, dict[str, torch.Tensor]]]) -> Pulled:
-        spec = self._spec
-        leases = [lease for lease, _, _ in samples]
-        handles = [handle for _, handle, _ in samples]
-        tensors = [sample_tensors for _, _, sample_tensors in samples]
-        try:
-            if spec.collate_fn is not None:
-                batch = spec.collate_fn(tensors)
-            else:
-                ids = [lease.ref.sample_id for lease in leases]
-                merged = tensors[0] if len(tensors) == 1 else concat_samples(tensors, ids)
-                batch = make_batch(merged, spec.batch_type)
-        except Exception as exc:
-            self.book.give_back(leases, handles)
-            return Pulled([], [], error=exc)
-        ready = None
-        if spec.async_copy:
-            ready = torch.cuda.Event()
-            ready.record()
-        return Pulled(leases, handles, batch=batch, ready=ready)
 
 
 class FeatureDataLoader:
@@ -259,7 +121,7 @@ class FeatureDataLoader:
         self.batch_size = batch_size
         self.process_group = process_group
         self._heartbeat_interval = heartbeat_interval
-        self._spec = _Spec(
+        self._spec = PullSpec(
             queue=queue,
             store=store,
             schema=schema,
@@ -278,7 +140,7 @@ class FeatureDataLoader:
         self._prefetcher: Prefetcher | None = None
         self._prefetch_finalizer: weakref.finalize | None = None
         # prefetch=0: the trainer's thread pulls; the book heartbeats only a candidate waiting for the other ranks.
-        self._puller = _Puller(self._spec, self._new_book(heartbeat=process_group is not None))
+        self._puller = Puller(self._spec, self._new_book(heartbeat=process_group is not None))
 
     @property
     def current_lease(self) -> Lease | None:
@@ -373,12 +235,12 @@ class FeatureDataLoader:
             # The thread saw the end of the stream; confirm it now that this loader holds nothing (a batch the
             # trainer failed back since then is pending again), else start pulling again.
             self._drop_prefetcher()
-            if self._is_closed() or _stream_ended(self._spec, 0):
+            if self._is_closed() or stream_ended(self._spec, 0):
                 return None, book
 
     def _start_prefetcher(self) -> None:
         """Start a prefetch thread (``self._lock`` held); it references the puller, not this loader."""
-        puller = _Puller(self._spec, self._new_book(heartbeat=True))
+        puller = Puller(self._spec, self._new_book(heartbeat=True))
         prefetcher = Prefetcher(puller.pull, puller.book, self.prefetch)
         self._puller, self._prefetcher = puller, prefetcher
         # An abandoned loader (no close) gives its prefetched leases back when it is collected.
