@@ -186,9 +186,10 @@ class Prefetcher:
     ``pull(stopping)`` returns the next ``Pulled`` (its leases booked in
     ``book``) or ``None`` at the end of the stream, and returns promptly once
     ``stopping()`` is true. After an error item it pulls again only on the
-    consumer's ``get`` that follows the one that took the error. ``get`` blocks for the next item; it returns
-    ``None`` at the end of the stream or once closed, and raises the thread's
-    error after the thread died (everything it held already failed back).
+    consumer's ``get`` that follows the one that took the error. ``get``
+    blocks for the next item; it returns ``None`` at the end of the stream or
+    once closed, and raises the thread's error after the thread died
+    (everything it held already failed back).
     """
 
     def __init__(self, pull: Callable[[Callable[[], bool]], Pulled | None], book: LeaseBook, depth: int) -> None:
