@@ -1,4 +1,8 @@
-"""The reference's defects A-E, re-introduced one at a time as test-only subclasses (DESIGN.md "Known defects")."""
+"""Known defects re-introduced one at a time as test-only subclasses.
+
+The reference's A-E (DESIGN.md "Known defects") and issue 9's two: the old
+backpressure rule (P) and an ack whose scrub fault un-settles the sample (S).
+"""
 
 from __future__ import annotations
 
@@ -59,3 +63,26 @@ class NoReaperQueue(SampleRefQueue):
 
     def _reap_due(self) -> int:
         return super()._reap_due() if self._reaping else 0
+
+
+class OldBackpressureQueue(SampleRefQueue):
+    """P: a paused producer waits even when the queue holds nothing, so producers' own bytes can block them for good."""
+
+    def _may_enqueue(self) -> bool:
+        return self._backpressure.state == "flowing"
+
+
+class UnsettlingScrubQueue(SampleRefQueue):
+    """S (as first reported): a scrub fault raises out of ``ack`` before the id is recorded as settled."""
+
+    _outcome = ""
+
+    def _release_hold(self, sample_id: str, outcome: str) -> None:
+        del self._held[sample_id]
+        self._outcome = outcome
+
+    def _scrub(self, ref: SampleRef) -> None:
+        self._store.scrub(ref)  # raises out of ack / fail / the reaping call: the id below is never recorded
+        self._recent_terminal[ref.sample_id] = self._outcome
+        self._not_full.notify_all()
+

@@ -1,6 +1,6 @@
-"""Each reference defect A-E, re-introduced in the implementation, is caught by the named invariant.
+"""Each known defect (reference A-E, issue 9's P and S), re-introduced in the implementation, is caught by name.
 
-The budget is the CI profile's (200 examples of 40 steps); shrinking is skipped
+The budget is the CI profile's (200 examples of 40 steps, derandomized); shrinking is skipped
 because only the verdict and the invariant's name are asserted here. The
 control (the same machine finding nothing in the real queue and store) is
 ``test_machine_local.TestLocalStoreMachine``.
@@ -15,7 +15,15 @@ from hypothesis.stateful import run_state_machine_as_test
 from featurestream import LocalFeatureStore, SampleRefQueue
 from featurestream.testing import InvariantViolation, make_queue_machine
 
-from .defects import NoDedupQueue, NoDeliveryLimitQueue, NoReaperQueue, RetainIgnoringStore, UnretainingScrubStore
+from .defects import (
+    NoDedupQueue,
+    NoDeliveryLimitQueue,
+    NoReaperQueue,
+    OldBackpressureQueue,
+    RetainIgnoringStore,
+    UnretainingScrubStore,
+    UnsettlingScrubQueue,
+)
 
 DEFECTS = {
     "A": (RetainIgnoringStore, SampleRefQueue, "inv04_no_loss"),
@@ -23,6 +31,8 @@ DEFECTS = {
     "C": (LocalFeatureStore, NoDedupQueue, "inv02_exactly_once"),
     "D": (LocalFeatureStore, NoDeliveryLimitQueue, "inv07_bounded_delivery"),
     "E": (LocalFeatureStore, NoReaperQueue, "inv10_expired_leases_reclaimed"),
+    "P": (LocalFeatureStore, OldBackpressureQueue, "inv13_producer_progress"),
+    "S": (LocalFeatureStore, UnsettlingScrubQueue, "inv14_store_faults_survivable"),
 }
 
 BUDGET = settings(
@@ -30,6 +40,7 @@ BUDGET = settings(
     stateful_step_count=40,
     deadline=None,
     database=None,
+    derandomize=True,  # the same examples every run: a verdict that cannot flake
     report_multiple_bugs=False,
     phases=[Phase.explicit, Phase.generate],
     suppress_health_check=list(HealthCheck),

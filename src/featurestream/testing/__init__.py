@@ -13,12 +13,15 @@ See ``docs/testing.md``.
 
 from featurestream.testing.clock import FakeClock
 from featurestream.testing.faults import UNTIL_CLEARED, FaultyStore, InjectedFault
-from featurestream.testing.machine import InvariantViolation, MachineConfig, QueueMachine, make_queue_machine
+from featurestream.testing.machine import InvariantViolation, MachineConfig, QueueMachine
+from featurestream.testing.producers import BlockedPut
+from featurestream.testing.rules import make_queue_machine
 from featurestream.testing.samples import sample_tensors
 from featurestream.testing.traces import duplicate_delivery_trace, record_machine_traces
 
 __all__ = [
     "UNTIL_CLEARED",
+    "BlockedPut",
     "FakeClock",
     "FaultyStore",
     "InjectedFault",

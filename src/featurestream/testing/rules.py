@@ -1,0 +1,154 @@
+"""``make_queue_machine``: bind ``QueueMachine``'s actions to Hypothesis rules for one store/queue factory."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from hypothesis import strategies as st
+from hypothesis.stateful import Bundle, multiple, precondition, rule
+
+from featurestream.core.lease import Lease
+from featurestream.core.protocol import LeaseQueue
+from featurestream.core.queue import SampleRefQueue
+from featurestream.stores.base import FeatureStore, StoreHandle
+from featurestream.testing.faults import CALLS
+from featurestream.testing.machine import CALLBACK_MODES, MachineConfig, QueueMachine
+
+__all__ = ["make_queue_machine"]
+
+# Which store call a fault rule arms: every call, with the ones behind the queue's guarantees more often.
+FAULT_WEIGHTS = (*CALLS, "scrub", "scrub", "retain", "health")
+
+
+def make_queue_machine(
+    store_factory: Callable[[], FeatureStore],
+    queue_factory: Callable[..., LeaseQueue] = SampleRefQueue,
+    config: MachineConfig | None = None,
+    *,
+    name: str = "QueueStateMachine",
+) -> type[QueueMachine]:
+    """A ``RuleBasedStateMachine`` running the spec's actions against ``queue_factory(store_factory())``.
+
+    ``store_factory()`` returns a fresh, empty store (large enough for
+    ``config.samples`` tiny samples); the machine wraps it in a ``FaultyStore``.
+    ``queue_factory(store, **hooks)`` returns a queue with ``SampleRefQueue``'s
+    constructor keywords (see ``QueueMachine``). Use it as
+    ``TestMyStore = make_queue_machine(MyStore).TestCase``.
+    """
+    cfg = config or MachineConfig()
+    samples = st.sampled_from(cfg.sample_ids)
+    consumers = st.sampled_from(cfg.consumer_ids)
+    vt = cfg.visibility_timeout
+    steps = st.sampled_from((1.0, vt / 2, vt, 2 * vt, 10 * vt))  # the last one: a clock jump past every lease
+
+    class Machine(QueueMachine):
+        config = cfg
+        leases = Bundle("leases")
+        handles = Bundle("handles")
+
+        def make_store(self) -> FeatureStore:
+            return store_factory()
+
+        def make_queue(self, store: FeatureStore, **hooks: Any) -> LeaseQueue:
+            return queue_factory(store, **hooks)
+
+        @precondition(lambda self: len(self.samples) < cfg.samples)
+        @rule(sample=samples)
+        def produce(self, sample: str) -> None:
+            self.do_produce(sample)
+
+        @precondition(lambda self: not self.closed)
+        @rule(sample=samples)
+        def put(self, sample: str) -> None:
+            self.do_put(sample, blocking=False)
+
+        @precondition(lambda self: not self.closed and len(self.producers) < cfg.producers)
+        @rule(sample=samples)
+        def put_blocking(self, sample: str) -> None:
+            self.do_put(sample, blocking=True)
+
+        @precondition(lambda self: self.producers)
+        @rule(pick=st.integers(0, cfg.producers - 1))
+        def wake_producer(self, pick: int) -> None:
+            blocked = sorted(self.producers)
+            self.do_wake(blocked[pick % len(blocked)])
+
+        @precondition(lambda self: self.pending or self._due() or self.closed)
+        @rule(target=leases, consumer=consumers)
+        def acquire(self, consumer: str) -> Any:
+            lease = self.do_acquire(consumer)
+            return multiple() if lease is None else lease
+
+        @precondition(lambda self: self._holding())
+        @rule(target=handles, lease=leases)
+        def get(self, lease: Lease) -> Any:
+            handle = self.do_get(lease)
+            return multiple() if handle is None else handle
+
+        @precondition(lambda self: any(c.handles for c in self.consumers.values()))
+        @rule(handle=handles)
+        def release(self, handle: StoreHandle) -> None:
+            self.do_release(handle)
+
+        @precondition(lambda self: self._holding())
+        @rule(lease=leases)
+        def ack(self, lease: Lease) -> None:
+            self.do_ack(lease)
+
+        @precondition(lambda self: self._holding())
+        @rule(lease=leases)
+        def fail(self, lease: Lease) -> None:
+            self.do_fail(lease)
+
+        @precondition(lambda self: self._holding())
+        @rule(lease=leases, seconds=st.sampled_from((None, vt / 2, 2 * vt)))
+        def extend(self, lease: Lease, seconds: float | None) -> None:
+            self.do_extend(lease, seconds)
+
+        @precondition(lambda self: self._holding())
+        @rule(lease=leases, how=st.sampled_from(("copy", "made_up_id")), op=st.sampled_from(("ack", "fail", "extend")))
+        def forge(self, lease: Lease, how: str, op: str) -> None:
+            self.do_forge(lease, how, op)
+
+        @precondition(lambda self: self._holding())
+        @rule(consumer=consumers)
+        def crash(self, consumer: str) -> None:
+            self.do_crash(consumer)
+
+        @precondition(lambda self: self.queue.outstanding_count())
+        @rule(seconds=steps)
+        def advance_clock(self, seconds: float) -> None:
+            self.do_advance_clock(seconds)
+
+        @precondition(lambda self: self._due())
+        @rule()
+        def reclaim(self) -> None:
+            self.do_reclaim()
+
+        @precondition(lambda self: not self.closed and self.queue.stats().acked + self.queue.stats().dead_lettered > 0)
+        @rule()
+        def close(self) -> None:
+            self.do_close()
+
+        @precondition(lambda self: cfg.store_faults and not self.finished)
+        @rule(call=st.sampled_from(FAULT_WEIGHTS), until_cleared=st.booleans())
+        def arm_fault(self, call: str, until_cleared: bool) -> None:
+            self.do_arm_fault(call, until_cleared)
+
+        @precondition(lambda self: self.store.armed())
+        @rule()
+        def clear_faults(self) -> None:
+            self.do_clear_faults()
+
+        @rule(mode=st.sampled_from(CALLBACK_MODES))
+        def set_callbacks(self, mode: str) -> None:
+            self.do_set_callbacks(mode)
+
+        @precondition(lambda self: self.closed and not self.finished)  # after close: the runs before it stay long
+        @rule()
+        def finish(self) -> None:
+            self.do_finish()
+
+    Machine.__name__ = Machine.__qualname__ = name
+    return Machine
