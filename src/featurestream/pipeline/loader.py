@@ -134,6 +134,7 @@ class FeatureDataLoader:
             end_when_nothing_pending=process_group is not None,
         )
         self._lock = threading.Lock()
+        self._pull_lock = threading.Lock()
         self._held: tuple[list[Lease], list[StoreHandle]] | None = None
         self._closed = False
         self._finished = False  # a lockstep stop: final, so no rank ever enters the agreement alone
@@ -158,16 +159,17 @@ class FeatureDataLoader:
         return self
 
     def __next__(self) -> Any:
-        with self._lock:
-            if self._closed or self._finished:
+        with self._pull_lock:  # concurrent pulls take turns (one held batch: each pull settles the last one)
+            with self._lock:
+                if self._closed or self._finished:
+                    raise StopIteration
+            self.consume_now()
+            if self.process_group is not None:
+                return self._next_in_lockstep()
+            item = self._next_pulled()
+            if item is None:
                 raise StopIteration
-        self.consume_now()
-        if self.process_group is not None:
-            return self._next_in_lockstep()
-        item = self._next_pulled()
-        if item is None:
-            raise StopIteration
-        return self._hand_off(item)
+            return self._hand_off(item)
 
     def _next_in_lockstep(self) -> Any:
         """Vote, and step only if every rank has a batch; a rank that raised makes the others vote again."""
