@@ -161,6 +161,7 @@ BEYOND_PROTOCOL = {
     SampleRefQueue: {"lease_state_counts", "render"},
     RedisSampleRefQueue: {
         "lease_state_counts", "render", "disconnect", "put_many", "acquire_many", "ack_many", "fail_many",
+        "requeue_dead_letters", "purge_dead_letters", "oldest_lease_age", "open",
     },
 }  # fmt: skip
 

@@ -30,15 +30,20 @@ KEYS, which would cost more to send than most calls cost to run):
                  the dedup window, also used to make retried ack/fail/put idempotent.
 6. ``done_order`` list of sample ids in retirement order (evicts the window's oldest).
 7. ``dead``      list of dead-letter JSON (``featurestream.backends.redis.wire`` schema).
-8. ``meta``      hash: ``state`` (open/draining/drained), fixed config.
-9. ``stats``     hash of the ``QueueStats`` counters. ``leased`` doubles as the lease id
-                 sequence; the ``pending`` gauge is derived (put + failed + reclaimed
-                 - dead_lettered - leased: every stream entry is a put or a redelivery).
+8. ``meta``      hash: ``state`` (open/draining/drained), fixed config (``max_deliveries``,
+                 ``dedup_window``, ``keep_bytes``), ``kept_bytes``.
+9. ``stats``     hash of the ``QueueStats`` counters, plus ``requeued`` and ``purged``. ``leased``
+                 doubles as the lease id sequence; the ``pending`` gauge is derived (put + failed
+                 + reclaimed + requeued - dead_lettered - leased: every stream entry is a put, a
+                 redelivery or a requeue).
 10. ``wake``     stream a close or drain appends to, so blocked ``acquire`` calls wake.
 11. ``retired``  stream of settled sample ids (capped): a producing instance reads
                  it to scrub, in its own store, the samples it put that another
                  process acked or dead-lettered (its residency counters would
                  otherwise never fall, and backpressure never resume).
+12. ``kept``     hash sample id -> estimated bytes of the dead letters whose bytes stay retained
+                 (``keep_dead_letter_bytes``, their total in ``meta`` ``kept_bytes``) so that
+                 ``requeue`` can deliver them again; ``purge`` releases them.
 
 Lease keys are the lease id zero-padded to 16 digits, so the deadline zset
 orders ties by lease id exactly like the in-process queue's heap.
@@ -54,7 +59,8 @@ batch of leases, ``{statuses, events}``) where ``events`` is a flat list of
 ``kind, a, b`` triples the client turns into tracer calls, scrubs and
 dead-letter callbacks. ``kind`` uses the lease/lifecycle machines' trigger
 names (``lease``, ``extend``, ``ack``, ``fail``, ``reclaim``, ``close``,
-``drain``) plus ``put``, ``dead``, ``dedup``, ``stale`` and ``retired`` (not traced).
+``drain``) plus ``put``, ``dead`` (``kept``: a dead letter whose bytes stay), ``dedup``, ``stale``,
+``requeue``, ``purge`` and ``retired`` (not traced).
 """
 
 from __future__ import annotations
@@ -74,6 +80,7 @@ KEY_NAMES = (
     "stats",
     "wake",
     "retired",
+    "kept",
 )
 
 GROUP = "fs"  # the stream's consumer group (its one consumer has the same name)
@@ -94,7 +101,7 @@ CONSTANTS: dict[str, str | int] = {
     "TRIM_EVERY": TRIM_EVERY,
 }
 
-FUNCTIONS = ("init", "put", "put_many", "acquire", "ack", "fail", "extend", "reclaim", "close")
+FUNCTIONS = ("init", "put", "put_many", "acquire", "ack", "fail", "extend", "reclaim", "close", "requeue", "purge")
 
 
 def _lua(name: str) -> str:

@@ -83,12 +83,18 @@ DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 
 # Server event kind -> tracer action; the lease and lifecycle machines are the source of these names.
 # The server reports events by machine trigger; these are the server's extra kinds.
+# Dead-letter repair events (fields: sample_id). Not spec actions yet: core.events has no names for them.
+REQUEUE_EVENT = "RequeueDeadLetter"
+PURGE_EVENT = "PurgeDeadLetter"
 _ACTIONS = {
     **events.TRIGGER_EVENTS,
     "put": events.PUT,
     "dead": events.DEAD_LETTER,
+    "kept": events.DEAD_LETTER,
     "dedup": events.DEDUP_REFUSED,
     "stale": events.STALE_REJECTED,
+    "requeue": REQUEUE_EVENT,
+    "purge": PURGE_EVENT,
 }
 
 _RETRYABLE = (redis.ConnectionError, redis.TimeoutError)
@@ -120,6 +126,22 @@ def _text(value: object) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+def _sample_ids(sample_ids: Iterable[str] | None) -> list[str]:
+    """The ids of a dead-letter request (``None``: all, sent as no ids); ``TypeError`` for anything but strs."""
+    if sample_ids is None:
+        return []
+    if isinstance(sample_ids, (str, bytes)):
+        raise TypeError(f"sample_ids must be a list of ids or None, got the single {type(sample_ids).__name__} "
+                        f"{sample_ids!r}")  # fmt: skip
+    ids = list(sample_ids)
+    for sample_id in ids:
+        if not isinstance(sample_id, str):
+            raise TypeError(f"sample ids must be str, got {sample_id!r}")
+    if not ids:
+        raise ValueError("sample_ids is empty: pass None for every dead letter, or name at least one")
+    return _batch("sample_ids", ids)
+
+
 def _batch(name: str, items: Iterable[Any]) -> list[Any]:
     """``items`` as a list of at most ``MAX_BATCH`` (a batch is one server call); ``ValueError`` otherwise."""
     batch = list(items)
@@ -129,10 +151,15 @@ def _batch(name: str, items: Iterable[Any]) -> list[Any]:
 
 
 def _pending(counters: dict[Any, Any]) -> int:
-    """The pending gauge from the counters: every stream entry is a put or a redelivery, minus those leased."""
+    """The pending gauge from the counters: every stream entry is a put, a redelivery or a requeue, minus those
+    leased."""
     values = {_text(k): int(v) for k, v in counters.items()}
     redelivered = values.get("failed", 0) + values.get("reclaimed", 0) - values.get("dead_lettered", 0)
-    return values.get("put", 0) + redelivered - values.get("leased", 0)
+    return values.get("put", 0) + redelivered + values.get("requeued", 0) - values.get("leased", 0)
+
+
+def _settings(values: dict[str, int]) -> str:
+    return ", ".join(f"{name}={value}" for name, value in values.items())
 
 
 class RedisSampleRefQueue:
@@ -183,6 +210,7 @@ class RedisSampleRefQueue:
         client: redis.Redis | None = None,
         name: str = "featurestream",
         reconnect_timeout: float = 30.0,
+        keep_dead_letter_bytes: int = 0,
     ) -> None:
         if not isinstance(store, FeatureStore):
             raise TypeError(f"store must be a FeatureStore, got {type(store).__name__}")
@@ -198,6 +226,7 @@ class RedisSampleRefQueue:
                 )
         check_count("max_deliveries", max_deliveries, minimum=1)
         check_count("dedup_window", dedup_window)
+        check_count("keep_dead_letter_bytes", keep_dead_letter_bytes)
         if clock is not None and not callable(clock):
             raise TypeError(f"clock must be a callable returning seconds or None, got {clock!r}")
         if reaper_interval is not None:
@@ -260,13 +289,16 @@ class RedisSampleRefQueue:
         # The clock value the last call sent (None: the server's TIME), so a lease's deadline needs no reply field.
         self._sent_now: float | None = None
         self._producing = False
-        layout, stored_max, stored_window, self._feed_cursor = (_text(v) for v in self._run("init"))
-        if (int(stored_max), int(stored_window)) != (max_deliveries, dedup_window):
+        layout, *stored, self._feed_cursor = (_text(v) for v in self._run("init", keep_dead_letter_bytes))
+        asked = {"max_deliveries": max_deliveries, "dedup_window": dedup_window}
+        asked["keep_dead_letter_bytes"] = keep_dead_letter_bytes
+        found = dict(zip(asked, (int(value) for value in stored), strict=True))
+        if found != asked:
             raise ValueError(
-                f"queue {name!r} on Redis was created with max_deliveries={stored_max}, dedup_window={stored_window}; "
-                f"this instance asks for max_deliveries={max_deliveries}, dedup_window={dedup_window} "
-                "(use the same settings everywhere, or another name)"
+                f"queue {name!r} on Redis was created with {_settings(found)}; this instance asks for "
+                f"{_settings(asked)} (use the same settings everywhere, or another name)"
             )
+        self.keep_dead_letter_bytes = keep_dead_letter_bytes
         if layout != functions.LAYOUT:
             raise ValueError(
                 f"queue {name!r} on Redis has key layout {layout!r}; this version reads layout {functions.LAYOUT!r}"
@@ -490,6 +522,95 @@ class RedisSampleRefQueue:
         """Samples whose deliveries were spent, oldest first."""
         return [dead_letter_from_json(raw) for raw in self._retrying(self._redis.lrange, self._key["dead"], 0, -1)]
 
+    def requeue_dead_letters(self, sample_ids: Iterable[str] | None = None) -> list[str]:
+        """Send the dead letters ``sample_ids`` (``None``: all) back to the tail with a fresh delivery budget.
+
+        One atomic server call, all or nothing: ``LookupError`` naming an id that is no dead letter,
+        ``ValueError`` naming one whose bytes were not kept (``keep_dead_letter_bytes`` off, or over its cap)
+        or that is queued again, or when the queue is drained; then nothing changed. A requeued sample leaves
+        the dead letters and the dedup window (it was never acked) and is delivered again from
+        ``redelivery_count`` 0; its bytes were retained all along. Returns the requeued ids, oldest dead first.
+        """
+        ids = _sample_ids(sample_ids)
+        with self._op:
+            status, reply_events, detail = self._run("requeue", self._token(), *ids)
+            self._apply(reply_events)
+        status = _text(status)
+        if status == "ok":
+            return [_text(sample_id) for sample_id in detail]
+        sample_id = _text(detail)
+        if status == "unknown":
+            raise LookupError(f"sample {sample_id!r} is not a dead letter of queue {self.name!r}; nothing requeued")
+        if status == "gone":
+            raise ValueError(
+                f"dead letter {sample_id!r} cannot be requeued: its bytes were not kept (keep_dead_letter_bytes="
+                f"{self.keep_dead_letter_bytes}, or over that cap when it died) and have left the store; "
+                "nothing requeued (purge it instead)"
+            )
+        if status == "held":
+            raise ValueError(f"sample {sample_id!r} is queued again already; nothing requeued")
+        raise ValueError(f"queue {self.name!r} is drained: nothing can be requeued into it")
+
+    def purge_dead_letters(self, sample_ids: Iterable[str] | None = None) -> list[str]:
+        """Drop the dead letters ``sample_ids`` (``None``: all) for good; return their ids, oldest dead first.
+
+        One atomic server call, all or nothing: ``LookupError`` naming an id that is no dead letter, and then
+        nothing changed. Kept bytes are released: scrubbed in this process's store (if it has one) and, through
+        the settle feed, by the producing instance's store on its next put or backpressure poll.
+        """
+        ids = _sample_ids(sample_ids)
+        with self._op:
+            status, reply_events, *rest = self._run("purge", *ids)
+            self._apply(reply_events)
+            if _text(status) == "ok":
+                purged, released = rest
+                if not isinstance(self._store, _NoStore):
+                    for ref_json in released:
+                        ref = ref_from_json(ref_json)
+                        if ref.store_uri == getattr(self._store, "store_uri", ref.store_uri):
+                            self._scrub(ref)
+                return [_text(sample_id) for sample_id in purged]
+        raise LookupError(f"sample {_text(rest[0])!r} is not a dead letter of queue {self.name!r}; nothing purged")
+
+    def oldest_lease_age(self) -> float | None:
+        """Seconds since the oldest live lease was issued (by the Redis server's clock), ``None`` when none is out.
+
+        Read from the consumer group's pending entries: each live lease is one, leased in stream order.
+        """
+        oldest = self._retrying(self._redis.xpending_range, self._key["stream"], functions.GROUP, "-", "+", 1)
+        return oldest[0]["time_since_delivered"] / 1000 if oldest else None
+
+    @classmethod
+    def open(cls, url: str, name: str, *, reconnect_timeout: float = 30.0) -> RedisSampleRefQueue:
+        """An operator's handle on the existing queue ``name`` at ``url``, with no feature store.
+
+        For status (``stats``, ``dead_letters``, ``oldest_lease_age`` ...) and repair (``requeue_dead_letters``,
+        ``purge_dead_letters``, ``close``); it adopts the queue's stored settings and never produces:
+        ``put`` and the like raise ``RuntimeError``. ``LookupError`` when the server has no queue of that name;
+        redis-py's connection errors when it cannot be reached. ``disconnect()`` it when done.
+        """
+        if not isinstance(url, str):
+            raise TypeError(f"url must be a redis:// URL str, got {url!r}")
+        if not isinstance(name, str) or not name or "{" in name or "}" in name:
+            raise ValueError(f"name must be a non-empty str without braces (it becomes a key hash tag), got {name!r}")
+        check_seconds("reconnect_timeout", reconnect_timeout)
+        client = redis.Redis.from_url(url)
+        try:
+            layout, *settings = client.hmget(
+                f"featurestream:{{{name}}}:meta", "layout", "max_deliveries", "dedup_window", "keep_bytes"
+            )
+        except BaseException:
+            client.close()
+            raise
+        client.close()
+        if layout is None:
+            raise LookupError(f"no queue named {name!r} on this Redis server (no featurestream:{{{name}}}:meta)")
+        max_deliveries, dedup_window, keep = (int(value) if value is not None else 0 for value in settings)
+        return cls(
+            _NoStore(), url=url, name=name, reconnect_timeout=reconnect_timeout,
+            max_deliveries=max_deliveries, dedup_window=dedup_window, keep_dead_letter_bytes=keep,
+        )  # fmt: skip
+
     def stats(self) -> QueueStats:
         """A consistent snapshot of the queue-wide counters and gauges (one MULTI/EXEC).
 
@@ -600,6 +721,7 @@ class RedisSampleRefQueue:
 
     # -- producer internals (lock held) ------------------------------------------
     def _check_ref(self, ref: object) -> None:
+        self._require_store()
         if not isinstance(ref, SampleRef):
             raise TypeError(f"put expects a SampleRef, got {type(ref).__name__}: {ref!r:.80}")
         store_uri = getattr(self._store, "store_uri", ref.store_uri)
@@ -607,6 +729,13 @@ class RedisSampleRefQueue:
             raise ValueError(
                 f"sample {ref.sample_id!r} lives in {ref.store_uri}, but this queue's store is {store_uri}; "
                 "put it into the queue bound to that store"
+            )
+
+    def _require_store(self) -> None:
+        if isinstance(self._store, _NoStore):
+            raise RuntimeError(
+                f"this handle on queue {self.name!r} is an operator's handle (RedisSampleRefQueue.open): it has no "
+                "feature store, so it neither puts nor leases"
             )
 
     def _retain(self, batch: list[SampleRef]) -> None:
@@ -721,6 +850,7 @@ class RedisSampleRefQueue:
     # -- consumer internals ------------------------------------------------------
     def _lease(self, n: int, wait: float) -> list[RedisLease]:
         """Up to ``n`` leases from one server call, waiting server-side up to ``wait`` seconds for the first."""
+        self._require_store()
         give_up = time.monotonic() + wait
         while True:
             base = self._token()
@@ -822,7 +952,7 @@ class RedisSampleRefQueue:
             action = _ACTIONS.get(kind, kind)
             if kind in ("lease", "extend", "ack", "fail", "reclaim"):
                 self._trace(action, sample_id=first, lease_id=int(second))
-            elif kind in ("put", "dedup"):
+            elif kind in ("put", "dedup", "requeue", "purge"):
                 self._trace(action, sample_id=first)
             elif kind == "stale":
                 self._trace(action, op=first, lease_id=int(second) if second else None)
@@ -831,12 +961,13 @@ class RedisSampleRefQueue:
                 mine = self._mine.get(first)
                 if mine is not None:
                     self._scrub(mine)
-            elif kind == "dead":
+            elif kind in ("dead", "kept"):
                 self._trace(action, sample_id=first)
                 dead = dead_letter_from_json(second)
                 if self._on_dead_letter is not None:
                     self._outbox.append((self._on_dead_letter, dead))
-                self._scrub(dead.ref)
+                if kind == "dead":  # a kept one stays retained (and in _mine) until requeued and settled, or purged
+                    self._scrub(dead.ref)
             else:  # close, drain
                 self._trace(action)
 
@@ -896,6 +1027,27 @@ class RedisSampleRefQueue:
         except Exception as exc:
             with self._lock:
                 self._store_fault("gc", None, exc)
+
+
+class _NoStore(FeatureStore):
+    """The store of an operator's handle (``RedisSampleRefQueue.open``): nothing to retain or read, so every
+    producing or consuming call fails; health and gc are empty."""
+
+    store_uri = "none://operator-handle"
+
+    def _refuse(self, *_: object, **__: object) -> Any:
+        raise RuntimeError("this is an operator's handle (RedisSampleRefQueue.open): it has no feature store")
+
+    put = get = release = retain = unretain = scrub = _refuse  # type: ignore[assignment]
+
+    def gc(self) -> int:
+        return 0
+
+    def health(self) -> StoreHealth:
+        return StoreHealth(0, 0, 0, False, True)
+
+    def close(self) -> None:
+        pass
 
 
 class _Operation:

@@ -3,9 +3,10 @@
 -- Per-call state lives in these upvalues: a function call runs atomically, so no two calls see each other's.
 
 -- Events only a tracer needs are sent when the caller traces; the client acts on the others.
-local NEEDED = {dead = true, retired = true, drain = true}
+local NEEDED = {dead = true, kept = true, retired = true, drain = true}
 
 local K_STREAM, K_REFS, K_LEASES, K_DEADLINES, K_DONE, K_DONE_ORDER, K_DEAD, K_META, K_STATS, K_WAKE, K_RETIRED
+local K_KEPT
 local ARGS, CLOCK, now, MAX_DELIVERIES, DEDUP_WINDOW, CURSOR, TRACE, events
 
 local function begin(keys, argv)
@@ -13,7 +14,7 @@ local function begin(keys, argv)
   ARGS = argv
   K_STREAM, K_REFS, K_LEASES, K_DEADLINES = P .. 'stream', P .. 'refs', P .. 'leases', P .. 'deadlines'
   K_DONE, K_DONE_ORDER, K_DEAD, K_META = P .. 'done', P .. 'done_order', P .. 'dead', P .. 'meta'
-  K_STATS, K_WAKE, K_RETIRED = P .. 'stats', P .. 'wake', P .. 'retired'
+  K_STATS, K_WAKE, K_RETIRED, K_KEPT = P .. 'stats', P .. 'wake', P .. 'retired', P .. 'kept'
   CLOCK, MAX_DELIVERIES, DEDUP_WINDOW, CURSOR, TRACE = string.match(
     argv[1], '^([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)$')
   MAX_DELIVERIES, DEDUP_WINDOW, TRACE = tonumber(MAX_DELIVERIES), tonumber(DEDUP_WINDOW), TRACE == '1'
@@ -114,19 +115,30 @@ local function after_retire()
   end
 end
 
+-- Report settled (or purged) sample ids on the ``retired`` feed, so their producers' stores scrub them.
+local function publish(sids)
+  local fed = {}
+  for i, sid in ipairs(sids) do
+    fed[2 * i - 1] = 's'
+    fed[2 * i] = sid
+  end
+  redis.call('XADD', K_RETIRED, 'MAXLEN', '~', RETIRED_MAXLEN, '*', unpack(fed))
+end
+
 -- Settle samples for good: ``items`` are {sample id, lease key, lease token, put token}. One command of each
--- kind for the whole batch: the held refs go, one ``retired`` entry reports them, the dedup window records them.
-local function retire(items, outcome)
-  local sids, done, fed = {}, {}, {}
+-- kind for the whole batch: the held refs go, one ``retired`` entry reports them (unless their bytes are
+-- ``kept``: a dead letter kept for requeue), the dedup window records them.
+local function retire(items, outcome, kept)
+  local sids, done = {}, {}
   for i, item in ipairs(items) do
     sids[i] = item[1]
     done[2 * i - 1] = item[1]
     done[2 * i] = outcome .. '\t' .. item[2] .. '\t' .. item[3] .. '\t' .. item[4]
-    fed[2 * i - 1] = 's'
-    fed[2 * i] = item[1]
   end
   redis.call('HDEL', K_REFS, unpack(sids))
-  redis.call('XADD', K_RETIRED, 'MAXLEN', '~', RETIRED_MAXLEN, '*', unpack(fed))
+  if not kept then
+    publish(sids)
+  end
   if DEDUP_WINDOW > 0 then
     redis.call('HSET', K_DONE, unpack(done))
     local over = redis.call('RPUSH', K_DONE_ORDER, unpack(sids)) - DEDUP_WINDOW
@@ -145,8 +157,16 @@ local function redeliver(sid, n, reason, key, token, put_token)
     local letter = '{"ref":' .. ref .. ',"reason":"' .. why .. '","deliveries":' .. deliveries .. '}'
     redis.call('RPUSH', K_DEAD, letter)
     redis.call('HINCRBY', K_STATS, 'dead_lettered', 1)
-    emit('dead', sid, letter)
-    retire({{sid, key, token, put_token}}, 'dead-lettered')
+    -- keep_dead_letter_bytes: the sample stays retained (for a requeue) while the kept bytes fit the cap
+    local cap = tonumber(redis.call('HGET', K_META, 'keep_bytes') or '0')
+    local size = tonumber(string.match(ref, '"estimated_bytes":(%d+)'))
+    local kept = cap > 0 and tonumber(redis.call('HGET', K_META, 'kept_bytes') or '0') + size <= cap
+    if kept then
+      redis.call('HSET', K_KEPT, sid, size)
+      redis.call('HINCRBY', K_META, 'kept_bytes', size)
+    end
+    emit(kept and 'kept' or 'dead', sid, letter)
+    retire({{sid, key, token, put_token}}, 'dead-lettered', kept)
   else
     redis.call('XADD', K_STREAM, '*', 's', sid, 'n', deliveries)
   end
@@ -368,4 +388,59 @@ local function fail_live(live)
     emit('fail', lease[1], lease[2])
     redeliver(lease[1], lease[4], 'failed', lease[2], lease[3], lease[5])
   end
+end
+
+-- The dead letters ARGS[first:] name (all of them when none is named), as positions in ``letters``, in the
+-- list's order; nil and the first unknown id when one names no dead letter. ``sids[i]`` is letter i's id.
+local function chosen_letters(letters, first)
+  local sids, position = {}, {}
+  for i, letter in ipairs(letters) do
+    sids[i] = cjson.decode(letter).ref.sample_id
+    position[sids[i]] = position[sids[i]] or i
+  end
+  local chosen = {}
+  if #ARGS < first then
+    for i = 1, #letters do
+      chosen[i] = true
+    end
+  else
+    for j = first, #ARGS do
+      local at = position[ARGS[j]]
+      if not at then
+        return nil, ARGS[j], sids
+      end
+      chosen[at] = true
+    end
+  end
+  return chosen, nil, sids
+end
+
+-- The ref JSON inside a dead letter (built by redeliver: the reason holds no quote).
+local function letter_ref(letter)
+  return string.match(letter, '^{"ref":(.*),"reason":"[^"]*","deliveries":%d+}$')
+end
+
+-- Rewrite the dead-letter list without the chosen ones.
+local function keep_letters(letters, chosen)
+  local rest = {}
+  for i, letter in ipairs(letters) do
+    if not chosen[i] then
+      rest[#rest + 1] = letter
+    end
+  end
+  redis.call('DEL', K_DEAD)
+  if #rest > 0 then
+    redis.call('RPUSH', K_DEAD, unpack(rest))
+  end
+end
+
+-- A kept dead letter leaves the kept set (requeued or purged); returns whether it was kept.
+local function unkeep(sid)
+  local size = redis.call('HGET', K_KEPT, sid)
+  if not size then
+    return false
+  end
+  redis.call('HDEL', K_KEPT, sid)
+  redis.call('HINCRBY', K_META, 'kept_bytes', -tonumber(size))
+  return true
 end

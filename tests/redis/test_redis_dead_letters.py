@@ -1,0 +1,139 @@
+"""Dead-letter repair and operator handles on the Redis backend: requeue, purge, kept bytes, status reads."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from featurestream import LocalFeatureStore
+from featurestream import VisibilityTimeout as VT
+from featurestream.core.refs import SampleRef
+from featurestream.testing import sample_tensors
+
+redis = pytest.importorskip("redis", reason="redis-py is missing: pip install 'featurestream[redis]'")
+from featurestream.backends.redis.queue import PURGE_EVENT, REQUEUE_EVENT, RedisSampleRefQueue  # noqa: E402
+
+Factory = Callable[..., RedisSampleRefQueue]
+
+
+@pytest.fixture
+def store() -> LocalFeatureStore:
+    return LocalFeatureStore(max_samples=64)
+
+
+@pytest.fixture
+def make(redis_server: Any, queue_name: str) -> Iterator[Factory]:
+    made: list[RedisSampleRefQueue] = []
+
+    def factory(store: LocalFeatureStore, **kwargs: Any) -> RedisSampleRefQueue:
+        kwargs.setdefault("visibility_timeout", VT(10.0))
+        kwargs.setdefault("max_deliveries", 1)
+        queue = RedisSampleRefQueue(store, url=redis_server.url, name=queue_name, **kwargs)
+        made.append(queue)
+        return queue
+
+    yield factory
+    for queue in made:
+        queue.disconnect()
+
+
+def kill(queue: RedisSampleRefQueue, store: LocalFeatureStore, *indices: int) -> list[SampleRef]:
+    """Put the samples and fail each once (max_deliveries=1): dead letters, oldest first."""
+    refs = [store.put(f"s{i}", sample_tensors(i)) for i in indices]
+    queue.put_many(refs)
+    queue.fail_many(queue.acquire_many(len(refs), timeout=0))
+    return refs
+
+
+def test_without_kept_bytes_requeue_is_refused_and_purge_drops(make: Factory, store: LocalFeatureStore) -> None:
+    queue = make(store)
+    kill(queue, store, 0, 1)
+    assert not store.is_resident("s0")  # scrubbed when it died
+    with pytest.raises(ValueError, match="'s0' cannot be requeued: its bytes were not kept"):
+        queue.requeue_dead_letters(["s0"])
+    with pytest.raises(LookupError, match="'nope' is not a dead letter"):
+        queue.purge_dead_letters(["s1", "nope"])
+    assert [d.ref.sample_id for d in queue.dead_letters()] == ["s0", "s1"]  # refused as a whole
+    assert queue.purge_dead_letters(["s1"]) == ["s1"]
+    assert queue.purge_dead_letters() == ["s0"] and queue.dead_letters() == []
+    with pytest.raises(ValueError, match="empty"):
+        queue.purge_dead_letters([])
+    with pytest.raises(TypeError, match="single str"):
+        queue.purge_dead_letters("s0")
+
+
+def test_kept_bytes_are_retained_up_to_the_cap_and_requeue_delivers_again(
+    make: Factory, store: LocalFeatureStore
+) -> None:
+    probe = store.put("probe", sample_tensors(0))
+    size = probe.estimated_bytes
+    store.scrub(probe)
+    trace: list[tuple[str, dict[str, object]]] = []
+    queue = make(store, keep_dead_letter_bytes=size, tracer=lambda action, fields: trace.append((action, fields)))
+    kill(queue, store, 0, 1)  # the cap holds one sample: s0's bytes are kept, s1's are not
+    assert store.is_resident("s0") and not store.is_resident("s1")
+    with pytest.raises(ValueError, match="'s1' cannot be requeued"):
+        queue.requeue_dead_letters()  # all or nothing: s0 is not requeued either
+    assert len(queue.dead_letters()) == 2
+    assert queue.requeue_dead_letters(["s0"]) == ["s0"]
+    assert [d.ref.sample_id for d in queue.dead_letters()] == ["s1"] and queue.pending_count() == 1
+    lease = queue.acquire(timeout=0)
+    assert lease is not None and (lease.ref.sample_id, lease.redelivery_count) == ("s0", 0)  # a fresh budget
+    queue.ack(lease)
+    assert not store.is_resident("s0") and queue.stats().acked == 1
+    with pytest.raises(ValueError, match="already acked"):
+        queue.put(store.put("s0", sample_tensors(0)))  # acked: exactly once holds for the requeued id
+    assert (REQUEUE_EVENT, {"sample_id": "s0"}) in trace
+
+
+def test_purge_releases_kept_bytes(make: Factory, redis_server: Any, queue_name: str) -> None:
+    producer_store, consumer_store = LocalFeatureStore(max_samples=64), LocalFeatureStore(max_samples=64)
+    producer = make(producer_store, keep_dead_letter_bytes=10**9)
+    kill(producer, producer_store, 0, 1)
+    assert producer_store.health().sample_count == 2  # both kept
+    operator = RedisSampleRefQueue.open(redis_server.url, queue_name)
+    try:
+        assert operator.keep_dead_letter_bytes == 10**9 and operator.max_deliveries == 1
+        assert operator.purge_dead_letters(["s1"]) == ["s1"]
+    finally:
+        operator.disconnect()
+    producer.reclaim_expired()  # the producer's next call reads the settle feed and scrubs what was purged
+    assert producer_store.is_resident("s0") and not producer_store.is_resident("s1")
+    trace: list[tuple[str, dict[str, object]]] = []
+    other = make(consumer_store, keep_dead_letter_bytes=10**9, tracer=lambda a, f: trace.append((a, f)))
+    assert other.purge_dead_letters() == ["s0"] and trace == [(PURGE_EVENT, {"sample_id": "s0"})]
+    producer.reclaim_expired()
+    assert producer_store.health().sample_count == 0
+
+
+def test_an_operator_handle_reads_status_and_never_produces(
+    make: Factory, store: LocalFeatureStore, redis_server: Any, queue_name: str
+) -> None:
+    with pytest.raises(LookupError, match="no queue named 'missing'"):
+        RedisSampleRefQueue.open(redis_server.url, "missing")
+    queue = make(store)
+    assert queue.oldest_lease_age() is None
+    queue.put_many([store.put(f"s{i}", sample_tensors(i)) for i in range(2)])
+    lease = queue.acquire(timeout=0)
+    operator = RedisSampleRefQueue.open(redis_server.url, queue_name)
+    try:
+        age = operator.oldest_lease_age()
+        assert age is not None and age >= 0
+        assert (operator.stats().pending, operator.stats().outstanding) == (1, 1)
+        with pytest.raises(RuntimeError, match="operator's handle"):
+            operator.put(store.put("s9", sample_tensors(9)))
+        with pytest.raises(RuntimeError, match="operator's handle"):
+            operator.acquire(timeout=0)
+        assert operator.stats().put == 2
+    finally:
+        operator.disconnect()
+    queue.ack(lease)  # type: ignore[arg-type]
+    assert queue.oldest_lease_age() is None
+
+
+def test_settings_include_kept_bytes(make: Factory, store: LocalFeatureStore) -> None:
+    make(store, keep_dead_letter_bytes=100)
+    with pytest.raises(ValueError, match=r"keep_dead_letter_bytes=100; this instance asks for .*=0"):
+        make(store)
