@@ -23,8 +23,13 @@ API (every method thread-safe; each state change one server call, one round trip
 - consumers: ``acquire(timeout=)`` -> ``RedisLease | None``, ``acquire_many(n, timeout=)`` -> list,
   ``ack`` / ``fail`` / ``extend`` one lease, ``ack_many`` / ``fail_many`` a batch (stale ones rejected
   one by one, as by ``ack`` / ``fail``);
-- operators: ``stats()``, ``pending_count()``, ``outstanding_count()``, ``lifecycle_state``,
-  ``dead_letters()``, ``reclaim_expired()``, ``close()``, ``disconnect()``.
+- operators: ``RedisSampleRefQueue.open(url, name)`` -> a handle with no feature store (``LookupError``
+  when no such queue; it never puts or leases), ``stats()`` (a ``QueueStats``), ``pending_count()``,
+  ``outstanding_count()``, ``lifecycle_state``, ``oldest_lease_age()`` -> seconds | None,
+  ``dead_letters()`` (oldest first), ``requeue_dead_letters(ids=None)`` / ``purge_dead_letters(ids=None)``
+  -> the ids acted on (``None``: all; one atomic call, all or nothing: ``LookupError`` for an id that is
+  no dead letter, ``ValueError`` for a requeue whose bytes were not kept -- see ``keep_dead_letter_bytes``),
+  ``reclaim_expired()``, ``close()``, ``disconnect()``.
 
 Each process binds the queue to its own store instance: the putting process
 ``retain``s, and whichever process settles a sample (the acker, or the
