@@ -63,16 +63,13 @@ def kill(queue: RedisSampleRefQueue, sample_id: str) -> None:
 
 
 def traffic(queue: RedisSampleRefQueue) -> None:
-    """5 put, 1 acked, 1 dead ("c"), 1 leased ("d"), 2 pending."""
+    """With max_deliveries=1: 5 put, "a" acked, "b" dead, "c" leased, "d" and "e" pending."""
     put(queue, "a", "b", "c", "d", "e")
     first = queue.acquire(timeout=0)
     assert first is not None
     queue.ack(first)
-    second = queue.acquire(timeout=0)
-    assert second is not None
-    queue.fail(second)  # "b" goes to the tail, redelivery 1
-    kill(queue, "c")
-    assert queue.acquire(timeout=0) is not None  # "d" stays leased
+    kill(queue, "b")
+    assert queue.acquire(timeout=0) is not None
 
 
 def rows(table: str) -> dict[str, list[str]]:
@@ -82,24 +79,24 @@ def rows(table: str) -> dict[str, list[str]]:
 
 # -- status ---------------------------------------------------------------------
 def test_status_table_during_traffic(cli: Run, producer: Callable[..., RedisSampleRefQueue], queue_name: str) -> None:
-    traffic(producer(max_deliveries=2))
+    traffic(producer(max_deliveries=1))
     status, out, err = cli("status")
     assert status == 0 and err == ""
     lines = out.splitlines()
     assert lines[0].startswith(f"queue {queue_name!r} at redis://127.0.0.1:") and lines[0].endswith(": open")
     row = rows(out)
-    assert row["pending"] == ["2"]  # "b" (redelivered) and "e"
+    assert row["pending"] == ["2"]
     assert row["leased"][0] == "1" and "oldest lease" in " ".join(row["leased"])
-    assert row["acked"] == ["1"] and row["failed"] == ["2"] and row["leased (total)"] == ["4"]
+    assert row["acked"] == ["1"] and row["failed"] == ["1"] and row["leased (total)"] == ["3"]
     assert row["dead lettered"] == ["1"] and row["dead letters"] == ["1"]
-    assert "per producer process" in " ".join(row["backpressure"])
-    assert any(line.startswith("    c  (2 deliveries)") for line in lines)
+    assert row["backpressure"][:2] == ["-", "(each"]
+    assert any(line.startswith("    b  (1 delivery)  ") for line in lines)
 
 
 def test_status_json_has_the_snapshot_keys(
     cli: Run, producer: Callable[..., RedisSampleRefQueue], queue_name: str
 ) -> None:
-    traffic(producer(max_deliveries=2))
+    traffic(producer(max_deliveries=1))
     status, out, _ = cli("status", args=("--json",))
     assert status == 0
     snapshot = json.loads(out)
@@ -110,11 +107,11 @@ def test_status_json_has_the_snapshot_keys(
     assert snapshot["oldest_lease_age_s"] >= 0
     assert set(snapshot["counters"]) == set(COUNTERS)
     assert {k: snapshot["counters"][k] for k in ("put", "leased", "acked", "failed", "dead_lettered")} == {
-        "put": 5, "leased": 4, "acked": 1, "failed": 2, "dead_lettered": 1
+        "put": 5, "leased": 3, "acked": 1, "failed": 1, "dead_lettered": 1
     }  # fmt: skip
     assert snapshot["rates"] is None and snapshot["backpressure"] is None
     assert snapshot["dead_letters"]["count"] == 1
-    assert [d["sample_id"] for d in snapshot["dead_letters"]["newest"]] == ["c"]
+    assert [d["sample_id"] for d in snapshot["dead_letters"]["newest"]] == ["b"]
 
 
 def test_status_watch_refreshes_with_rates(cli: Run, producer: Callable[..., RedisSampleRefQueue]) -> None:
@@ -183,7 +180,9 @@ def test_dead_letters_list_requeue_ack_and_purge(cli: Run, producer: Callable[..
     assert status == 0
     assert [(d["sample_id"], d["deliveries"]) for d in json.loads(out)["dead_letters"]] == [("a", 1), ("b", 1)]
     status, out, _ = cli("dead-letters", "list")
-    assert status == 0 and out.splitlines()[0].startswith("2 dead letters in queue")
+    lines = out.splitlines()
+    assert status == 0 and lines[0].startswith("2 dead letters in queue")
+    assert [line.split()[:2] for line in lines[2:]] == [["a", "1"], ["b", "1"]]
 
     status, out, _ = cli("dead-letters", "requeue", args=("a",))
     assert status == 0 and out.strip() == "requeued 1 dead letter: a"
@@ -207,7 +206,7 @@ def test_requeue_without_kept_bytes_is_refused_naming_the_id(
     kill(queue, "gone")
     status, out, err = cli("dead-letters", "requeue", args=("gone",))
     assert status == 1 and out == ""
-    assert "'gone'" in err and "nothing changed" in err
+    assert "refused" in err and "'gone'" in err and "nothing requeued" in err
     _, out, _ = cli("dead-letters", "list", args=("--json",))
     assert [d["sample_id"] for d in json.loads(out)["dead_letters"]] == ["gone"]  # still dead, still listed
 

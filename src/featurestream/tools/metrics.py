@@ -36,7 +36,14 @@ from featurestream.core.checks import check_count
 from featurestream.core.protocol import LeaseQueue
 from featurestream.tools.status import COUNTERS, GAUGES, StatusWatcher, snapshot
 
-__all__ = ["DEFAULT_PREFIX", "Metrics", "MetricsLogger", "PrometheusCollector", "metrics_from_snapshot", "queue_metrics"]
+__all__ = [
+    "DEFAULT_PREFIX",
+    "Metrics",
+    "MetricsLogger",
+    "PrometheusCollector",
+    "metrics_from_snapshot",
+    "queue_metrics",
+]
 
 DEFAULT_PREFIX = "featurestream/"
 Metrics = dict[str, float | int]

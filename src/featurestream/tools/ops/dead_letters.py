@@ -57,9 +57,11 @@ def _list(queue: Any, args: argparse.Namespace) -> int:
         print(json.dumps({"url": redact(args.redis), "name": args.name, "dead_letters": letters}))
         return 0
     print(f"{_plural(len(letters))} in queue {args.name!r} at {redact(args.redis)}")
-    width = max((len(letter["sample_id"]) for letter in letters), default=0)
-    for letter in letters:
-        print(f"  {letter['sample_id']:{width}}  {letter['deliveries']:>3} deliveries  {letter['reason']}")
+    if letters:
+        width = max(len("sample id"), *(len(letter["sample_id"]) for letter in letters))
+        print(f"  {'sample id':{width}}  deliveries  reason")
+        for letter in letters:
+            print(f"  {letter['sample_id']:{width}}  {letter['deliveries']:>10}  {letter['reason']}")
     return 0
 
 
@@ -68,7 +70,7 @@ def _repair(queue: Any, args: argparse.Namespace, command: str) -> int:
     try:
         done = method(None if args.all else list(args.ids))
     except (ValueError, LookupError) as exc:  # refused as a whole: nothing changed
-        return _say(command, f"refused, nothing changed: {exc}", 1)
+        return _say(command, f"refused: {exc}", 1)
     past = "requeued" if args.action == "requeue" else "purged"
     if args.json:
         print(json.dumps({"url": redact(args.redis), "name": args.name, past: done}))

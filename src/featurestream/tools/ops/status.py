@@ -83,15 +83,21 @@ def render(status: dict[str, Any]) -> str:
         label = "leased (total)" if name == "leased" else name.replace("_", " ")
         rate = "" if rates is None else f"{rates[name]:8.1f}"
         lines.append(f"  {label:22}{status['counters'][name]:>12}{rate}")
-    backpressure = status["backpressure"] or "per producer process (see producer pauses)"
-    lines.append(f"  {'backpressure':22}{backpressure:>12}")
+    if status["backpressure"] is None:
+        lines.append(f"  {'backpressure':22}{'-':>12}  (each producer process has its own; see producer pauses)")
+    else:
+        lines.append(f"  {'backpressure':22}{status['backpressure']:>12}")
     dead = status["dead_letters"]
     lines.append(f"  {'dead letters':22}{dead['count']:>12}")
     for letter in dead["newest"]:
-        lines.append(f"    {letter['sample_id']}  ({letter['deliveries']} deliveries)  {letter['reason']}")
+        lines.append(f"    {letter['sample_id']}  ({_deliveries(letter['deliveries'])})  {letter['reason']}")
     return "\n".join(lines)
 
 
 def _usage(message: str) -> int:
     print(f"featurestream status: {message}", file=sys.stderr)
     return 2
+
+
+def _deliveries(count: int) -> str:
+    return f"{count} deliver{'y' if count == 1 else 'ies'}"

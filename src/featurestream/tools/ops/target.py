@@ -66,14 +66,16 @@ def open_target(args: argparse.Namespace) -> Iterator[Any]:
         raise TargetError(f"cannot open {where}: {exc}") from None
     try:
         queue = RedisSampleRefQueue.open(args.redis, args.name, reconnect_timeout=RECONNECT_TIMEOUT)
-    except (redis.ConnectionError, redis.TimeoutError, redis.AuthenticationError) as exc:
-        raise TargetError(f"cannot reach Redis at {redact(args.redis)} for {where}: {exc}") from None
-    except LookupError as exc:
-        raise TargetError(f"no {where}: {exc}") from None
+    except (redis.ConnectionError, redis.TimeoutError) as exc:  # refused, timed out, wrong password
+        raise TargetError(f"cannot reach Redis for {where}: {exc}") from None
+    except LookupError:
+        raise TargetError(f"no {where}") from None
+    except ValueError as exc:  # a malformed URL, or a queue of another key layout
+        raise TargetError(f"cannot open {where}: {exc}") from None
     try:
         yield queue
     except (redis.ConnectionError, redis.TimeoutError) as exc:
-        raise TargetError(f"lost Redis at {redact(args.redis)} while reading {where}: {exc}") from None
+        raise TargetError(f"lost Redis while reading {where}: {exc}") from None
     finally:
         queue.disconnect()
 
