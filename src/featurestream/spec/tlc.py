@@ -62,10 +62,13 @@ class TLCResult:
     def summary(self) -> str:
         """One line for humans: verdict, states, time."""
         verdict = "no error" if self.ok else f"VIOLATED {self.violated}" if self.violated else f"ERROR {self.error}"
-        return (
-            f"TLC: {verdict}; {self.distinct_states} distinct states, {self.states_generated} generated, "
-            f"depth {self.depth}, {self.seconds:.1f} s"
-        )
+        if self.distinct_states is not None:
+            counts = f"{self.distinct_states} distinct states, {self.states_generated} generated, depth {self.depth}"
+        elif self.states_generated is not None:
+            counts = f"{self.states_generated} states checked by simulation"
+        else:
+            counts = "no state count (stopped at the wall-time bound)"
+        return f"TLC: {verdict}; {counts}, {self.seconds:.1f} s"
 
 
 @dataclasses.dataclass(frozen=True)
