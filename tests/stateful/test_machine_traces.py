@@ -21,7 +21,7 @@ from .defects import NoDedupQueue
 # of a sample's bytes only at its first Put (the queue's tracer does not see FeatureStore.put), so a Pause
 # driven by stored-but-not-yet-put samples would look unjustified to it.
 CONFIG = MachineConfig(
-    samples=6, sample_tokens=2, high_watermark_bytes=10_000, low_watermark_bytes=9_000, store_faults=False
+    samples=6, sample_tokens=2, high_watermark_bytes=10_000, low_watermark_bytes=9_000, store_faults=True
 )
 RUNS = 25
 
