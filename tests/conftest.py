@@ -9,26 +9,13 @@ from __future__ import annotations
 import os
 
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import settings
+
+from featurestream.testing.profiles import register_profiles
 
 STRICT_TOOLS = os.environ.get("FEATURESTREAM_REQUIRE_TOOLS") == "1"
 
-settings.register_profile(
-    "ci",
-    max_examples=200,
-    stateful_step_count=40,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-    print_blob=True,
-)
-settings.register_profile(
-    "deep",
-    max_examples=5000,
-    stateful_step_count=120,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-    print_blob=True,
-)
+register_profiles()  # ``ci`` and ``deep`` ship with featurestream.testing; ``dev`` is this project's own
 settings.register_profile("dev", max_examples=50, stateful_step_count=30, deadline=None, print_blob=True)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 

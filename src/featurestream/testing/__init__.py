@@ -3,10 +3,13 @@
 ``make_queue_machine(store_factory, queue_factory)`` returns a Hypothesis
 ``RuleBasedStateMachine`` whose rules are the actions of ``spec/LeaseQueue.tla``;
 each step is applied to your queue/store and to the spec's Python mirror, and
-the named invariants ``inv01_...`` to ``inv12_...`` are checked after every step::
+the named invariants ``inv01_...`` to ``inv15_...`` are checked after every step::
 
     from featurestream.testing import make_queue_machine
     TestMyStore = make_queue_machine(lambda: MyStore(max_samples=16)).TestCase
+
+Importing this package registers the Hypothesis profiles ``ci`` and ``deep``
+(``featurestream.testing.profiles``) and loads the one ``HYPOTHESIS_PROFILE`` names.
 
 See ``docs/testing.md``.
 """
@@ -15,6 +18,7 @@ from featurestream.testing.clock import FakeClock
 from featurestream.testing.faults import UNTIL_CLEARED, FaultyStore, InjectedFault
 from featurestream.testing.machine import InvariantViolation, MachineConfig, QueueMachine
 from featurestream.testing.producers import BlockedPut
+from featurestream.testing.profiles import PROFILES, register_profiles
 from featurestream.testing.rules import make_queue_machine
 from featurestream.testing.samples import sample_tensors
 from featurestream.testing.traces import duplicate_delivery_trace, record_machine_traces
@@ -25,11 +29,15 @@ __all__ = [
     "FakeClock",
     "FaultyStore",
     "InjectedFault",
+    "PROFILES",
     "InvariantViolation",
     "MachineConfig",
     "QueueMachine",
     "duplicate_delivery_trace",
     "make_queue_machine",
     "record_machine_traces",
+    "register_profiles",
     "sample_tensors",
 ]
+
+register_profiles()
