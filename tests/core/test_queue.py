@@ -133,7 +133,7 @@ def test_put_rejects_bad_input_and_changes_nothing() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "error", "match"),
     [
-        ({"high_watermark_bytes": 10, "low_watermark_bytes": 10}, ValueError, "below"),
+        ({"high_watermark_bytes": 10, "low_watermark_bytes": 10}, ValueError, "strictly less than"),
         ({"high_watermark_bytes": -1}, ValueError, "high_watermark_bytes"),
         ({"low_watermark_bytes": 1.5}, ValueError, "low_watermark_bytes"),
         ({"max_deliveries": 0}, ValueError, "max_deliveries"),
