@@ -263,6 +263,20 @@ def test_the_producer_infers_eagle3_from_the_backend_class() -> None:
     assert ref.algorithm is FeatureAlgorithm.EAGLE3 and ref.schema_version == 1
 
 
+def test_the_producer_forwards_embeddings_and_vocab_mapping_to_the_backend() -> None:
+    model = tiny_model()
+    target = HFEagle3TargetModel(model)
+    producer = FeatureProducer(target, LocalFeatureStore(), run_id="r")
+    assert producer.get_input_embeddings() is model.get_input_embeddings()
+    ids, mask = torch.tensor([0, 5, 9]), torch.zeros(VOCAB, dtype=torch.bool)
+    mask[ids] = True
+    producer.set_vocab_mapping(ids, mask)
+    assert target.selected_token_ids is ids and target.selected_token_mask is mask
+    input_ids, attention_mask, loss_mask = prompts()
+    ref = producer.produce(input_ids=input_ids, attention_mask=attention_mask, loss_mask=loss_mask)
+    assert ref.feature_specs["logits"].shape[-1] == VOCAB and ref.num_tokens == int(loss_mask.sum())
+
+
 def test_gpt2_layout_is_found_and_its_last_layer_is_the_final_norm_output() -> None:
     import transformers
 
