@@ -20,6 +20,7 @@ ALIASES = {
     "featurestream.loader": "featurestream.pipeline.loader",
     "featurestream.async_pipeline": "featurestream.pipeline.async_pipeline",
     "featurestream.redis_queue": "featurestream.backends.redis.queue",
+    "featurestream.hf": "featurestream.pipeline.hf",
 }
 
 
