@@ -21,8 +21,10 @@ __all__ = [
     "EXTEND",
     "FAIL",
     "PAUSE",
+    "PURGE_DEAD_LETTER",
     "PUT",
     "RECLAIM",
+    "REQUEUE_DEAD_LETTER",
     "RESIDENT",
     "RESUME",
     "SCRUB_RETRIED",
@@ -46,6 +48,8 @@ PAUSE = "Pause"
 RESUME = "Resume"
 STORE_FAULT = "StoreFault"  # a store call the queue made raised (fields: call, sample_id, error)
 SCRUB_RETRIED = "ScrubRetried"  # an owed scrub/unretain finally went through (fields: call, sample_id)
+REQUEUE_DEAD_LETTER = "RequeueDeadLetter"  # a kept dead letter sent back with a fresh budget (fields: sample_id)
+PURGE_DEAD_LETTER = "PurgeDeadLetter"  # a dead letter dropped for good (fields: sample_id)
 RESIDENT = "Resident"  # a trace recorder's own observation of store residency, not a queue event
 
 # Machine trigger name -> event name, for the lease and lifecycle transitions.
@@ -54,6 +58,7 @@ TRIGGER_EVENTS: dict[str, str] = {t.trigger: t.spec_action for table in (LEASE, 
 ALL = frozenset(
     {
         PUT, ACQUIRE, ACK, FAIL, RECLAIM, EXTEND, DEAD_LETTER, DEDUP_REFUSED,
-        STALE_REJECTED, CLOSE, DRAIN, PAUSE, RESUME, STORE_FAULT, SCRUB_RETRIED, RESIDENT,
+        STALE_REJECTED, CLOSE, DRAIN, PAUSE, RESUME, STORE_FAULT, SCRUB_RETRIED,
+        REQUEUE_DEAD_LETTER, PURGE_DEAD_LETTER, RESIDENT,
     }
 )  # fmt: skip

@@ -8,7 +8,7 @@ same stateful suite. The semantics are those of ``spec/LeaseQueue.tla``.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Protocol, runtime_checkable
 
 from featurestream.core.lease import DeadLetter, Lease
@@ -31,6 +31,9 @@ class LeaseQueue(Protocol):
     def put(self, ref: SampleRef) -> None:
         """Enqueue at the tail without waiting on backpressure."""
 
+    def put_many(self, refs: Iterable[SampleRef]) -> None:
+        """Enqueue every ref, in order: all of them or none (the error ``put`` raises for the first offender)."""
+
     def put_blocks_until_below(
         self, ref: SampleRef, poll_interval: float = 0.05, abort_when: Callable[[], bool] | None = None
     ) -> None:
@@ -39,11 +42,20 @@ class LeaseQueue(Protocol):
     def acquire(self, poll_interval: float = 0.05, *, timeout: float | None = None) -> Lease | None:
         """Lease the head, waiting up to ``timeout``; ``None`` when the wait ends empty-handed."""
 
+    def acquire_many(self, n: int, *, timeout: float | None = None) -> list[Lease]:
+        """Lease up to ``n`` heads, returning as soon as one is available; ``[]`` when the wait ends empty."""
+
     def ack(self, lease: Lease) -> None:
         """Settle the lease's sample for good; a stale lease changes nothing."""
 
     def fail(self, lease: Lease) -> None:
         """Redeliver the lease's sample from the tail, or dead-letter it; a stale lease changes nothing."""
+
+    def ack_many(self, leases: Iterable[Lease]) -> None:
+        """``ack`` each lease in order; each stale one is rejected on its own."""
+
+    def fail_many(self, leases: Iterable[Lease]) -> None:
+        """``fail`` each lease in order; each stale one is rejected on its own."""
 
     def extend(self, lease: Lease, seconds: float | None = None) -> None:
         """Push the lease's deadline out; ``LeaseLost`` when it is not live."""
@@ -68,6 +80,15 @@ class LeaseQueue(Protocol):
     def outstanding_count(self) -> int: ...
 
     def dead_letters(self) -> list[DeadLetter]: ...
+
+    def requeue_dead_letters(self, sample_ids: Iterable[str] | None = None) -> list[str]:
+        """Send kept dead letters (``None``: all) back with a fresh delivery budget: all or nothing."""
+
+    def purge_dead_letters(self, sample_ids: Iterable[str] | None = None) -> list[str]:
+        """Drop dead letters (``None``: all) for good, freeing kept bytes: all or nothing."""
+
+    def oldest_lease_age(self) -> float | None:
+        """Seconds since the oldest live lease was issued; ``None`` when none is out."""
 
     def stats(self) -> object:
         """A consistent ``QueueStats`` snapshot of counters and gauges."""

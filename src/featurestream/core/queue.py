@@ -12,7 +12,7 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 from featurestream.core import events
 from featurestream.core.checks import check_count, check_seconds
@@ -63,7 +63,8 @@ class QueueStats:
     ``store_errors`` counts store calls made by the queue that raised (each
     failed retry counts again); ``scrub_backlog`` is the gauge of settled
     samples (or refused puts) whose ``scrub`` (``unretain``) the queue still
-    owes the store and retries.
+    owes the store and retries. ``requeued`` / ``purged`` count dead letters
+    sent back by ``requeue_dead_letters`` / dropped by ``purge_dead_letters``.
     """
 
     put: int = 0
@@ -77,6 +78,8 @@ class QueueStats:
     dedup_refused: int = 0
     producer_pauses: int = 0
     store_errors: int = 0
+    requeued: int = 0
+    purged: int = 0
     pending: int = 0
     outstanding: int = 0
     scrub_backlog: int = 0
@@ -85,7 +88,7 @@ class QueueStats:
 class _Record:
     """One lease's state-machine model; ``lease`` is set when it is handed out."""
 
-    __slots__ = ("deadline", "lease", "redelivery_count", "ref", "state")
+    __slots__ = ("deadline", "lease", "leased_at", "redelivery_count", "ref", "state")
 
     def __init__(self, ref: SampleRef, redelivery_count: int) -> None:
         self.state = LEASE.initial
@@ -94,6 +97,7 @@ class _Record:
         self.lease: Lease | None = None
         # The queue's own copy: a consumer mutating ``lease.deadline`` cannot make its lease immortal.
         self.deadline = math.inf
+        self.leased_at = math.nan
 
 
 class _Flag:
@@ -138,6 +142,15 @@ class SampleRefQueue:
     may call the queue; one that raises is logged and ignored. ``close`` moves
     to ``drained`` once nothing is pending or leased: it does not wait for the
     scrub backlog.
+
+    Dead-letter repair. With ``keep_dead_letter_bytes`` > 0 a dead-lettered
+    sample's bytes stay retained (counted in the store's residency, so in
+    backpressure) while the kept bytes fit that cap; past it, a new dead
+    letter is scrubbed as usual. ``requeue_dead_letters`` sends kept dead
+    letters back with a fresh delivery budget, ``purge_dead_letters`` drops
+    dead letters and frees what was kept. Batches: ``put_many`` (all or
+    none), ``acquire_many``, ``ack_many`` / ``fail_many`` (stale leases
+    rejected one by one), each one operation traced as its per-item events.
     """
 
     def __init__(
@@ -155,6 +168,7 @@ class SampleRefQueue:
         clock: Callable[[], float] = time.monotonic,
         reaper_interval: float | None = None,
         tracer: Tracer | None = None,
+        keep_dead_letter_bytes: int = 0,
     ) -> None:
         if not isinstance(store, FeatureStore):
             raise TypeError(f"store must be a FeatureStore, got {type(store).__name__}")
@@ -170,6 +184,7 @@ class SampleRefQueue:
                 )
         check_count("max_deliveries", max_deliveries, minimum=1)
         check_count("dedup_window", dedup_window)
+        check_count("keep_dead_letter_bytes", keep_dead_letter_bytes)
         if reaper_interval is not None:
             check_seconds("reaper_interval", reaper_interval, positive=True)
         self._store = store
@@ -181,6 +196,7 @@ class SampleRefQueue:
         self._on_dead_letter = on_dead_letter
         self.max_deliveries = max_deliveries
         self.dedup_window = dedup_window
+        self.keep_dead_letter_bytes = keep_dead_letter_bytes
         self._clock = clock
         self._tracer = tracer
 
@@ -193,6 +209,8 @@ class SampleRefQueue:
         self._deadlines: list[tuple[float, int]] = []
         self._recent_terminal: collections.OrderedDict[str, str] = collections.OrderedDict()
         self._dead: list[DeadLetter] = []
+        self._kept: dict[str, int] = {}  # dead letters whose bytes stay retained for a requeue -> their size
+        self._kept_bytes = 0
         # sample id -> (store call, ref) the queue still owes the store: a scrub or unretain that raised.
         self._owed: collections.OrderedDict[str, tuple[str, SampleRef]] = collections.OrderedDict()
         self._outbox: list[tuple[Callable[..., None], object]] = []
@@ -216,6 +234,37 @@ class SampleRefQueue:
         with self._operation():
             self._reap_due()
             self._enqueue_new(ref)
+
+    def put_many(self, refs: Iterable[SampleRef]) -> None:
+        """Enqueue every ref of ``refs``, in order: all of them or none.
+
+        Refused as a whole (changing nothing) when any single ``put`` would be
+        refused -- with the error ``put`` raises, naming the first offending
+        sample -- and with ``ValueError`` when an id repeats. Traced as one
+        ``Put`` per sample.
+        """
+        batch = list(refs)
+        seen: set[str] = set()
+        for ref in batch:
+            self._check_ref(ref)
+            if ref.sample_id in seen:
+                raise ValueError(f"sample {ref.sample_id!r} appears twice in one put_many; ids must be unique")
+            seen.add(ref.sample_id)
+        with self._operation():
+            self._reap_due()
+            for ref in batch:
+                self._check_admissible(ref)
+            retained: list[SampleRef] = []
+            try:
+                for ref in batch:
+                    self._retain(ref)
+                    retained.append(ref)
+            except Exception:
+                for ref in retained:  # the batch is refused: the samples already retained are let go again
+                    self._owe("unretain", ref)
+                raise
+            for ref in batch:
+                self._push_new(ref)
 
     def put_blocks_until_below(
         self,
@@ -273,17 +322,33 @@ class SampleRefQueue:
         """
         wait = poll_interval if timeout is None else timeout
         check_seconds("timeout" if timeout is not None else "poll_interval", wait)
+        leases = self._lease_up_to(1, wait)
+        return leases[0] if leases else None
+
+    def acquire_many(self, n: int, *, timeout: float | None = None) -> list[Lease]:
+        """Lease up to ``n`` refs, FIFO, waiting up to ``timeout`` (default 0.05) seconds for the first.
+
+        Returns as soon as at least one is available, with every one available
+        then (up to ``n``); ``[]`` when the wait ends empty-handed or the queue
+        is drained. Traced as one ``Acquire`` per lease.
+        """
+        check_count("n", n, minimum=1)
+        wait = 0.05 if timeout is None else timeout
+        check_seconds("timeout", wait)
+        return self._lease_up_to(n, wait)
+
+    def _lease_up_to(self, n: int, wait: float) -> list[Lease]:
         give_up = time.monotonic() + wait
         with self._operation():
             while True:
                 self._reap_due()
                 if self._pending:
-                    return self._lease_head()
+                    return [self._lease_head() for _ in range(min(n, len(self._pending)))]
                 if self._lifecycle.state == "drained":
-                    return None
+                    return []
                 remaining = give_up - time.monotonic()
                 if remaining <= 0:
-                    return None
+                    return []
                 if self._deadlines:
                     remaining = min(remaining, max(self._deadlines[0][0] - self._clock(), 0.0))
                 self._not_empty.wait(remaining)
@@ -298,13 +363,23 @@ class SampleRefQueue:
         """
         with self._operation():
             self._reap_due()
-            record = self._settle(lease, "ack")
-            if record is not None:
-                self._counts["acked"] += 1
-                self._release_hold(record.ref.sample_id, "acked")
-                self._emit(events.ACK, record, lease_id=lease.lease_id)
-                self._scrub(record.ref)
-                self._maybe_drained()
+            self._ack_locked(lease)
+
+    def ack_many(self, leases: Iterable[Lease]) -> None:
+        """``ack`` every lease of ``leases``, in order, in one operation; each stale one is rejected on its own."""
+        with self._operation():
+            self._reap_due()
+            for lease in leases:
+                self._ack_locked(lease)
+
+    def _ack_locked(self, lease: Lease) -> None:
+        record = self._settle(lease, "ack")
+        if record is not None:
+            self._counts["acked"] += 1
+            self._release_hold(record.ref.sample_id, "acked")
+            self._emit(events.ACK, record, lease_id=lease.lease_id)
+            self._scrub(record.ref)
+            self._maybe_drained()
 
     def fail(self, lease: Lease) -> None:
         """Give ``lease``'s sample back: redelivered from the tail, or dead once deliveries are spent.
@@ -313,10 +388,20 @@ class SampleRefQueue:
         """
         with self._operation():
             self._reap_due()
-            record = self._settle(lease, "fail")
-            if record is not None:
-                self._counts["failed"] += 1
-                self._redeliver(record, events.FAIL, "failed")
+            self._fail_locked(lease)
+
+    def fail_many(self, leases: Iterable[Lease]) -> None:
+        """``fail`` every lease of ``leases``, in order, in one operation; each stale one is rejected on its own."""
+        with self._operation():
+            self._reap_due()
+            for lease in leases:
+                self._fail_locked(lease)
+
+    def _fail_locked(self, lease: Lease) -> None:
+        record = self._settle(lease, "fail")
+        if record is not None:
+            self._counts["failed"] += 1
+            self._redeliver(record, events.FAIL, "failed")
 
     def extend(self, lease: Lease, seconds: float | None = None) -> None:
         """Push ``lease.deadline`` to now + ``seconds`` (default: the visibility timeout).
@@ -387,6 +472,67 @@ class SampleRefQueue:
         with self._observing():
             return list(self._dead)
 
+    def requeue_dead_letters(self, sample_ids: Iterable[str] | None = None) -> list[str]:
+        """Send the dead letters ``sample_ids`` (``None``: all) back to the tail with a fresh delivery budget.
+
+        All or nothing: ``LookupError`` naming an id that is no dead letter,
+        ``ValueError`` naming one whose bytes were not kept (``keep_dead_letter_bytes``
+        off, or over its cap when it died) or that is queued again, or when the
+        queue is drained; then nothing changed. A requeued sample leaves the dead
+        letters and the dedup window (it was never acked) and is delivered again
+        from ``redelivery_count`` 0; its bytes were retained all along. Returns
+        the requeued ids, oldest dead first; each is traced as ``RequeueDeadLetter``.
+        """
+        with self._operation():
+            self._reap_due()
+            letters = self._chosen_letters(sample_ids, "requeued")
+            for letter in letters:
+                sample_id = letter.ref.sample_id
+                if sample_id not in self._kept:
+                    raise ValueError(
+                        f"dead letter {sample_id!r} cannot be requeued: its bytes were not kept "
+                        f"(keep_dead_letter_bytes={self.keep_dead_letter_bytes}); nothing requeued (purge it instead)"
+                    )
+                if sample_id in self._held:
+                    raise ValueError(f"sample {sample_id!r} is queued again already; nothing requeued")
+            if letters and self._lifecycle.state == "drained":
+                raise ValueError("the queue is drained: nothing can be requeued into it")
+            for letter in letters:
+                sample_id = letter.ref.sample_id
+                self._dead.remove(letter)
+                self._unkeep(sample_id)
+                self._recent_terminal.pop(sample_id, None)
+                self._counts["requeued"] += 1
+                record = _Record(letter.ref, 0)
+                self._push_pending(record)
+                self._emit(events.REQUEUE_DEAD_LETTER, record)
+            return [letter.ref.sample_id for letter in letters]
+
+    def purge_dead_letters(self, sample_ids: Iterable[str] | None = None) -> list[str]:
+        """Drop the dead letters ``sample_ids`` (``None``: all) for good; return their ids, oldest dead first.
+
+        All or nothing: ``LookupError`` naming an id that is no dead letter, and
+        then nothing changed. Kept bytes are scrubbed (a failing scrub is owed
+        and retried, as after an ack). Each is traced as ``PurgeDeadLetter``.
+        """
+        with self._operation():
+            self._reap_due()
+            letters = self._chosen_letters(sample_ids, "purged")
+            for letter in letters:
+                self._dead.remove(letter)
+                self._counts["purged"] += 1
+                self._emit(events.PURGE_DEAD_LETTER, sample_id=letter.ref.sample_id)
+                if self._unkeep(letter.ref.sample_id):
+                    self._scrub(letter.ref)
+            return [letter.ref.sample_id for letter in letters]
+
+    def oldest_lease_age(self) -> float | None:
+        """Seconds (by the queue's clock) since the oldest live lease was issued; ``None`` when none is out."""
+        with self._observing():
+            # ``_live`` keeps issue order (a dict), so its first entry is the oldest live lease: O(1).
+            oldest = next(iter(self._live.values()), None)
+            return None if oldest is None else self._clock() - oldest.leased_at
+
     def stats(self) -> QueueStats:
         """A consistent snapshot of the counters and gauges."""
         with self._observing():
@@ -436,6 +582,12 @@ class SampleRefQueue:
             raise store_error(exc, f"put_blocks_until_below of sample {ref.sample_id!r} enqueued nothing") from exc
 
     def _enqueue_new(self, ref: SampleRef, health: StoreHealth | None = None) -> None:
+        self._check_admissible(ref)
+        self._retain(ref)
+        self._push_new(ref, health)
+
+    def _check_admissible(self, ref: SampleRef) -> None:
+        """Raise what a put of ``ref`` is refused with (counting a dedup refusal); change nothing else."""
         self._require_open(ref)
         sample_id = ref.sample_id
         if sample_id in self._held:
@@ -456,13 +608,18 @@ class SampleRefQueue:
             raise ValueError(
                 f"sample {sample_id!r} was settled and the store still has to scrub it; re-puts are refused"
             )
+
+    def _retain(self, ref: SampleRef) -> None:
         try:
             self._store.retain(ref)
         except Exception as exc:
-            self._store_fault("retain", sample_id, exc)
+            self._store_fault("retain", ref.sample_id, exc)
             self._owe("unretain", ref)  # a retain that failed halfway must not pin the bytes
-            raise store_error(exc, f"put of sample {sample_id!r} refused, nothing enqueued") from exc
-        self._owed.pop(sample_id, None)  # an unretain still owed for an earlier refused put would undo this retain
+            raise store_error(exc, f"put of sample {ref.sample_id!r} refused, nothing enqueued") from exc
+
+    def _push_new(self, ref: SampleRef, health: StoreHealth | None = None) -> None:
+        """Enqueue a retained, admissible ``ref`` as a fresh lease (``redelivery_count`` 0)."""
+        self._owed.pop(ref.sample_id, None)  # an unretain still owed for an earlier refused put would undo its retain
         self._counts["put"] += 1
         record = _Record(ref, 0)
         self._push_pending(record)
@@ -477,9 +634,10 @@ class SampleRefQueue:
     def _lease_head(self) -> Lease:
         record = self._pending.popleft()
         fire(LEASE_MACHINE, "lease", record)
+        record.leased_at = self._clock()
         lease = Lease(
             ref=record.ref,
-            deadline=self._clock() + self._vt.seconds,
+            deadline=record.leased_at + self._vt.seconds,
             visibility_timeout=self._vt,
             redelivery_count=record.redelivery_count,
         )
@@ -556,12 +714,44 @@ class SampleRefQueue:
         self._dead.append(dead)
         self._counts["dead_lettered"] += 1
         self._release_hold(sample_id, "dead-lettered")
+        kept = self._keep(record.ref)
         self._emit(action, record, lease_id=lease_id, **fields)
-        self._emit(events.DEAD_LETTER, record)
+        self._emit(events.DEAD_LETTER, record, kept=kept)
         if self._on_dead_letter is not None:
             self._outbox.append((self._on_dead_letter, dead))
-        self._scrub(record.ref)
+        if not kept:
+            self._scrub(record.ref)
         self._maybe_drained()
+
+    def _keep(self, ref: SampleRef) -> bool:
+        """Keep a new dead letter's bytes retained for a requeue, if they fit ``keep_dead_letter_bytes``."""
+        size = ref.estimated_bytes
+        if not self.keep_dead_letter_bytes or self._kept_bytes + size > self.keep_dead_letter_bytes:
+            return False
+        self._kept[ref.sample_id] = size
+        self._kept_bytes += size
+        return True
+
+    def _unkeep(self, sample_id: str) -> bool:
+        size = self._kept.pop(sample_id, None)
+        if size is None:
+            return False
+        self._kept_bytes -= size
+        return True
+
+    def _chosen_letters(self, sample_ids: Iterable[str] | None, action: str) -> list[DeadLetter]:
+        """The dead letters named by ``sample_ids`` (``None``: all), oldest dead first; ``LookupError`` for others."""
+        if sample_ids is None:
+            return list(self._dead)
+        if isinstance(sample_ids, str):
+            raise TypeError(f"sample_ids must be an iterable of ids, not the str {sample_ids!r}")
+        wanted = list(dict.fromkeys(sample_ids))
+        letters = {letter.ref.sample_id: letter for letter in self._dead}
+        for sample_id in wanted:
+            if sample_id not in letters:
+                raise LookupError(f"sample {sample_id!r} is not a dead letter of this queue; nothing {action}")
+        chosen = set(wanted)
+        return [letter for letter in self._dead if letter.ref.sample_id in chosen]
 
     def _release_hold(self, sample_id: str, outcome: str) -> None:
         """The sample is settled for good: no longer held, remembered by the dedup window."""
