@@ -528,7 +528,7 @@ class QueueMachine(RuleBasedStateMachine):
         """Acquire: lease the head of the pending FIFO (never blocks: ``timeout=0``)."""
         lease, error, _ = self._reaping_call(f"acquire() by {consumer}", lambda: self.queue.acquire(timeout=0))
         token = self.mirror.acquire(consumer)
-        if error is not None and not isinstance(error, OSError):
+        if error is not None:
             raise AssertionError(f"acquire(timeout=0) raised {error!r}")
         if lease is None:
             if self.pending:
@@ -536,6 +536,25 @@ class QueueMachine(RuleBasedStateMachine):
             if token is not None:
                 self._note("inv12_agrees_with_spec_mirror", f"acquire() returned None, the spec leases {token}")
             return None
+        self._took(consumer, lease, token)
+        return lease
+
+    def do_acquire_many(self, consumer: str, n: int) -> list[Lease]:
+        """Acquire, ``n`` at a time: ``acquire_many(n, timeout=0)`` leases every pending head up to ``n``."""
+        leases, error, _ = self._reaping_call(
+            f"acquire_many({n}) by {consumer}", lambda: self.queue.acquire_many(n, timeout=0)
+        )
+        if error is not None:
+            raise AssertionError(f"acquire_many({n}, timeout=0) raised {error!r}")
+        want = min(n, len(self.pending))  # the reap came first: its redeliveries are pending too
+        if len(leases) != want:
+            self._note("inv09_close_drain", f"acquire_many({n}) leased {len(leases)}, {list(self.pending)} pending")
+        for lease in leases:
+            self._took(consumer, lease, self.mirror.acquire(consumer))
+        return leases
+
+    def _took(self, consumer: str, lease: Lease, token: object) -> None:
+        """Record one lease ``consumer`` got; ``token`` is the one the spec leased at that step."""
         sample_id = lease.ref.sample_id
         sample = self.samples.get(sample_id)
         if sample is None:
@@ -558,7 +577,41 @@ class QueueMachine(RuleBasedStateMachine):
             self._note("inv10_expired_leases_reclaimed", f"lease deadline {lease.deadline}, expected {sample.deadline}")
         self.consumers[consumer].leases.append(lease)
         self._own(consumer, lease)
-        return lease
+
+    def do_settle_many(self, consumer: str, op: str) -> None:
+        """``ack_many`` / ``fail_many`` of every lease ``consumer`` holds, live or stale, in the order it got them.
+
+        Each live one must be settled and each stale one rejected on its own: the trace's per-item
+        ``Ack``/``Fail`` events name exactly the live leases, in order.
+        """
+        leases = list(self.consumers[consumer].leases)
+        if not leases:
+            return
+        counter = "acked" if op == "ack" else "failed"
+        before = getattr(self.queue.stats(), counter)
+        seen = len(self.trace.events)
+        call = getattr(self.queue, f"{op}_many")
+        _, error, new_dead = self._reaping_call(f"{op}_many of {len(leases)} leases", lambda: call(leases))
+        if error is not None:
+            raise AssertionError(f"{op}_many() raised {error!r}")
+        live = [lease for lease in leases if self.samples[lease.ref.sample_id].live is lease]
+        settled = [f.get("lease_id") for a, f in self.trace.events[seen:] if a in (events.ACK, events.FAIL)]
+        if settled and settled != [lease.lease_id for lease in live]:
+            self._note("inv03_terminal_leases_never_change", f"{op}_many settled {settled}, the live ones: {live}")
+        if getattr(self.queue.stats(), counter) - before != len(live):
+            self._note("inv11_counters_consistent", f"{op}_many settled {counter} != {len(live)} live leases")
+        for lease in leases:
+            sample = self.samples[lease.ref.sample_id]
+            getattr(self.mirror, op)(consumer, (lease.ref.sample_id, lease.redelivery_count))
+            self._drop_lease(consumer, lease)
+            if sample.live is not lease:
+                continue
+            if op == "ack":
+                sample.acks += 1
+                sample.live = None
+                sample.status = "acked"
+            else:
+                self._requeue(sample, lease.ref.sample_id in new_dead)
 
     def _settle(self, lease: Lease, op: str, forged: Lease | None = None) -> None:
         """Ack or fail ``forged or lease`` on behalf of the consumer holding ``lease``."""

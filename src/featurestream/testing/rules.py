@@ -80,6 +80,16 @@ def make_queue_machine(
             lease = self.do_acquire(consumer)
             return multiple() if lease is None else lease
 
+        @precondition(lambda self: self.pending or self._due() or self.closed)
+        @rule(target=leases, consumer=consumers, n=st.integers(1, 3))
+        def acquire_many(self, consumer: str, n: int) -> Any:
+            return multiple(*self.do_acquire_many(consumer, n))
+
+        @precondition(lambda self: self._holding())
+        @rule(consumer=consumers, op=st.sampled_from(("ack", "fail")))
+        def settle_many(self, consumer: str, op: str) -> None:
+            self.do_settle_many(consumer, op)
+
         @precondition(lambda self: self._holding())
         @rule(target=handles, lease=leases)
         def get(self, lease: Lease) -> Any:
