@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
+import json
 import os
 import random
 import shutil
@@ -43,6 +45,7 @@ from featurestream.pipeline.producer import FeatureProducer
 from featurestream.stores.base import FeatureStore
 from featurestream.stores.local import LocalFeatureStore
 from featurestream.stores.shared_dir import DATA_SUFFIX, RETAINED_SUFFIX, SharedDirFeatureStore
+from featurestream.tools.metrics import Metrics, MetricsLogger
 from featurestream.tools.models import (
     HF_FAMILIES,
     TinyConfig,
@@ -100,7 +103,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--visibility-timeout", type=float, default=1.0, metavar="S", help="lease visibility timeout in s (1.0)"
     )
     parser.add_argument("--seed", type=int, default=0, help="seed for models, prompts and fault injection (0)")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar (nor metrics) on stderr")
+    parser.add_argument(
+        "--metrics-every",
+        type=_non_negative_int,
+        default=100,
+        metavar="N",
+        help="print the queue metrics (featurestream.tools.metrics) every N training steps on stderr (100; 0 = off)",
+    )
     parser.add_argument(
         "--render", metavar="PATH", help="draw the queue's final state snapshot to PATH (.svg/.png need graphviz)"
     )
@@ -183,6 +193,7 @@ class _Trainer:
     crashes: int = 0
     lost_leases: int = 0
     wakeups: list[float] = dataclasses.field(default_factory=list)
+    metrics: MetricsLogger | None = None  # a tracker would log these; the demo prints them
 
     def step(self, batch: Any) -> float:
         loss = self.draft.loss(batch)
@@ -233,6 +244,8 @@ def _consume(
                         else:
                             trainer.losses.append(trainer.step(batch))
                             trainer.trained[sample_id] += 1
+                            if trainer.metrics is not None:
+                                trainer.metrics.step()
                 waiting_since = time.perf_counter()
             if not crashed:
                 loader.close()
@@ -251,6 +264,13 @@ def _progress(done: int, total: int, trainer: _Trainer, queue: SampleRefQueue) -
         f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} acked  loss {loss}  "
         f"redeliveries {stats.failed + stats.reclaimed}  pauses {stats.producer_pauses}  "
     )
+
+
+def _print_metrics(queue_name: str, metrics: Metrics) -> None:
+    # On a terminal, clear the progress bar's line first; the next redraw brings it back.
+    clear = "\r\x1b[K" if sys.stderr.isatty() else ""
+    sys.stderr.write(f"{clear}metrics of queue {queue_name}: {json.dumps(metrics)}\n")
+    sys.stderr.flush()
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -288,6 +308,11 @@ def run(args: argparse.Namespace) -> int:
         queue = make_queue(store, args, telemetry)
         draft = TinyEagle3Draft(config, seed=args.seed + 1)
         trainer = _Trainer(draft, torch.optim.AdamW(draft.parameters(), lr=3e-3))
+        if args.metrics_every and not args.no_progress:
+            # The Redis queue's name is what `featurestream status --name` needs: print it with the metrics.
+            label = getattr(queue, "name", "in-process")
+            sink = functools.partial(_print_metrics, label)
+            trainer.metrics = MetricsLogger(queue, every=args.metrics_every, sink=sink)
         producer = FeatureProducer(
             target, store, run_id=run_id, target_model_version=f"{getattr(args, 'target', 'tiny')}-seed{args.seed}"
         )
