@@ -259,6 +259,27 @@ class TestPrefetch:
         assert queue.stats().failed == 1 and queue.stats().acked == 1, "its buffered lease went back"
         assert [index_of(batch) for batch in loader] == [2, 3, 1], "the loader carries on with a fresh thread"
 
+    def test_an_ack_that_fails_on_the_settle_thread_is_raised_by_a_later_pull(
+        self, make_store: Callable[[], FeatureStore]
+    ) -> None:
+        store = make_store()
+        clock = FakeClock()
+        queue = AckBreakingQueue(store, clock=clock)
+        for index in range(3):
+            queue.put(put_eagle3(store, index))
+        queue.close()
+        loader = FeatureDataLoader(queue, make_store(), prefetch=2)
+        seen: list[int] = []
+        with pytest.raises(OSError, match="ack lost"):
+            for batch in loader:
+                seen.append(index_of(batch))
+        loader.close()  # gives back what it prefetched
+        clock.advance(31.0)  # the unacked lease of s0 expires and is redelivered
+        seen += [index_of(batch) for batch in FeatureDataLoader(queue, make_store(), prefetch=0)]
+        assert sorted(seen) == [0, 0, 1, 2], "s0 was trained again: its ack never took effect"
+        stats = queue.stats()
+        assert (stats.acked, stats.reclaimed) == (3, 1)
+
     def test_per_sample_errors_come_out_in_stream_order(self, make_store: Callable[[], FeatureStore]) -> None:
         store = make_store()
         queue = SampleRefQueue(store)
@@ -301,6 +322,18 @@ class BreakingQueue(SampleRefQueue):
             self.raised = OSError("connection reset while acquiring")
             raise self.raised
         return super().acquire(poll_interval, timeout=timeout)
+
+
+class AckBreakingQueue(SampleRefQueue):
+    """A queue whose first ``ack`` raises ``OSError`` before reaching the queue (a lost connection, say)."""
+
+    broken = True
+
+    def ack(self, lease: Any) -> None:
+        if self.broken:
+            self.broken = False
+            raise OSError("ack lost on the way to the queue")
+        super().ack(lease)
 
 
 def test_bad_arguments_are_refused() -> None:

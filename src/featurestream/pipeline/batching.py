@@ -1,9 +1,11 @@
 """Batch lease operations over any ``LeaseQueue``, and the batching loader's default collate rule.
 
 A queue that implements ``acquire_many`` / ``ack_many`` / ``fail_many`` (one
-lock hold, one Redis round trip) is called through them; any other
-``LeaseQueue`` gets the same semantics from per-item calls, so the batching
-loader runs on every backend.
+lock hold, one Redis round trip) is called through them for more than one
+lease; a single lease, or a queue without them (a reference-era queue), gets
+the same semantics from the per-item calls, so a one-sample loader makes
+exactly the reference loader's calls and the batching loader runs on every
+backend.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ __all__ = ["ack_many", "acquire_many", "concat_samples", "fail_many"]
 def acquire_many(queue: LeaseQueue, n: int, *, timeout: float) -> list[Lease]:
     """Up to ``n`` leases, waiting up to ``timeout`` for the first; ``[]`` when the wait ends empty-handed."""
     native = getattr(queue, "acquire_many", None)
-    if native is not None:
+    if native is not None and n > 1:
         return list(native(n, timeout=timeout))
     first = queue.acquire(timeout=timeout)
     if first is None:
@@ -39,7 +41,7 @@ def acquire_many(queue: LeaseQueue, n: int, *, timeout: float) -> list[Lease]:
 def ack_many(queue: LeaseQueue, leases: Sequence[Lease]) -> None:
     """Ack every lease (stale ones are rejected one by one, as ``ack`` does)."""
     native = getattr(queue, "ack_many", None)
-    if native is not None:
+    if native is not None and len(leases) > 1:
         native(list(leases))
         return
     for lease in leases:
@@ -49,7 +51,7 @@ def ack_many(queue: LeaseQueue, leases: Sequence[Lease]) -> None:
 def fail_many(queue: LeaseQueue, leases: Sequence[Lease]) -> None:
     """Fail every lease back (stale ones are rejected one by one, as ``fail`` does)."""
     native = getattr(queue, "fail_many", None)
-    if native is not None:
+    if native is not None and len(leases) > 1:
         native(list(leases))
         return
     for lease in leases:

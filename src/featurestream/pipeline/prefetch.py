@@ -13,6 +13,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -143,7 +144,9 @@ class LeaseBook:
                 interval = self._interval
                 if interval is None:
                     interval = min(e.lease.visibility_timeout.seconds for e in self._entries.values()) / 3
-                self._cond.wait(interval)  # close() wakes it
+                due = time.monotonic() + interval
+                while not self._closed and (remaining := due - time.monotonic()) > 0:
+                    self._cond.wait(remaining)  # add() notifies too: only close() cuts the interval short
                 if self._closed:
                     return
                 leases = [entry.lease for entry in self._entries.values()]
