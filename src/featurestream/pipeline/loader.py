@@ -57,8 +57,10 @@ class FeatureDataLoader:
       ``heartbeat_interval`` seconds, default a third of the visibility
       timeout) and are failed back (redelivered) by ``close()``, by an error
       in the thread (raised to the trainer on its next pull) or when an
-      abandoned loader is garbage-collected. ``0`` pulls on the trainer's
-      thread, as the reference does.
+      abandoned loader is garbage-collected; the batch of the last step is
+      acked on a settle thread (``consume_now()``, a pull that raises or
+      ends, and ``close()`` wait for those acks). ``0`` pulls and acks on the
+      trainer's thread, as the reference does.
     - ``batch_size=k``: k samples per batch (fewer for the last one at the end
       of the stream), acked or failed together; ``collate_fn(list of k tensor
       dicts, in lease order) -> batch`` builds it; the default concatenates
