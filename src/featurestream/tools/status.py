@@ -20,6 +20,9 @@ since its previous snapshot. The keys (``docs/operations.md`` is the reference):
   newest first, at most ``newest_dead_letters`` entries.
 
 Keys are only ever added, never renamed or removed (``SCHEMA`` names this version).
+The counters and the two gauges come from one consistent ``stats()``; the
+lifecycle, the lease age and the dead letters are each read by a call of their
+own, so under traffic they may be a few events apart.
 """
 
 from __future__ import annotations
