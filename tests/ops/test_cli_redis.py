@@ -186,6 +186,9 @@ def test_dead_letters_list_requeue_ack_and_purge(cli: Run, producer: Callable[..
 
     status, out, _ = cli("dead-letters", "requeue", args=("a",))
     assert status == 0 and out.strip() == "requeued 1 dead letter: a"
+    _, out, _ = cli("status", args=("--json",))
+    counts = json.loads(out)
+    assert (counts["pending"], counts["dead_letters"]["count"], counts["counters"]["requeued"]) == (1, 1, 1)
     lease = queue.acquire(timeout=0)
     assert lease is not None and lease.ref.sample_id == "a" and lease.redelivery_count == 0  # a fresh budget
     assert queue.store.get(lease.ref) is not None  # the kept bytes are there
@@ -196,6 +199,8 @@ def test_dead_letters_list_requeue_ack_and_purge(cli: Run, producer: Callable[..
     assert status == 0 and json.loads(out)["purged"] == ["b"]
     status, out, _ = cli("dead-letters", "list", args=("--json",))
     assert json.loads(out)["dead_letters"] == []
+    _, out, _ = cli("status", args=("--json",))
+    assert json.loads(out)["dead_letters"] == {"count": 0, "newest": []}
 
 
 def test_requeue_without_kept_bytes_is_refused_naming_the_id(

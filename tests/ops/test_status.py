@@ -63,6 +63,24 @@ def test_snapshot_during_traffic() -> None:
     json.dumps(status)  # plain data, ready for a log line
 
 
+def test_dead_letter_count_follows_requeue_and_purge() -> None:
+    store, queue, _ = make_queue(max_deliveries=1, keep_dead_letter_bytes=1 << 30)
+    put(store, queue, "a", "b", "c")
+    for _ in range(3):
+        lease = queue.acquire(timeout=0)
+        assert lease is not None
+        queue.fail(lease)
+    assert snapshot(queue)["dead_letters"]["count"] == 3
+    assert queue.requeue_dead_letters(["a"]) == ["a"] and queue.purge_dead_letters(["c"]) == ["c"]
+    status = snapshot(queue)
+    assert status["dead_letters"] == {
+        "count": 1,
+        "newest": [{"sample_id": "b", "reason": queue.dead_letters()[0].reason, "deliveries": 1}],
+    }
+    assert (status["counters"]["requeued"], status["counters"]["purged"], status["pending"]) == (1, 1, 1)
+    assert snapshot(queue, newest_dead_letters=0)["dead_letters"] == {"count": 1, "newest": []}
+
+
 def test_oldest_lease_age_follows_the_oldest_live_lease() -> None:
     store, queue, clock = make_queue()
     put(store, queue, "a", "b")

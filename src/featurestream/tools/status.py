@@ -21,8 +21,9 @@ since its previous snapshot. The keys (``docs/operations.md`` is the reference):
 
 Keys are only ever added, never renamed or removed (``SCHEMA`` names this version).
 The counters and the two gauges come from one consistent ``stats()``; the
-lifecycle, the lease age and the dead letters are each read by a call of their
-own, so under traffic they may be a few events apart.
+lifecycle, the lease age and the newest dead letters are each read by a call of
+their own, so under traffic they may be a few events apart. Only the newest dead
+letters cost O(dead letters) to read: ``newest_dead_letters=0`` skips them.
 """
 
 from __future__ import annotations
@@ -56,15 +57,17 @@ def snapshot(
     """One status snapshot of ``queue`` (``rates`` and ``interval_s`` are ``None``: see ``StatusWatcher``).
 
     ``newest_dead_letters`` caps the dead-letter reasons listed (the count is
-    always exact). ``backpressure=False`` reports the backpressure state as
-    ``None``: pass it for a handle that produces nothing (an operator's view of
-    a shared queue), whose own state says nothing about the producers.
+    always exact; 0 skips the listing, which costs O(dead letters)).
+    ``backpressure=False`` reports the backpressure state as ``None``: pass it
+    for a handle that produces nothing (an operator's view of a shared queue),
+    whose own state says nothing about the producers.
     Thread-safe: every read is one of the queue's own thread-safe calls.
     """
     _check_arguments(queue, newest_dead_letters, backpressure)
     stats = queue.stats()
-    dead = queue.dead_letters()
-    newest = dead[::-1][:newest_dead_letters]
+    # Every dead letter enters the list once (dead_lettered) and leaves it once (requeued or purged): the
+    # consistent counters give the count without listing them.
+    newest = queue.dead_letters()[::-1][:newest_dead_letters] if newest_dead_letters else []
     return {
         "schema": SCHEMA,
         "lifecycle": queue.lifecycle_state,
@@ -75,7 +78,7 @@ def snapshot(
         "interval_s": None,
         "backpressure": queue.backpressure_state if backpressure else None,
         "dead_letters": {
-            "count": len(dead),
+            "count": stats.dead_lettered - stats.requeued - stats.purged,
             "newest": [
                 {"sample_id": letter.ref.sample_id, "reason": letter.reason, "deliveries": letter.deliveries}
                 for letter in newest
