@@ -1,16 +1,17 @@
 """Trainer-wait benchmark: time per training step with FeatureDataLoader(prefetch=0) and (prefetch=2), against the step.
 
-    python benchmarks/bench_trainer_wait.py [--samples 24] [--rounds 3] [--step-ms 20] [--step compute|sleep]
+    python benchmarks/bench_trainer_wait.py [--samples 24] [--rounds 3] [--step-ms 20] [--step sleep|compute]
 
 A trainer loop runs a fixed synthetic step over a ``SharedDirFeatureStore`` of
 realistic EAGLE-3 samples (the shapes of a small model: seq 2048, hidden 512 so
 ``aux_hidden_states`` is 2048 x 1536 fp16, logits over a 4096-token vocabulary
-in fp16: 22 MiB a sample). The step is either ``compute`` (default: a matmul
-loop on one torch thread, calibrated at start to ``--step-ms``) or ``sleep``
-(``time.sleep``: the same wall time without using a core, for a machine too
-busy for stable compute). Per round, for each variant the queue is refilled
-(the samples are written to the directory and put; not timed) and the trainer
-loop is timed over every step after the first:
+in fp16: 22 MiB a sample). The step is ``sleep`` (default: ``time.sleep``,
+what a GPU trainer's CPU thread does while its kernels run, and the only step
+that stays stable on a busy shared machine) or ``compute`` (a matmul loop on
+one torch thread calibrated at start to ``--step-ms``: a CPU-bound trainer,
+which competes with the reader thread for the cores). Per round, for each
+variant the queue is refilled (the samples are written to the directory and
+put; not timed) and the trainer loop is timed over every step after the first:
 
 - ``step alone``: the step, no loader (the baseline);
 - ``prefetch=0``: lease, read, materialise on the trainer's thread, then step;
@@ -123,7 +124,7 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=24, help="samples (steps) per timed loop")
     parser.add_argument("--rounds", type=int, default=3, help="rounds of all variants; medians are reported")
     parser.add_argument("--step-ms", type=float, default=20.0, help="the synthetic step's duration")
-    parser.add_argument("--step", choices=("compute", "sleep"), default="compute")
+    parser.add_argument("--step", choices=("sleep", "compute"), default="sleep")
     parser.add_argument("--dir", default=None, help="directory for the shared-dir store (default: a temp dir)")
     args = parser.parse_args()
     torch.set_num_threads(1)  # the trainer's compute takes one core; the prefetch thread reads on the other
