@@ -353,10 +353,12 @@ RetryScrub(s, fault) ==
 (* with a new one: it does not retry the same id.                          *)
 (***************************************************************************)
 
-(* The producer's decision after the hysteresis: may it enqueue now? *)
+(* The producer's decision once the round's hysteresis has settled (a round that pauses or resumes  *)
+(* runs the callback and polls again): flowing below the high watermark -- or, the fix, paused with  *)
+(* nothing pending or leased.                                                                         *)
 MayEnqueue ==
     \/ bp = "flowing" /\ residentBytes < HighWatermark
-    \/ ~BugProducerBytesCounted /\ QueueEmpty
+    \/ bp = "paused" /\ residentBytes > LowWatermark /\ ~BugProducerBytesCounted /\ QueueEmpty
 
 (* An id a producer may store: a fresh one, or a settled one the queue has forgotten (evicted from *)
 (* the dedup window, its bytes gone).  Model bound: no consumer still holds a lease or handle of   *)
@@ -517,6 +519,17 @@ FairSpec ==
     /\ \A c \in Consumers : WF_vars(Acquire(c)) /\ WF_vars(Settle(c))
     /\ \A s \in Samples : WF_vars(\E f \in BOOLEAN : ReclaimStep(s, f)) /\ WF_vars(RetryScrub(s, FALSE))
     /\ \A p \in Producers : /\ SF_vars(Enqueue(p))
+                            /\ WF_vars(PauseP(p)) /\ WF_vars(ResumeP(p))
+                            /\ WF_vars(\E f \in BOOLEAN : ClosedRaise(p, f)) /\ WF_vars(Discard(p))
+
+(* The same with only WEAK fairness on the enqueue: not enough.  With three ids and a dedup window of *)
+(* one, a producer can be starved for ever -- whenever the queue empties, the other producer enqueues *)
+(* first -- so ProducerProgress fails (mutants/WeakEnqueueFairness.cfg).                              *)
+WeakFairSpec ==
+    /\ Spec
+    /\ \A c \in Consumers : WF_vars(Acquire(c)) /\ WF_vars(Settle(c))
+    /\ \A s \in Samples : WF_vars(\E f \in BOOLEAN : ReclaimStep(s, f)) /\ WF_vars(RetryScrub(s, FALSE))
+    /\ \A p \in Producers : /\ WF_vars(Enqueue(p))
                             /\ WF_vars(PauseP(p)) /\ WF_vars(ResumeP(p))
                             /\ WF_vars(\E f \in BOOLEAN : ClosedRaise(p, f)) /\ WF_vars(Discard(p))
 

@@ -14,9 +14,9 @@ import pytest
 from featurestream.spec.tlc import ToolMissing, find_jar, find_java
 
 # Distinct states of each shipped exhaustive config; TLC and the Python mirror must both find exactly this many.
-CI_DISTINCT_STATES = 45_503  # spec/LeaseQueue.cfg
-WINDOW_DISTINCT_STATES = 26_366  # spec/LeaseQueueWindow.cfg
-DEEP_DISTINCT_STATES = 381_569  # spec/LeaseQueueDeep.cfg (nightly)
+CI_DISTINCT_STATES = 27_202  # spec/LeaseQueue.cfg
+WINDOW_DISTINCT_STATES = 15_476  # spec/LeaseQueueWindow.cfg
+DEEP_DISTINCT_STATES = 218_132  # spec/LeaseQueueDeep.cfg (nightly)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+from pathlib import Path
 
 import pytest
 
@@ -141,6 +142,20 @@ def test_the_old_backpressure_rule_strands_both_producers_with_nothing_queued(tl
     assert "/\\ queue = <<>>" in last
 
 
+def test_producer_progress_needs_strong_fairness_on_the_enqueue(tlc_available: None, tmp_path: Path) -> None:
+    """Weak fairness on Enqueue starves a producer; the same model under FairSpec (strong) is clean."""
+    weak_config = spec_dir() / "mutants" / "WeakEnqueueFairness.cfg"
+    weak = run_tlc(weak_config, workers=2, timeout=300)
+    print(f"WeakFairSpec: {weak.summary()}")
+    assert weak.violated == "ProducerProgress", weak.output[-4000:]
+    assert "Back to state" in weak.output, "the counterexample is a cycle in which the producer keeps waiting"
+    strong_config = tmp_path / "StrongEnqueueFairness.cfg"
+    strong_config.write_text(weak_config.read_text().replace("SPECIFICATION WeakFairSpec", "SPECIFICATION FairSpec"))
+    strong = run_tlc(strong_config, workers=2, timeout=300)
+    print(f"FairSpec: {strong.summary()}")
+    _assert_clean(strong.ok, strong.output, strong.command)
+
+
 @pytest.mark.parametrize(
     ("bug", "violated"),
     [
@@ -215,8 +230,8 @@ def test_no_doc_or_runner_turns_deadlock_checking_off() -> None:
 
 
 _CLEAN = """Model checking completed. No error has been found.
-295713 states generated, 45503 distinct states found, 0 states left on queue.
-The depth of the complete state graph search is 22.
+173523 states generated, 27202 distinct states found, 0 states left on queue.
+The depth of the complete state graph search is 23.
 """
 _INVARIANT = """Error: Invariant NoLoss is violated.
 Error: The behavior up to this point is:
@@ -235,7 +250,7 @@ Finished in 10s at (2026-11-30 21:20:59)
 
 def test_parse_output_reads_counts_and_verdicts() -> None:
     clean = parse_output(_CLEAN, 0, 1.0)
-    assert (clean.ok, clean.distinct_states, clean.states_generated, clean.depth) == (True, 45503, 295713, 22)
+    assert (clean.ok, clean.distinct_states, clean.states_generated, clean.depth) == (True, 27202, 173523, 23)
     broken = parse_output(_INVARIANT, 12, 1.0)
     assert (broken.ok, broken.violated, broken.distinct_states) == (False, "NoLoss", 32)
     action = parse_output("Error: Action property ExactlyOnce is violated.\n", 13, 1.0)

@@ -613,9 +613,11 @@ def a_retry_scrub(k: SpecConstants, st: SpecState, s: int, sizes: tuple[int, ...
 
 
 def _may_enqueue(k: SpecConstants, st: SpecState) -> bool:
-    """``MayEnqueue``: flowing below the high watermark, or (the fix) the queue holds nothing."""
-    flowing = st.backpressure == "flowing" and st.resident_bytes < k.high_watermark
-    return flowing or ("P" not in k.bugs and _queue_empty(st))
+    """``MayEnqueue``: once the hysteresis settled, flowing below the high watermark, or (the fix) paused
+    with nothing pending or leased."""
+    if st.backpressure == "flowing":
+        return st.resident_bytes < k.high_watermark
+    return st.resident_bytes > k.low_watermark and "P" not in k.bugs and _queue_empty(st)
 
 
 def _storable(st: SpecState, s: int) -> bool:
@@ -1138,7 +1140,7 @@ class SpecMirror:
         return self._apply(a_resume_p(self.constants, self.state, self._p(producer)))
 
     def may_enqueue(self) -> bool:
-        """``MayEnqueue``: flowing below the high watermark, or the queue holds nothing (the fix)."""
+        """``MayEnqueue``: flowing below the high watermark, or (the fix) paused with nothing pending or leased."""
         return _may_enqueue(self.constants, self.state)
 
     def producer_enqueue(self, producer: str) -> bool:
