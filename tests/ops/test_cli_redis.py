@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import socket
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -133,6 +135,19 @@ def test_status_watch_table_prints_rates(cli: Run, producer: Callable[..., Redis
     assert len(tables) == 2
     assert rows(tables[0])["put"] == ["1"]  # no rates on the first refresh
     assert rows(tables[1])["put"] == ["1", "0.0"]
+
+
+def test_status_watch_stops_quietly_when_its_reader_goes_away(
+    redis_server: Any, queue_name: str, producer: Callable[..., RedisSampleRefQueue]
+) -> None:
+    put(producer(), "a")
+    command = [sys.executable, "-m", "featurestream", "status", "--redis", redis_server.url, "--name", queue_name]
+    watch = subprocess.Popen([*command, "--json", "--watch", "0.05"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert watch.stdout is not None and watch.stderr is not None
+    assert json.loads(watch.stdout.readline())["pending"] == 1
+    watch.stdout.close()  # like `| head -1`
+    assert watch.wait(timeout=60) == 0
+    assert watch.stderr.read() == b""  # no BrokenPipeError traceback
 
 
 def test_status_of_a_missing_queue_exits_2_naming_it(cli: Run, redis_server: Any) -> None:

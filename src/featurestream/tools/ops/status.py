@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from typing import Any
@@ -49,6 +50,10 @@ def run(args: argparse.Namespace) -> int:
     except TargetError as exc:
         return _usage(str(exc))
     except KeyboardInterrupt:  # the way out of --watch
+        return 0
+    except BrokenPipeError:  # the reader went away (`... --watch 5 --json | head -3`): stop quietly
+        # Point stdout at /dev/null so the interpreter's final flush does not fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
 
 
