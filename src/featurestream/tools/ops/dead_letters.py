@@ -16,6 +16,7 @@ import json
 import sys
 from typing import Any
 
+from featurestream.tools.ops import quiet_when_output_closes
 from featurestream.tools.ops.target import TargetError, add_target_arguments, open_target, redact
 
 
@@ -33,6 +34,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         sub.add_argument("--all", action="store_true", help=f"{action} every dead letter")
 
 
+@quiet_when_output_closes  # `... list | head`
 def run(args: argparse.Namespace) -> int:
     command = f"featurestream dead-letters {args.action}"
     if args.action != "list":

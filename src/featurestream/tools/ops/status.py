@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from typing import Any
 
 from featurestream.core.protocol import LeaseQueue
+from featurestream.tools.ops import quiet_when_output_closes
 from featurestream.tools.ops.target import TargetError, add_target_arguments, open_target, positive_float, redact
 from featurestream.tools.status import COUNTERS, GAUGES, StatusWatcher
 
@@ -39,6 +39,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
 
 
+@quiet_when_output_closes  # `... --watch 5 --json | head -3`
 def run(args: argparse.Namespace) -> int:
     if args.count is not None and (args.count < 1 or not args.watch):
         return _usage(f"--count needs --watch and must be >= 1, got {args.count}")
@@ -50,10 +51,6 @@ def run(args: argparse.Namespace) -> int:
     except TargetError as exc:
         return _usage(str(exc))
     except KeyboardInterrupt:  # the way out of --watch
-        return 0
-    except BrokenPipeError:  # the reader went away (`... --watch 5 --json | head -3`): stop quietly
-        # Point stdout at /dev/null so the interpreter's final flush does not fail again.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
 
 
