@@ -176,7 +176,7 @@ def test_status_hides_the_password(cli: Run, redis_server: Any) -> None:
     ("args", "message"),
     [
         (("--count", "2"), "--count needs --watch"),
-        (("--watch", "1", "--count", "0"), "must be >= 1, got 0"),
+        (("--watch", "1", "--count", "0"), "--count must be >= 1, got 0"),
         (("--dead-letters", "-1"), "--dead-letters must be >= 0, got -1"),
     ],
 )

@@ -41,15 +41,17 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 @quiet_when_output_closes  # `... --watch 5 --json | head -3`
 def run(args: argparse.Namespace) -> int:
-    if args.count is not None and (args.count < 1 or not args.watch):
-        return _usage(f"--count needs --watch and must be >= 1, got {args.count}")
+    if args.count is not None and not args.watch:
+        return _fail("--count needs --watch")
+    if args.count is not None and args.count < 1:
+        return _fail(f"--count must be >= 1, got {args.count}")
     if args.dead_letters < 0:
-        return _usage(f"--dead-letters must be >= 0, got {args.dead_letters}")
+        return _fail(f"--dead-letters must be >= 0, got {args.dead_letters}")
     try:
         with open_target(args) as queue:
             return _show(queue, args)
     except TargetError as exc:
-        return _usage(str(exc))
+        return _fail(str(exc))
     except KeyboardInterrupt:  # the way out of --watch
         return 0
 
@@ -96,7 +98,7 @@ def render(status: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _usage(message: str) -> int:
+def _fail(message: str) -> int:
     print(f"featurestream status: {message}", file=sys.stderr)
     return 2
 
