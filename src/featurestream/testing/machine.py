@@ -1058,10 +1058,12 @@ class QueueMachine(RuleBasedStateMachine):
         """12/13. Store faults: settlements stand, errors are counted, owed scrubs go through once the store heals."""
         name = "inv14_store_faults_survivable"
         self._check_notes(name)
+        raised_before = sum(self.store.raised[call] for call in QUEUE_CALLS)
         stats = self.queue.stats()  # a queue call: it pays what the queue owes a healed store
         self._sync_store()
         raised = sum(self.store.raised[call] for call in QUEUE_CALLS)
-        if stats.store_errors != raised:
+        # Faults of the stats() call itself (its retries, a gc after its snapshot) may fall on either side.
+        if not raised_before <= stats.store_errors <= raised:
             self._fail(name, f"stats().store_errors is {stats.store_errors}, the store raised {raised} times")
         owed = len(self.owed) + len(self.owed_unretain)
         if stats.scrub_backlog != owed:
