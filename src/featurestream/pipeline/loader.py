@@ -168,9 +168,9 @@ class FeatureDataLoader:
                 if self._closed or self._finished:
                     raise StopIteration
             try:
-                self._settle_previous()
                 if self.process_group is not None:
                     return self._next_in_lockstep()
+                self._settle_previous()
                 item = self._next_pulled()
                 if item is None:
                     raise StopIteration
@@ -194,7 +194,8 @@ class FeatureDataLoader:
         """Vote, and step only if every rank has a batch; a rank that raised makes the others vote again."""
         item: Pulled | None = None
         error: Exception | None = None
-        try:
+        try:  # whatever this rank's pull raises (an earlier ack's error too) is its vote, so no peer waits for it
+            self._settle_previous()
             item = self._next_pulled()
         except Exception as exc:
             error = exc
