@@ -259,7 +259,7 @@ class TestPrefetch:
         assert queue.stats().failed == 1 and queue.stats().acked == 1, "its buffered lease went back"
         assert [index_of(batch) for batch in loader] == [2, 3, 1], "the loader carries on with a fresh thread"
 
-    def test_an_ack_that_fails_on_the_settle_thread_is_raised_by_a_later_pull(
+    def test_an_ack_that_fails_is_raised_by_the_next_pull_and_nothing_is_lost(
         self, make_store: Callable[[], FeatureStore]
     ) -> None:
         store = make_store()

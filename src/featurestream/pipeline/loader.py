@@ -26,7 +26,6 @@ from featurestream.pipeline.batching import ack_many, fail_many
 from featurestream.pipeline.prefetch import LeaseBook, Prefetcher, Pulled
 from featurestream.pipeline.pull import Collate, Puller, PullSpec, stream_ended
 from featurestream.pipeline.schemas import schema_for
-from featurestream.pipeline.settle import Settler
 from featurestream.stores.base import FeatureStore, StoreHandle
 
 __all__ = ["FeatureDataLoader"]
@@ -57,10 +56,8 @@ class FeatureDataLoader:
       ``heartbeat_interval`` seconds, default a third of the visibility
       timeout) and are failed back (redelivered) by ``close()``, by an error
       in the thread (raised to the trainer on its next pull) or when an
-      abandoned loader is garbage-collected; the batch of the last step is
-      acked on a settle thread (``consume_now()``, a pull that raises or
-      ends, and ``close()`` wait for those acks). ``0`` pulls and acks on the
-      trainer's thread, as the reference does.
+      abandoned loader is garbage-collected. ``0`` pulls on the trainer's
+      thread, as the reference does.
     - ``batch_size=k``: k samples per batch (fewer for the last one at the end
       of the stream), acked or failed together; ``collate_fn(list of k tensor
       dicts, in lease order) -> batch`` builds it; the default concatenates
@@ -143,7 +140,6 @@ class FeatureDataLoader:
         self._finished = False  # a lockstep stop: final, so no rank ever enters the agreement alone
         self._prefetcher: Prefetcher | None = None
         self._prefetch_finalizer: weakref.finalize | None = None
-        self._settler: Settler | None = None  # with prefetch: acks finished batches off the trainer's thread
         # prefetch=0: the trainer's thread pulls; the book heartbeats only a candidate waiting for the other ranks.
         self._puller = Puller(self._spec, self._new_book(heartbeat=process_group is not None))
 
@@ -167,35 +163,22 @@ class FeatureDataLoader:
             with self._lock:
                 if self._closed or self._finished:
                     raise StopIteration
-            try:
-                if self.process_group is not None:
-                    return self._next_in_lockstep()
-                self._settle_previous()
-                item = self._next_pulled()
-                if item is None:
-                    raise StopIteration
-                return self._hand_off(item)
-            except BaseException:
-                self._flush_settles()  # a pull that ends or raises leaves every batch before it settled
-                raise
-
-    def _settle_previous(self) -> None:
-        """Ack the batch of the last step: at once, or with prefetch on the settle thread (the trainer goes on)."""
-        held = self._take_held()
-        settler = self._settler
-        if held is not None and settler is None:
-            self._settle(*held, ack_many)
-        elif held is not None and settler is not None:
-            settler.submit(*held)
-        if settler is not None:
-            settler.check()
+            if self.process_group is not None:
+                return self._next_in_lockstep()
+            # Acked before the next batch is handed out, never later: a process that dies during a step
+            # leaves only that step's batch unacked (it is redelivered), never one it already trained on.
+            self.consume_now()
+            item = self._next_pulled()
+            if item is None:
+                raise StopIteration
+            return self._hand_off(item)
 
     def _next_in_lockstep(self) -> Any:
         """Vote, and step only if every rank has a batch; a rank that raised makes the others vote again."""
         item: Pulled | None = None
         error: Exception | None = None
-        try:  # whatever this rank's pull raises (an earlier ack's error too) is its vote, so no peer waits for it
-            self._settle_previous()
+        try:  # whatever this rank's pull raises (its ack's error too) is its vote, so no peer waits for it
+            self.consume_now()
             item = self._next_pulled()
         except Exception as exc:
             error = exc
@@ -257,7 +240,6 @@ class FeatureDataLoader:
             # The thread saw the end of the stream; confirm it now that this loader holds nothing (a batch the
             # trainer failed back since then is pending again), else start pulling again.
             self._drop_prefetcher()
-            self._flush_settles()
             if self._is_closed() or stream_ended(self._spec, 0):
                 return None, book
 
@@ -268,9 +250,6 @@ class FeatureDataLoader:
         self._puller, self._prefetcher = puller, prefetcher
         # An abandoned loader (no close) gives its prefetched leases back when it is collected.
         self._prefetch_finalizer = weakref.finalize(self, prefetcher.close)
-        if self._settler is None:
-            self._settler = Settler(self.queue, self.store)
-            weakref.finalize(self, self._settler.close)  # and acks what its last steps finished
 
     def _drop_prefetcher(self) -> None:
         with self._lock:
@@ -301,16 +280,10 @@ class FeatureDataLoader:
             return self._closed
 
     def consume_now(self) -> None:
-        """Release and ack the batch last handed out now instead of on the next pull (and finish earlier acks)."""
+        """Release and ack the batch last handed out now instead of on the next pull."""
         held = self._take_held()
         if held is not None:
             self._settle(*held, ack_many)
-        self._flush_settles()
-
-    def _flush_settles(self) -> None:
-        settler = self._settler
-        if settler is not None:
-            settler.flush()
 
     def fail_current(self) -> None:
         """Give the batch last handed out back to the queue (redelivered, or dead once its deliveries are spent)."""
@@ -337,8 +310,6 @@ class FeatureDataLoader:
         self._drop_prefetcher()
         self._puller.book.close()  # a pull in flight on another thread gives its leases back
         self.consume_now()
-        if self._settler is not None:
-            self._settler.close()
         self.queue.close()
 
     def _take_held(self) -> tuple[list[Lease], list[StoreHandle]] | None:
