@@ -56,7 +56,8 @@ class PipeQueue:
 def consumer_main(conn: Connection, directory: str, crash_at: int | None) -> None:
     """Train (checksum) every batch; at batch ``crash_at`` announce it and wait to be SIGKILLed mid-lease."""
     torch.set_num_threads(1)
-    loader = FeatureDataLoader(PipeQueue(conn), SharedDirFeatureStore(directory))
+    # PipeQueue is a one-thread pipe protocol, and the test counts exactly one reclaimed lease: no prefetch thread.
+    loader = FeatureDataLoader(PipeQueue(conn), SharedDirFeatureStore(directory), prefetch=0)
     for count, batch in enumerate(loader, 1):
         lease = loader.current_lease
         assert lease is not None

@@ -215,7 +215,9 @@ def _consume(
     rng = random.Random(args.seed * 1000 + worker)
     try:
         while True:
-            loader = FeatureDataLoader(queue, store)
+            # A simulated crash abandons the loader mid-lease. Without prefetch its one lease is left to expire
+            # as a killed process's would; a prefetch buffer would be failed back when the loader is collected.
+            loader = FeatureDataLoader(queue, store, prefetch=0)
             crashed = False
             waiting_since = time.perf_counter()
             for batch in loader:
