@@ -351,4 +351,3 @@ def test_the_shared_dir_store_retries_a_failed_release_unlink_on_gc(
     failing["on"] = False
     assert store.gc() >= 1
     assert not os.path.exists(store.data_path("s1")) and os.path.exists(path)
-

@@ -85,4 +85,3 @@ class UnsettlingScrubQueue(SampleRefQueue):
         self._store.scrub(ref)  # raises out of ack / fail / the reaping call: the id below is never recorded
         self._recent_terminal[ref.sample_id] = self._outcome
         self._not_full.notify_all()
-
