@@ -159,11 +159,8 @@ def test_a_batch_is_traced_as_its_items(make: Factory, store: LocalFeatureStore)
 # change: add it here (and to the protocol if every backend offers it).
 BEYOND_PROTOCOL = {
     SampleRefQueue: {"lease_state_counts", "render"},
-    RedisSampleRefQueue: {
-        "lease_state_counts", "render", "disconnect", "put_many", "acquire_many", "ack_many", "fail_many",
-        "requeue_dead_letters", "purge_dead_letters", "oldest_lease_age", "open",
-    },
-}  # fmt: skip
+    RedisSampleRefQueue: {"lease_state_counts", "render", "disconnect", "open"},
+}
 
 
 @pytest.mark.parametrize("backend", list(BEYOND_PROTOCOL), ids=lambda cls: cls.__name__)

@@ -95,14 +95,14 @@ def test_an_ack_whose_scrub_fails_stands_and_the_scrub_is_retried(make: Factory,
     queue.put(ref)
     lease = queue.acquire(timeout=0)
     assert lease is not None
-    store.fail["scrub"] = 1
+    store.fail["scrub"] = 2
     queue.ack(lease)  # returns normally: the ack took effect on the server
-    stats = queue.stats()
-    assert (stats.acked, stats.store_errors, stats.scrub_backlog) == (1, 1, 1)
+    stats = queue.stats()  # retries the owed scrub first: it fails once more
+    assert (stats.acked, stats.store_errors, stats.scrub_backlog) == (1, 2, 1)
     assert store.is_resident("s0")  # the bytes are still owed
     with pytest.raises(ValueError, match="s0"):
-        queue.put(ref)  # settled for good: never accepted (nor delivered) again
-    assert queue.acquire(timeout=0) is None  # this call paid the owed scrub first
+        queue.put(ref)  # settled for good: never accepted (nor delivered) again; this call paid the scrub
+    assert queue.acquire(timeout=0) is None
     stats = queue.stats()
     assert not store.is_resident("s0") and stats.scrub_backlog == 0 and stats.put == 1
     assert queue.lifecycle_state == "open" and queue.pending_count() == 0
@@ -115,7 +115,7 @@ def test_a_scrub_that_keeps_failing_is_retried_until_the_bytes_leave(make: Facto
     queue.ack(queue.acquire(timeout=0))  # type: ignore[arg-type]
     for _ in range(3):
         assert queue.acquire(timeout=0) is None
-    assert store.is_resident("s0") and queue.stats().store_errors == 4
+    assert store.is_resident("s0") and queue.stats().store_errors == 5  # the ack's, 3 acquires', stats' own
     store.fail.clear()
     queue.reclaim_expired()
     assert not store.is_resident("s0") and queue.stats().scrub_backlog == 0
@@ -154,12 +154,12 @@ def test_an_unretain_that_fails_is_retried(make: Factory, store: FaultyStore) ->
     queue.put(ref)
     queue.ack(queue.acquire(timeout=0))  # type: ignore[arg-type]
     again = stored(store, 0)
-    store.fail["unretain"] = 1
+    other = make(store)  # another instance: it has not seen s0 settled, so it retains before the server refuses
+    store.fail["unretain"] = 2
     with pytest.raises(ValueError, match="already acked"):
-        queue.put(again)  # refused; the un-retain that restores the store raised and is owed
-    assert queue.stats().scrub_backlog == 1
-    queue.reclaim_expired()
-    assert queue.stats().scrub_backlog == 0 and store.health().sample_count == 1  # plain residency again
+        other.put(again)  # refused; the un-retain that restores the store raised and is owed
+    assert other.stats().scrub_backlog == 1  # its retry failed once more
+    assert other.stats().scrub_backlog == 0 and store.health().sample_count == 1  # paid: plain residency again
     store.scrub(again)
     assert store.health().sample_count == 0
 
@@ -193,11 +193,12 @@ def test_a_reaped_dead_letter_whose_scrub_fails_never_surfaces_from_another_call
             queue.put(stored(store, i))
         assert queue.acquire(timeout=0) is not None  # s0's consumer crashes
         clock.advance(2.0)
-        store.fail["scrub"] = 1
+        store.fail["scrub"] = -1
         lease = queue.acquire(timeout=0)  # reaps s0 into the dead letters; its scrub raises, not this call
         assert lease is not None and lease.ref.sample_id == "s1"
         assert [letter.ref.sample_id for letter in dead] == ["s0"]  # exactly once
         assert queue.stats().dead_lettered == 1 and queue.stats().scrub_backlog == 1
+        store.fail.clear()
         queue.ack(lease)  # pays the owed scrub of s0 too
         assert dead == dead[:1] and store.health().sample_count == 0
     finally:

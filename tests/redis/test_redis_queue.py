@@ -413,7 +413,7 @@ def test_tracer_sees_the_spec_actions_in_order(make: Factory, store: LocalFeatur
         ("Extend", {"sample_id": "s0", "lease_id": first}),
         ("Reclaim", {"sample_id": "s0", "lease_id": first}),
         ("Acquire", {"sample_id": "s0", "lease_id": second}),
-        ("StaleRejected", {"op": "ack", "lease_id": first}),
+        ("StaleRejected", {"op": "ack", "lease_id": first, "forged": False}),
         ("Fail", {"sample_id": "s0", "lease_id": second}),
         ("DeadLetter", {"sample_id": "s0"}),
         ("Close", {}),

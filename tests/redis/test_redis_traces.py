@@ -40,13 +40,12 @@ Trace = list[tuple[str, dict[str, object]]]
 
 
 class _NoDedupQueue(RedisSampleRefQueue):
-    """Seeded defect C on the server: the put function never consults the dedup window."""
+    """Seeded defect C on the server: puts never consult the dedup window."""
 
-    _LOOKUP = "local done = not held and redis.call('HGET', K_DONE, sid)"
-    assert _LOOKUP in functions.SCRIPTS["put"]
-    _library = functions.Library(
-        {**functions.SCRIPTS, "put": functions.SCRIPTS["put"].replace(_LOOKUP, "local done = false")}
-    )
+    _LOOKUP = "  if done then\n    local outcome, _, _, put_token = parse_done(done)\n"
+    assert functions.PRELUDE.count(_LOOKUP) == 1
+    _FORGETFUL = _LOOKUP.replace("if done", "if false")
+    _library = functions.Library(functions.SCRIPTS, functions.PRELUDE.replace(_LOOKUP, _FORGETFUL))
 
 
 def _factory(client: redis.Redis, queue_class: type[RedisSampleRefQueue] = RedisSampleRefQueue) -> Any:

@@ -60,7 +60,7 @@ batch of leases, ``{statuses, events}``) where ``events`` is a flat list of
 dead-letter callbacks. ``kind`` uses the lease/lifecycle machines' trigger
 names (``lease``, ``extend``, ``ack``, ``fail``, ``reclaim``, ``close``,
 ``drain``) plus ``put``, ``dead`` (``kept``: a dead letter whose bytes stay), ``dedup``, ``stale``,
-``requeue``, ``purge`` and ``retired`` (not traced).
+``forged`` (a stale lease naming a live one: a copy), ``requeue``, ``purge`` and ``retired`` (not traced).
 """
 
 from __future__ import annotations
@@ -122,19 +122,19 @@ SCRIPTS: dict[str, str] = {name: _lua(name) for name in FUNCTIONS}
 
 
 class Library:
-    """One Redis Functions library built from ``scripts`` (name -> Lua body run after the shared prelude).
+    """One Redis Functions library built from ``scripts`` (name -> Lua body run after the shared ``prelude``).
 
     ``source`` is what ``FUNCTION LOAD`` takes; ``function(name)`` the name ``FCALL`` takes. The tag is a
     hash of the source, so two different libraries (versions, or a test's seeded defect) coexist on a server.
     """
 
-    def __init__(self, scripts: dict[str, str]) -> None:
+    def __init__(self, scripts: dict[str, str], prelude: str = PRELUDE) -> None:
         bodies = "".join(
             f"\nredis.register_function('{{tag}}_{name}', function(KEYS, ARGV)\nbegin(KEYS, ARGV)\n{body}end)\n"
             for name, body in scripts.items()
         )
-        self.tag = "fs_" + hashlib.sha1((PRELUDE + bodies).encode()).hexdigest()[:16]
-        self.source = f"#!lua name={self.tag}\n{PRELUDE}{bodies.replace('{tag}', self.tag)}"
+        self.tag = "fs_" + hashlib.sha1((prelude + bodies).encode()).hexdigest()[:16]
+        self.source = f"#!lua name={self.tag}\n{prelude}{bodies.replace('{tag}', self.tag)}"
 
     def function(self, name: str) -> str:
         """The ``FCALL`` name of script ``name``."""

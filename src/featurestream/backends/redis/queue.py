@@ -44,6 +44,7 @@ at the start of this instance's later calls and by its reaper thread.
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import itertools
 import logging
@@ -53,7 +54,7 @@ import secrets
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, NoReturn
 
 try:
@@ -98,6 +99,7 @@ _ACTIONS = {
     "kept": events.DEAD_LETTER,
     "dedup": events.DEDUP_REFUSED,
     "stale": events.STALE_REJECTED,
+    "forged": events.STALE_REJECTED,
     "requeue": REQUEUE_EVENT,
     "purge": PURGE_EVENT,
 }
@@ -291,6 +293,9 @@ class RedisSampleRefQueue:
         # (identical bytes decode to an equal ref; the in-process queue hands out the very object put, too).
         self._sent: dict[bytes, SampleRef] = {}
         self._wire: dict[str, bytes] = {}
+        # Ids this instance saw settled, newest last (at most dedup_window): a re-put of one is asked of the server
+        # before the store is touched, as the in-process queue refuses it from its dedup window.
+        self._settled: collections.OrderedDict[str, None] = collections.OrderedDict()
         # The clock value the last call sent (None: the server's TIME), so a lease's deadline needs no reply field.
         self._sent_now: float | None = None
         self._producing = False
@@ -379,6 +384,8 @@ class RedisSampleRefQueue:
                 # Like the in-process queue: reap, refuse once closed, and only then move the hysteresis.
                 _, reaped_events, _, state, held = self._run("reclaim")
                 self._apply(reaped_events)
+                if self._owed:  # a scrub the reap just owed: retry it before judging residency
+                    self._pay_owed()
                 if _text(state) != "open":
                     raise RuntimeError(f"cannot put sample {ref.sample_id!r}: the queue is closed")
                 health = self._read_health(ref)
@@ -515,17 +522,22 @@ class RedisSampleRefQueue:
         """This process's store the queue retains and scrubs in."""
         return self._store
 
+    # The reads below first retry what this instance owes its store, as every call does (no callbacks, no gc).
     def pending_count(self) -> int:
         """Samples waiting to be leased."""
-        return _pending(self._retrying(self._redis.hgetall, self._key["stats"]))
+        with self._observing():
+            return _pending(self._retrying(self._redis.hgetall, self._key["stats"]))
 
     def outstanding_count(self) -> int:
         """Samples currently leased."""
-        return int(self._retrying(self._redis.hlen, self._key["leases"]))
+        with self._observing():
+            return int(self._retrying(self._redis.hlen, self._key["leases"]))
 
     def dead_letters(self) -> list[DeadLetter]:
         """Samples whose deliveries were spent, oldest first."""
-        return [dead_letter_from_json(raw) for raw in self._retrying(self._redis.lrange, self._key["dead"], 0, -1)]
+        with self._observing():
+            letters = self._retrying(self._redis.lrange, self._key["dead"], 0, -1)
+        return [dead_letter_from_json(raw) for raw in letters]
 
     def requeue_dead_letters(self, sample_ids: Iterable[str] | None = None) -> list[str]:
         """Send the dead letters ``sample_ids`` (``None``: all) back to the tail with a fresh delivery budget.
@@ -621,16 +633,17 @@ class RedisSampleRefQueue:
 
         ``store_errors`` and ``scrub_backlog`` are this instance's: store faults happen in a process's own store.
         """
-        counters, outstanding = self._retrying(self._snapshot)
-        values = {_text(k): int(v) for k, v in counters.items()}
-        with self._lock:
+        with self._observing():
+            counters, outstanding = self._retrying(self._snapshot)
+            values = {_text(k): int(v) for k, v in counters.items()}
             values.update(store_errors=self._store_errors, scrub_backlog=len(self._owed))
         values.update(pending=_pending(counters), outstanding=int(outstanding))
         return QueueStats(**{field.name: values.get(field.name, 0) for field in dataclasses.fields(QueueStats)})
 
     def lease_state_counts(self) -> dict[str, int]:
         """How many leases sit in each live state, queue-wide."""
-        counters, outstanding = self._retrying(self._snapshot)
+        with self._observing():
+            counters, outstanding = self._retrying(self._snapshot)
         return {"pending": _pending(counters), "leased": int(outstanding)}
 
     def render(self, path: str | os.PathLike[str], format: str | None = None) -> None:
@@ -746,29 +759,54 @@ class RedisSampleRefQueue:
     def _retain(self, batch: list[SampleRef]) -> None:
         """Retain every sample of ``batch`` before any becomes visible, or none: a consumer in another process
         may lease, get and release one at once, and its store must then find it retained."""
-        for ref in batch:
-            owed = self._owed.get(ref.sample_id)
-            if owed is not None and owed[0] == "scrub":
-                raise ValueError(
-                    f"sample {ref.sample_id!r} was settled and the store still has to scrub it; re-puts are refused"
-                )
         for index, ref in enumerate(batch):
             try:
                 self._store.retain(ref)
             except Exception as exc:
                 self._store_fault("retain", ref.sample_id, exc)
-                for retained in batch[: index + 1]:  # a retain that failed halfway must not pin the bytes either
-                    self._owe("unretain", retained)
+                self._reap()
+                # Undo the retains (one that failed halfway must not pin the bytes either), except of ids the
+                # queue holds: those retains belong to the queued samples.
+                attempted = batch[: index + 1]
+                held = self._held([retained.sample_id for retained in attempted])
+                for retained in attempted:
+                    if retained.sample_id not in held:
+                        self._owe("unretain", retained)
                 raise store_error(exc, f"put of sample {ref.sample_id!r} refused, nothing enqueued") from exc
         for ref in batch:
             self._owed.pop(ref.sample_id, None)  # an unretain owed for an earlier refused put would undo this one
         self._producing = True
 
+    def _known(self, sample_id: str) -> bool:
+        """Whether this instance put ``sample_id`` before (held, settled, or owed a scrub)."""
+        return sample_id in self._mine or sample_id in self._settled or self._owes_scrub(sample_id)
+
+    def _owes_scrub(self, sample_id: str) -> bool:
+        owed = self._owed.get(sample_id)
+        return owed is not None and owed[0] == "scrub"
+
+    def _reap(self) -> None:
+        """Reap due leases: a put refused before it reaches the server still reaps, as every queue call does."""
+        _, reply_events, *_ = self._run("reclaim")
+        self._apply(reply_events)
+
+    def _held(self, sample_ids: list[str]) -> set[str]:
+        """Which of ``sample_ids`` the queue holds (pending or leased, put by any process); all of them when
+        Redis cannot tell (un-retaining a queued sample would lose it, keeping an unqueued one only pins it)."""
+        try:
+            found = self._retrying(self._redis.hmget, self._key["refs"], sample_ids)
+        except redis.RedisError:
+            logger.warning("could not tell which of %r the queue holds; their retains stay", sample_ids)
+            return set(sample_ids)
+        return {sample_id for sample_id, value in zip(sample_ids, found, strict=True) if value is not None}
+
     def _put_locked(self, ref: SampleRef, *, if_idle: bool = False) -> bool:
         """Put ``ref``; with ``if_idle`` only into an empty queue (``False``: it was not, nothing changed)."""
+        if self._known(ref.sample_id):
+            self._check_puts([ref])
         self._retain([ref])
         wire = ref_to_json(ref).encode()
-        status, reply_events, *rest = self._run("put", ref.sample_id, wire, self._token(), "1" if if_idle else "")
+        status, reply_events, *rest = self._run("put", ref.sample_id, wire, self._token(), "idle" if if_idle else "")
         self._apply(reply_events)
         status = _text(status)
         if status == "ok":
@@ -780,6 +818,8 @@ class RedisSampleRefQueue:
         self._refuse(status, ref, held=bool(int(rest[0])) if status == "closed" else status == "held", outcome=rest)
 
     def _put_batch_locked(self, batch: list[SampleRef]) -> None:
+        if any(self._known(ref.sample_id) for ref in batch):
+            self._check_puts(batch)
         self._retain(batch)
         wires = [ref_to_json(ref).encode() for ref in batch]
         items: list[str | bytes] = []
@@ -798,6 +838,21 @@ class RedisSampleRefQueue:
             if not int(flag) and ref is not offending:
                 self._owe("unretain", ref)
         self._refuse(status, offending, held=bool(int(held[batch.index(offending)])), outcome=[outcome])
+
+    def _check_puts(self, batch: list[SampleRef]) -> None:
+        """Before retaining ids this instance put already, or still owes a scrub: the server refuses them first
+        (closed, queued, in the dedup window -- counted there) without any store call, as the in-process queue
+        does; an id that passes but is owed a scrub is refused here. One extra call, on re-puts only."""
+        items = [part for ref in batch for part in (ref.sample_id, "")]
+        status, reply_events, *rest = self._run("put_many", "", *items)
+        self._apply(reply_events)
+        status = _text(status)
+        if status != "fresh":
+            offending = next((ref for ref in batch if ref.sample_id == _text(rest[0])), batch[0])
+            self._refuse(status, offending, held=True, outcome=[rest[1]])  # nothing was retained: nothing to undo
+        owed = next((ref for ref in batch if self._owes_scrub(ref.sample_id)), None)
+        if owed is not None:
+            raise _owed_scrub_error(owed)
 
     def _refuse(self, status: str, ref: SampleRef, *, held: bool, outcome: list[Any]) -> NoReturn:
         """Raise ``put``'s error for a refusal; un-retain the sample unless the queue holds one of that id."""
@@ -826,6 +881,7 @@ class RedisSampleRefQueue:
             return self._store.health()
         except Exception as exc:
             self._store_fault("health", ref.sample_id, exc)
+            self._reap()  # the call still reaps (the fast path reads health before its put would have)
             raise store_error(exc, f"put_blocks_until_below of sample {ref.sample_id!r} enqueued nothing") from exc
 
     def _update_backpressure(self, health: StoreHealth) -> Callable[[StoreHealth], None] | None:
@@ -925,9 +981,15 @@ class RedisSampleRefQueue:
             seen.add(key)
         with self._op:
             statuses, reply_events = self._run(trigger, *(part for proof in proofs for part in proof))
-            self._apply(reply_events)
-            for lease, (_, token, sample_id), raw in zip(leases, proofs, statuses, strict=True):
-                status = _text(raw)
+            texts = [_text(raw) for raw in statuses]
+            # Acked samples are scrubbed at their "ack" event (traced calls get one), so a failed scrub is traced
+            # right after its Ack, before a Drain the same call caused; untraced calls scrub them after.
+            settled = zip(leases, proofs, texts, strict=True)
+            acked = {key: lease.ref for lease, (key, _, _), status in settled if status == "ok" and trigger == "ack"}
+            self._apply(reply_events, acked)
+            for ref in acked.values():
+                self._scrub(ref)
+            for lease, (_, token, sample_id), status in zip(leases, proofs, texts, strict=True):
                 if token:
                     self._issued.pop(lease.lease_id, None)
                 # A fail that dead-letters is scrubbed through its "dead" event; "again" is a retried settle
@@ -936,7 +998,6 @@ class RedisSampleRefQueue:
                     self._trace(_ACTIONS[trigger], sample_id=sample_id, lease_id=lease.lease_id)
                     if trigger == "fail":
                         self._trace(_ACTIONS["dead"], sample_id=sample_id)
-                if status == "again" or (status == "ok" and trigger == "ack"):
                     self._scrub(lease.ref)
 
     def _local_deadline(self, deadline: object, now: object) -> float:
@@ -946,21 +1007,24 @@ class RedisSampleRefQueue:
         return float(_text(deadline))
 
     # -- the server's events, store calls, callbacks -------------------------------
-    def _apply(self, reply_events: list[Any]) -> None:
+    def _apply(self, reply_events: list[Any], acked: dict[str, SampleRef] | None = None) -> None:
         """Trace the server's events in order, scrub settled samples here, queue the dead-letter callbacks.
 
-        Called inside ``self._op`` (lock held), so one instance's trace follows the server's order. A store
-        fault while scrubbing is owed, never raised: it belongs to a sample, not to this caller.
+        ``acked``: lease key -> ref of this call's acks, scrubbed (and removed) at their "ack" event. Called
+        inside ``self._op`` (lock held), so one instance's trace follows the server's order. A store fault while
+        scrubbing is owed, never raised: it belongs to a sample, not to this caller.
         """
         for index in range(0, len(reply_events), 3):
             kind, first, second = (_text(v) for v in reply_events[index : index + 3])
             action = _ACTIONS.get(kind, kind)
             if kind in ("lease", "extend", "ack", "fail", "reclaim"):
                 self._trace(action, sample_id=first, lease_id=int(second))
+                if kind == "ack" and acked and second in acked:
+                    self._scrub(acked.pop(second))
             elif kind in ("put", "dedup", "requeue", "purge"):
                 self._trace(action, sample_id=first)
-            elif kind == "stale":
-                self._trace(action, op=first, lease_id=int(second) if second else None)
+            elif kind in ("stale", "forged"):  # forged: a copy of a live lease, not the object acquire returned
+                self._trace(action, op=first, lease_id=int(second) if second else None, forged=kind == "forged")
             elif kind == "retired":
                 self._feed_cursor = second
                 mine = self._mine.get(first)
@@ -977,6 +1041,11 @@ class RedisSampleRefQueue:
                 self._trace(action)
 
     def _scrub(self, ref: SampleRef) -> None:
+        if self.dedup_window:
+            self._settled[ref.sample_id] = None
+            self._settled.move_to_end(ref.sample_id)
+            if len(self._settled) > self.dedup_window:
+                self._settled.popitem(last=False)
         self._mine.pop(ref.sample_id, None)
         self._sent.pop(self._wire.pop(ref.sample_id, b""), None)
         if self._owe("scrub", ref):
@@ -1016,6 +1085,14 @@ class RedisSampleRefQueue:
     def _trace(self, action: str, **fields: object) -> None:
         if self._tracer is not None:
             self._tracer(action, fields)
+
+    @contextlib.contextmanager
+    def _observing(self) -> Iterator[None]:
+        """Hold the lock for a read, after retrying owed store calls (no callbacks, no gc)."""
+        with self._lock:
+            if self._owed:
+                self._pay_owed()
+            yield
 
     def _reaper_finished(self) -> bool:
         """Whether the reaper has nothing left to do here: the queue drained and no store call owed."""
@@ -1082,6 +1159,10 @@ class _Operation:
         outbox, queue._outbox = queue._outbox, []
         queue._lock.release()
         queue._after(outbox)
+
+
+def _owed_scrub_error(ref: SampleRef) -> ValueError:
+    return ValueError(f"sample {ref.sample_id!r} was settled and the store still has to scrub it; re-puts are refused")
 
 
 def _no_callback(health: StoreHealth) -> None:

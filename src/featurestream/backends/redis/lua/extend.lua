@@ -9,5 +9,5 @@ if entry then
   emit('extend', sid, key)
   return {'ok', events, fmt(deadline), fmt(clock())}
 end
-stale('extend', key)
+stale('extend', key, redis.call('HEXISTS', K_LEASES, key) == 1)
 return {'lost', events}

@@ -331,9 +331,10 @@ local function settled_by(sid, outcome, key, token)
   return token ~= '' and done and string.sub(done, 1, #prefix) == prefix
 end
 
-local function stale(op, key)
+-- A rejected ack/fail/extend; ``live``: the lease key is live, so the caller presented a copy of it (forged).
+local function stale(op, key, live)
   redis.call('HINCRBY', K_STATS, 'stale_rejected', 1)
-  emit('stale', op, key)
+  emit(live and 'forged' or 'stale', op, key)
 end
 
 -- Settle a batch of leases, ARGV[2:] = (lease key, token, sample id) per lease, each on its own: 'ok',
@@ -363,7 +364,7 @@ local function settle_batch(op, counter, outcome, settle)
       statuses[j] = 'again'
     else
       -- a stale lease's event goes before the settles of its batch; each is its own step
-      stale(op, key)
+      stale(op, key, records[j] ~= false)
       statuses[j] = 'stale'
     end
   end

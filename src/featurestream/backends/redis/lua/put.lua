@@ -1,7 +1,8 @@
--- ARGV: sample id, ref JSON, put token, '1' to enqueue only into an empty queue (a paused producer's put)
+-- ARGV: sample id, ref JSON, put token, mode: '' (enqueue) or 'idle' (enqueue only into an empty queue: a
+-- paused producer's put)
 feed()
 reap()
-local sid, ref, token, if_idle = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
+local sid, ref, token, mode = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local held = redis.call('HGET', K_REFS, sid)
 if not is_open() then
   -- whether the id is queued all the same: then its retain belongs to that queued sample
@@ -19,7 +20,7 @@ end
 if why then
   return {why, events}
 end
-if if_idle == '1' and redis.call('HLEN', K_REFS) ~= 0 then
+if mode == 'idle' and redis.call('HLEN', K_REFS) ~= 0 then
   return {'busy', events}
 end
 put_new({{sid, ref, token}})

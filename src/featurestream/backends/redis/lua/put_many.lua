@@ -1,4 +1,5 @@
--- ARGV: base put token, then (sample id, ref JSON) pairs; item i's put token is base .. i.
+-- ARGV: base put token, then (sample id, ref JSON) pairs; item i's put token is base .. i. An empty base token
+-- only checks: refuse as a put would, else reply 'fresh' and enqueue nothing.
 -- All or nothing: any refused item refuses the batch, which then changes nothing but the refusal's count.
 -- A refusal replies the offending id, the outcome (dedup) and, per item, whether the queue holds that id.
 feed()
@@ -32,6 +33,9 @@ for j, sid in ipairs(sids) do
   if why == nil then
     fresh[#fresh + 1] = {sid, ARGV[2 * j + 2], base .. j}
   end
+end
+if base == '' then
+  return {'fresh', events}
 end
 if #fresh > 0 then
   put_new(fresh)
