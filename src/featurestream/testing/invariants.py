@@ -1,0 +1,321 @@
+"""The invariants of the stateful test, checked after every step (mixed into ``QueueMachine``).
+
+Named after DESIGN.md's invariants; each reads the implementation through its
+public API (and the store the machine wraps, ``inner``, directly) and compares
+it with what ``QueueMachine`` observed and with the spec mirror. Violations
+seen while acting are noted by the actions and reported by the invariant they
+name. A failure raises ``InvariantViolation`` naming the invariant.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from hypothesis.stateful import invariant
+
+from featurestream.core import events
+from featurestream.testing.faults import QUEUE_CALLS
+
+if TYPE_CHECKING:
+    from featurestream.testing.machine import _Sample
+
+__all__ = ["HELD", "QUEUE_COUNTERS", "TERMINAL", "InvariantViolation", "QueueInvariants"]
+
+HELD = ("pending", "leased")
+TERMINAL = ("acked", "dead")
+QUEUE_COUNTERS = (
+    "put",
+    "leased",
+    "acked",
+    "failed",
+    "reclaimed",
+    "dead_lettered",
+    "extended",
+    "stale_rejected",
+    "dedup_refused",
+    "producer_pauses",
+    "pending",
+    "outstanding",
+)
+# Trace events the mirror does not produce: store faults and their retries, the recorder's residency notes.
+UNMODELLED_EVENTS = frozenset({events.STORE_FAULT, events.SCRUB_RETRIED, events.RESIDENT})
+
+
+class InvariantViolation(AssertionError):
+    """An invariant of the lease queue does not hold; ``invariant`` is the checking method's name."""
+
+    def __init__(self, invariant: str, message: str) -> None:
+        super().__init__(f"{invariant}: {message}")
+        self.invariant = invariant
+
+
+class QueueInvariants:
+    """``inv01`` ... ``inv15``; ``QueueMachine`` provides the state and the plumbing they use."""
+
+    # Provided by QueueMachine (see there): the queue, the stores, the mirror, what was observed.
+    queue: Any
+    inner: Any
+    store: Any
+    mirror: Any
+    config: Any
+    clock: Any
+    trace: Any
+    samples: dict[str, _Sample]
+    pending: Any
+    closed: bool
+    owed: set[str]
+    owed_unretain: set[str]
+    dead_seen: list[str]
+    pause_seen: list[Any]
+    _resident_check: bool | None
+    _trace_seen: int
+    _traced_now: float
+
+    def _held(self) -> Iterator[_Sample]:
+        return (s for s in self.samples.values() if s.status in HELD)
+
+    def _is_resident(self, sample_id: str) -> bool | None:
+        if self._resident_check is False:
+            return None
+        try:
+            answer = self.inner.is_resident(sample_id)
+        except NotImplementedError:
+            self._resident_check = False
+            return None
+        self._resident_check = True
+        return answer
+
+    def _expected_residency(self) -> tuple[int, int]:
+        resident = [
+            s for s in self.samples.values() if s.status == "stored" or s.status in HELD or s.ref.sample_id in self.owed
+        ]
+        return len(resident), sum(s.ref.estimated_bytes for s in resident)
+
+    @invariant()
+    def inv01_one_live_lease_per_sample(self) -> None:
+        """1. At most one live lease per sample; a sample is leased iff it has one."""
+        name = "inv01_one_live_lease_per_sample"
+        self._check_notes(name)
+        leased = [s.ref.sample_id for s in self.samples.values() if s.status == "leased"]
+        outstanding = self.queue.outstanding_count()
+        if outstanding != len(leased):
+            self._fail(name, f"outstanding_count() is {outstanding}, but leased samples are {leased}")
+        counts = self.queue.lease_state_counts()
+        if counts != {"pending": len(self.pending), "leased": len(leased)}:
+            self._fail(name, f"lease_state_counts() {counts}, but {list(self.pending)} pending and {leased} leased")
+
+    @invariant()
+    def inv02_exactly_once(self) -> None:
+        """2. A sample is acked at most once and never delivered again after its ack."""
+        name = "inv02_exactly_once"
+        self._check_notes(name)
+        twice = [s.ref.sample_id for s in self.samples.values() if s.acks > 1]
+        if twice:
+            self._fail(name, f"samples acked more than once: {twice}")
+
+    @invariant()
+    def inv03_terminal_leases_never_change(self) -> None:
+        """3. Stale, duplicate and forged acks/fails/extends are rejected without effect."""
+        self._check_notes("inv03_terminal_leases_never_change")
+
+    @invariant()
+    def inv04_no_loss(self) -> None:
+        """4. A pending or leased sample is resident and materialisable, whatever consumers released."""
+        name = "inv04_no_loss"
+        self._check_notes(name)
+        for sample in list(self._held()):
+            sample_id = sample.ref.sample_id
+            if self._is_resident(sample_id) is False:
+                self._fail(name, f"{sample.status} sample {sample_id!r} is not resident in the store")
+            count = self.inner.health().sample_count
+            try:
+                tensors, handle = self.inner.get(sample.ref)
+            except KeyError as exc:
+                self._fail(name, f"{sample.status} sample {sample_id!r} cannot be materialised: {exc!r}")
+            self.inner.release(handle)
+            if self._is_resident(sample_id) is False or self.inner.health().sample_count < count:
+                self._fail(name, f"releasing the only handle of {sample.status} sample {sample_id!r} freed it")
+            self._compare(sample, tensors, name)
+            self._check_notes(name)
+
+    @invariant()
+    def inv05_no_leak(self) -> None:
+        """5. An acked or dead sample's bytes are gone (unless its scrub is owed), even with a crashed handle out."""
+        name = "inv05_no_leak"
+        self._check_notes(name)
+        for sample in self.samples.values():
+            sample_id = sample.ref.sample_id
+            if sample.status in TERMINAL and sample_id not in self.owed and self._is_resident(sample_id):
+                self._fail(name, f"{sample.status} sample {sample_id!r} is still resident")
+        count, nbytes = self._expected_residency()
+        health = self.inner.health()
+        if health.sample_count > count or health.resident_bytes > nbytes:
+            self._fail(
+                name,
+                f"store holds {health.sample_count} samples / {health.resident_bytes} B, "
+                f"only {count} / {nbytes} B are stored, pending, leased or owed a scrub",
+            )
+
+    @invariant()
+    def inv06_residency_exact(self) -> None:
+        """6. ``resident_bytes``/``sample_count`` equal the resident samples' totals, never negative."""
+        self._sync_store()
+        count, nbytes = self._expected_residency()
+        health = self.inner.health()
+        if (health.sample_count, health.resident_bytes) != (count, nbytes) or health.resident_bytes < 0:
+            self._fail(
+                "inv06_residency_exact",
+                f"health() says {health.sample_count} samples / {health.resident_bytes} B, "
+                f"expected {count} / {nbytes} B",
+            )
+
+    @invariant()
+    def inv07_bounded_delivery(self) -> None:
+        """7. ``redelivery_count < max_deliveries``; a sample whose deliveries are spent is dead."""
+        limit = self.config.max_deliveries
+        for sample in self._held():
+            count = sample.live.redelivery_count if sample.live is not None else sample.deliveries
+            if max(count, sample.deliveries) >= limit:
+                self._fail(
+                    "inv07_bounded_delivery",
+                    f"{sample.ref.sample_id!r} was delivered {sample.deliveries} times and is still {sample.status} "
+                    f"(max_deliveries={limit})",
+                )
+
+    @invariant()
+    def inv08_backpressure_hysteresis(self) -> None:
+        """8. Pause only at/above the high watermark, resume only at/below the low one."""
+        self._check_notes("inv08_backpressure_hysteresis")
+
+    @invariant()
+    def inv09_close_drain(self) -> None:
+        """9. No put after close; acquire drains; ``drained`` exactly when closed and nothing is held."""
+        name = "inv09_close_drain"
+        self._check_notes(name)
+        busy = any(True for _ in self._held())
+        want = "open" if not self.closed else ("draining" if busy else "drained")
+        if self.queue.lifecycle_state != want or self.queue.is_closed != self.closed:
+            self._fail(
+                name,
+                f"lifecycle_state {self.queue.lifecycle_state!r} / is_closed {self.queue.is_closed}, expected {want!r}",
+            )
+
+    @invariant()
+    def inv10_expired_leases_reclaimed(self) -> None:
+        """10 (safety side): every call that reaps reclaims every lease past its deadline."""
+        self._check_notes("inv10_expired_leases_reclaimed")
+
+    @invariant()
+    def inv11_counters_consistent(self) -> None:
+        """``stats()`` arithmetic and the counters agree with what the queue did."""
+        name = "inv11_counters_consistent"
+        self._check_notes(name)
+        stats = self.queue.stats()
+        if stats.leased != stats.acked + stats.failed + stats.reclaimed + stats.outstanding:
+            self._fail(name, f"leased != acked + failed + reclaimed + outstanding in {stats}")
+        if stats.put != stats.acked + stats.dead_lettered + stats.pending + stats.outstanding:
+            self._fail(name, f"put != acked + dead_lettered + pending + outstanding in {stats}")
+        if (stats.pending, stats.outstanding) != (self.queue.pending_count(), self.queue.outstanding_count()):
+            self._fail(name, f"stats() gauges {stats} disagree with pending_count()/outstanding_count()")
+        acked = sum(s.acks for s in self.samples.values())
+        dead = [d.ref.sample_id for d in self.queue.dead_letters()]
+        if stats.acked != acked or stats.dead_lettered != len(dead):
+            self._fail(name, f"stats() {stats} vs {acked} observed acks and dead letters {dead}")
+
+    @invariant()
+    def inv12_agrees_with_spec_mirror(self) -> None:
+        """The implementation's observable state is the spec mirror's (aligned for owed scrubs)."""
+        name = "inv12_agrees_with_spec_mirror"
+        self._check_notes(name)
+        mirror = self.mirror
+        stats = dataclasses.asdict(self.queue.stats())
+        self._sync_store()
+        spec_stats = mirror.stats()
+        diff = {k: (stats.get(k), spec_stats.get(k)) for k in QUEUE_COUNTERS if stats.get(k) != spec_stats.get(k)}
+        if diff:
+            self._fail(name, f"stats() differ from the spec (impl, spec): {diff}")
+        for sample_id in self.config.sample_ids:
+            sample = self.samples.get(sample_id)
+            status = sample.status if sample is not None else "absent"
+            if status != mirror.status(sample_id):
+                self._fail(name, f"{sample_id!r} is {status}, the spec says {mirror.status(sample_id)}")
+            resident = self._is_resident(sample_id)
+            if resident is not None and resident != (sample_id in mirror.resident()):
+                self._fail(name, f"{sample_id!r} resident={resident}, the spec resident set is {mirror.resident()}")
+        if list(self.pending) != mirror.pending_order():
+            self._fail(name, f"pending order {list(self.pending)}, the spec's FIFO is {mirror.pending_order()}")
+        dead = [d.ref.sample_id for d in self.queue.dead_letters()]
+        if dead != mirror.dead_letters():
+            self._fail(name, f"dead letters {dead}, the spec's are {mirror.dead_letters()}")
+        health = self.inner.health()
+        if health.resident_bytes != mirror.resident_bytes or health.sample_count != len(mirror.resident()):
+            self._fail(name, f"health() {health} vs the spec's {mirror.resident_bytes} B in {mirror.resident()}")
+        states = (self.queue.backpressure_state, self.queue.lifecycle_state)
+        if states != (mirror.backpressure_state, mirror.lifecycle_state):
+            self._fail(
+                name,
+                f"(backpressure, lifecycle) {states}, the spec's {(mirror.backpressure_state, mirror.lifecycle_state)}",
+            )
+        actions = [action for action, _ in self.trace.events if action not in UNMODELLED_EVENTS]
+        spec_actions = [action for action, _ in mirror.events if action not in UNMODELLED_EVENTS]
+        if actions != spec_actions:
+            self._fail(name, f"trace {actions[-6:]} differs from the spec's {spec_actions[-6:]}")
+        self._check_trace_fields(name)
+
+    def _check_trace_fields(self, name: str) -> None:
+        """The newest traced state (when the backend traces it) is the queue's: counts, clock, deadlines."""
+        fresh, self._trace_seen = self.trace.events[self._trace_seen :], len(self.trace.events)
+        stated = [fields for _, fields in fresh if "pending" in fields]
+        if stated and (stated[-1]["pending"], stated[-1]["outstanding"]) != (len(self.pending), self._leased_count()):
+            self._fail(name, f"the last traced event {stated[-1]} disagrees with the queue's counts")
+        for action, fields in fresh:
+            if "now" in fields:
+                if not self._traced_now <= fields["now"] <= self.clock.now:
+                    self._fail(
+                        name,
+                        f"{action} traced now={fields['now']}: the clock went {self._traced_now} -> {self.clock.now}",
+                    )
+                self._traced_now = fields["now"]
+            if action in (events.ACQUIRE, events.EXTEND) and "deadline" in fields:
+                sample = self.samples.get(str(fields.get("sample_id")))
+                if sample is not None and sample.live is not None and fields["deadline"] > sample.deadline:
+                    self._fail(name, f"{action} traced deadline {fields['deadline']} after {sample.deadline}")
+
+    def _leased_count(self) -> int:
+        return sum(1 for s in self.samples.values() if s.status == "leased")
+
+    @invariant()
+    def inv13_producer_progress(self) -> None:
+        """11. A blocked put waits only while the queue can still lower residency; otherwise it finishes."""
+        self._check_notes("inv13_producer_progress")
+
+    @invariant()
+    def inv14_store_faults_survivable(self) -> None:
+        """12/13. Store faults: settlements stand, errors are counted, owed scrubs go through once the store heals."""
+        name = "inv14_store_faults_survivable"
+        self._check_notes(name)
+        raised_before = sum(self.store.raised[call] for call in QUEUE_CALLS)
+        stats = self.queue.stats()  # a queue call: it pays what the queue owes a healed store
+        self._sync_store()
+        raised = sum(self.store.raised[call] for call in QUEUE_CALLS)
+        # Faults of the stats() call itself (its retries, a gc after its snapshot) may fall on either side.
+        if not raised_before <= stats.store_errors <= raised:
+            self._fail(name, f"stats().store_errors is {stats.store_errors}, the store raised {raised} times")
+        owed = len(self.owed) + len(self.owed_unretain)
+        if stats.scrub_backlog != owed:
+            self._fail(name, f"stats().scrub_backlog is {stats.scrub_backlog}, the store is owed {owed} calls")
+        if owed and not (self.store.armed("scrub") or self.store.armed("unretain")):
+            self._fail(name, f"the store is healthy, yet a queue call left {sorted(self.owed)} unscrubbed")
+
+    @invariant()
+    def inv15_callbacks(self) -> None:
+        """``on_dead_letter`` once per dead letter, ``on_pause`` once per pause; callbacks never break the queue."""
+        name = "inv15_callbacks"
+        self._check_notes(name)
+        dead = [d.ref.sample_id for d in self.queue.dead_letters()]
+        if self.dead_seen != dead:
+            self._fail(name, f"on_dead_letter saw {self.dead_seen}, the dead letters are {dead}")
+        if len(self.pause_seen) != self.queue.stats().producer_pauses:
+            self._fail(name, f"on_pause ran {len(self.pause_seen)} times for {self.queue.stats().producer_pauses}")
