@@ -351,3 +351,43 @@ def test_the_shared_dir_store_retries_a_failed_release_unlink_on_gc(
     failing["on"] = False
     assert store.gc() >= 1
     assert not os.path.exists(store.data_path("s1")) and os.path.exists(path)
+
+
+def test_every_traced_event_carries_the_state_it_left() -> None:
+    """Trace fields for TLC's value checks: n, pending/outstanding after the step, the clock, lease deadlines."""
+    from featurestream.spec.trace import TraceRecorder
+
+    recorder = TraceRecorder()
+    store = FaultyStore(LocalFeatureStore(max_samples=None, max_bytes=1 << 30))
+    clock = FakeClock(100.0)
+    queue = SampleRefQueue(store, VisibilityTimeout(10.0), clock=clock, tracer=recorder, max_deliveries=2)
+    queue.put_many([put_sample(store, "a"), put_sample(store, "b")])
+    first = queue.acquire(poll_interval=0)
+    assert first is not None
+    clock.advance(4.0)
+    queue.extend(first, 20.0)
+    queue.fail(first)
+    clock.advance(1.0)
+    second = queue.acquire(poll_interval=0)
+    store.arm("scrub")
+    queue.ack(second)  # type: ignore[arg-type]
+    queue.ack(first)  # stale; the call first pays the owed scrub
+    got = [
+        (action, {k: v for k, v in fields.items() if k not in ("error", "lease_id")})
+        for action, fields in recorder.events
+    ]
+    assert got == [
+        ("Put", {"sample_id": "a", "n": 0, "pending": 1, "outstanding": 0, "now": 100.0}),
+        ("Put", {"sample_id": "b", "n": 0, "pending": 2, "outstanding": 0, "now": 100.0}),
+        ("Acquire", {"sample_id": "a", "n": 0, "deadline": 110.0, "pending": 1, "outstanding": 1, "now": 100.0}),
+        ("Extend", {"sample_id": "a", "n": 0, "deadline": 124.0, "pending": 1, "outstanding": 1, "now": 104.0}),
+        ("Fail", {"sample_id": "a", "n": 0, "pending": 2, "outstanding": 0, "now": 104.0}),
+        ("Acquire", {"sample_id": "b", "n": 0, "deadline": 115.0, "pending": 1, "outstanding": 1, "now": 105.0}),
+        ("Ack", {"sample_id": "b", "n": 0, "pending": 1, "outstanding": 0, "now": 105.0}),
+        ("StoreFault", {"call": "scrub", "sample_id": "b", "pending": 1, "outstanding": 0, "now": 105.0}),
+        ("ScrubRetried", {"sample_id": "b", "call": "scrub", "pending": 1, "outstanding": 0, "now": 105.0}),
+        (
+            "StaleRejected",
+            {"op": "ack", "sample_id": "a", "n": 0, "forged": False, "pending": 1, "outstanding": 0, "now": 105.0},
+        ),
+    ]
