@@ -65,6 +65,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the opti
     ) from exc
 
 from featurestream.backends.redis import functions
+from featurestream.backends.redis.link import Link
 from featurestream.backends.redis.wire import dead_letter_from_json, ref_from_json, ref_to_json
 from featurestream.core import events
 from featurestream.core.checks import check_count, check_seconds
@@ -103,8 +104,6 @@ _ACTIONS = {
     "requeue": REQUEUE_EVENT,
     "purge": PURGE_EVENT,
 }
-
-_RETRYABLE = (redis.ConnectionError, redis.TimeoutError)
 
 # The functions that report settles from the ``retired`` feed to a producing caller.
 _FEEDING = frozenset({"put", "put_many", "reclaim"})
@@ -276,16 +275,14 @@ class RedisSampleRefQueue:
         self._owns_client = client is None
         if client is None:
             client = redis.Redis.from_url(url or os.environ.get("FEATURESTREAM_REDIS_URL", DEFAULT_REDIS_URL))
-        self._redis: redis.Redis = client
         self.name = name
-        self._reconnect_timeout = reconnect_timeout
-        self._functions = {script: self._library.function(script) for script in functions.FUNCTIONS}
+        self._link = Link(client, name, self._library, reconnect_timeout)
+        self._redis: redis.Redis = client
+        self._key = self._link.key
+        self._retrying = self._link.retrying
         # The header's fixed middle and end (see _header; the feed cursor goes between them).
         self._settings = f"\t{max_deliveries}\t{dedup_window}\t"
         self._trace_flag = "\t1" if tracer is not None else "\t"
-        self._prefix = f"featurestream:{{{name}}}:"
-        self._key = {key: self._prefix + key for key in functions.KEY_NAMES}
-        self._load_library()
         self._issued: weakref.WeakValueDictionary[int, RedisLease] = weakref.WeakValueDictionary()
         # Samples this instance put and has not seen settled; their settles elsewhere arrive on the feed.
         self._mine: dict[str, SampleRef] = {}
@@ -634,7 +631,7 @@ class RedisSampleRefQueue:
         ``store_errors`` and ``scrub_backlog`` are this instance's: store faults happen in a process's own store.
         """
         with self._observing():
-            counters, outstanding = self._retrying(self._snapshot)
+            counters, outstanding = self._link.snapshot()
             values = {_text(k): int(v) for k, v in counters.items()}
             values.update(store_errors=self._store_errors, scrub_backlog=len(self._owed))
         values.update(pending=_pending(counters), outstanding=int(outstanding))
@@ -643,7 +640,7 @@ class RedisSampleRefQueue:
     def lease_state_counts(self) -> dict[str, int]:
         """How many leases sit in each live state, queue-wide."""
         with self._observing():
-            counters, outstanding = self._retrying(self._snapshot)
+            counters, outstanding = self._link.snapshot()
         return {"pending": _pending(counters), "leased": int(outstanding)}
 
     def render(self, path: str | os.PathLike[str], format: str | None = None) -> None:
@@ -659,35 +656,12 @@ class RedisSampleRefQueue:
             self._redis.close()
 
     # -- talking to the server -------------------------------------------------
-    def _load_library(self) -> None:
-        """``FUNCTION LOAD`` this version's library unless the server already has it (it persists with the data)."""
-        try:
-            self._retrying(self._redis.function_load, self._library.source)
-        except redis.ResponseError as exc:
-            if "already exists" in str(exc):
-                return
-            if "unknown command" in str(exc).lower():
-                raise RuntimeError(
-                    f"RedisSampleRefQueue needs Redis 7.0+ (Redis Functions); the server said: {exc}"
-                ) from None
-            raise
-
     def _run(self, script: str, *args: str | int | bytes) -> Any:
-        """Call one library function with the shared header (now, max_deliveries, dedup_window, feed cursor, trace).
-
-        The first attempt goes straight to the server (the hot path); a connection error, or a server that lost
-        the library, takes the slow path that retries and reloads.
-        """
-        try:
-            return self._redis.fcall(self._functions[script], 1, self._prefix, self._header(script), *args)
-        except _RETRYABLE:
-            pass
-        except redis.ResponseError as exc:
-            if "function not found" not in str(exc).lower():
-                raise
-        return self._retrying(self._call_reloading, script, args)
+        """Call one library function with the shared header (see ``_header``)."""
+        return self._link.call(script, self._header, *args)
 
     def _header(self, script: str) -> str:
+        """``now`` (empty: the server's TIME), max_deliveries, dedup_window, the feed cursor, the trace flag."""
         if self._server_time:
             self._sent_now = None
             now = ""
@@ -698,44 +672,6 @@ class RedisSampleRefQueue:
             # Holding no unsettled puts, this instance needs no settles from before now, only the newest id.
             return f"{now}{self._settings}{self._feed_cursor if self._mine else '$'}{self._trace_flag}"
         return f"{now}{self._settings}{self._trace_flag}"
-
-    def _call_reloading(self, script: str, args: tuple[str | int | bytes, ...]) -> Any:
-        function = self._functions[script]
-        try:
-            return self._redis.fcall(function, 1, self._prefix, self._header(script), *args)
-        except redis.ResponseError as exc:
-            if "function not found" not in str(exc).lower():
-                raise
-        # A server restarted without persistence, or FUNCTION FLUSHed: load the library again.
-        self._load_library()
-        return self._redis.fcall(function, 1, self._prefix, self._header(script), *args)
-
-    def _retrying(self, call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """Call ``call``, retrying with backoff while Redis is unreachable, for up to ``reconnect_timeout``.
-
-        Only connection-level errors are retried: every function is idempotent
-        under a retry after a lost reply (put by its put token, ack/fail by the
-        dedup record of the lease that settled it; a retried acquire leaves a
-        lease nobody holds, which expires and is redelivered).
-        """
-        give_up = time.monotonic() + self._reconnect_timeout
-        delay = 0.02
-        while True:
-            try:
-                return call(*args, **kwargs)
-            except _RETRYABLE as exc:
-                if time.monotonic() + delay > give_up:
-                    raise
-                logger.warning("Redis unreachable (%s); retrying in %.2fs", exc, delay)
-                time.sleep(delay)
-                delay = min(delay * 2, 1.0)
-
-    def _snapshot(self) -> tuple[dict[Any, Any], int]:
-        with self._redis.pipeline(transaction=True) as pipe:
-            pipe.hgetall(self._key["stats"])
-            pipe.hlen(self._key["leases"])
-            counters, outstanding = pipe.execute()
-        return counters, outstanding
 
     # -- producer internals (lock held) ------------------------------------------
     def _check_ref(self, ref: object) -> None:

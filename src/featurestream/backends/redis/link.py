@@ -1,0 +1,107 @@
+"""A Redis queue's link to its server-side library: one ``FCALL`` per call, retried while Redis is unreachable.
+
+``Link`` owns the connection's failure handling so the queue's code reads as protocol: the hot path goes
+straight to the server; a connection error takes the slow path that retries with backoff for up to
+``reconnect_timeout``, and a server that lost the library (restarted without persistence, ``FUNCTION
+FLUSH``) gets it loaded again.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import redis
+from featurestream.backends.redis import functions
+
+__all__ = ["RETRYABLE", "Link"]
+
+logger = logging.getLogger(__name__)
+
+RETRYABLE = (redis.ConnectionError, redis.TimeoutError)
+
+Arg = str | int | bytes
+
+
+class Link:
+    """The functions of ``library`` on ``client`` for the queue ``name``; ``key[n]`` is key ``n``'s full name.
+
+    Every function is idempotent under a retry after a lost reply (put by its put token, ack/fail by the
+    dedup record of the lease that settled it; a retried acquire leaves a lease nobody holds, which expires
+    and is redelivered), so retrying connection errors is safe. Thread-safe as redis-py's client is.
+    """
+
+    def __init__(self, client: redis.Redis, name: str, library: functions.Library, reconnect_timeout: float) -> None:
+        self.redis = client
+        self.prefix = f"featurestream:{{{name}}}:"
+        self.key = {key: self.prefix + key for key in functions.KEY_NAMES}
+        self._library = library
+        self._functions = {script: library.function(script) for script in functions.FUNCTIONS}
+        self._reconnect_timeout = reconnect_timeout
+        self.load()
+
+    def load(self) -> None:
+        """``FUNCTION LOAD`` the library unless the server already has it (it persists with the data)."""
+        try:
+            self.retrying(self.redis.function_load, self._library.source)
+        except redis.ResponseError as exc:
+            if "already exists" in str(exc):
+                return
+            if "unknown command" in str(exc).lower():
+                raise RuntimeError(
+                    f"RedisSampleRefQueue needs Redis 7.0+ (Redis Functions); the server said: {exc}"
+                ) from None
+            raise
+
+    def call(self, script: str, header: Callable[[str], str], *args: Arg) -> Any:
+        """``FCALL`` function ``script`` with ``header(script)`` (built afresh for every attempt) and ``args``."""
+        try:
+            return self.redis.fcall(self._functions[script], 1, self.prefix, header(script), *args)
+        except RETRYABLE:
+            pass
+        except redis.ResponseError as exc:
+            if "function not found" not in str(exc).lower():
+                raise
+        return self.retrying(self._call_reloading, script, header, args)
+
+    def retrying(self, call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Call ``call``, retrying with backoff while Redis is unreachable, for up to ``reconnect_timeout``.
+
+        Only connection-level errors are retried.
+        """
+        give_up = time.monotonic() + self._reconnect_timeout
+        delay = 0.02
+        while True:
+            try:
+                return call(*args, **kwargs)
+            except RETRYABLE as exc:
+                if time.monotonic() + delay > give_up:
+                    raise
+                logger.warning("Redis unreachable (%s); retrying in %.2fs", exc, delay)
+                time.sleep(delay)
+                delay = min(delay * 2, 1.0)
+
+    def snapshot(self) -> tuple[dict[Any, Any], int]:
+        """The ``stats`` hash and the number of live leases, read together (one MULTI/EXEC)."""
+
+        def read() -> tuple[dict[Any, Any], int]:
+            with self.redis.pipeline(transaction=True) as pipe:
+                pipe.hgetall(self.key["stats"])
+                pipe.hlen(self.key["leases"])
+                counters, outstanding = pipe.execute()
+            return counters, outstanding
+
+        return self.retrying(read)
+
+    def _call_reloading(self, script: str, header: Callable[[str], str], args: tuple[Arg, ...]) -> Any:
+        function = self._functions[script]
+        try:
+            return self.redis.fcall(function, 1, self.prefix, header(script), *args)
+        except redis.ResponseError as exc:
+            if "function not found" not in str(exc).lower():
+                raise
+        # A server restarted without persistence, or FUNCTION FLUSHed: load the library again.
+        self.load()
+        return self.redis.fcall(function, 1, self.prefix, header(script), *args)
