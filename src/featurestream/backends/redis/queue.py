@@ -137,8 +137,8 @@ def _sample_ids(sample_ids: Iterable[str] | None) -> list[str]:
     if sample_ids is None:
         return []
     if isinstance(sample_ids, (str, bytes)):
-        raise TypeError(f"sample_ids must be a list of ids or None, got the single {type(sample_ids).__name__} "
-                        f"{sample_ids!r}")  # fmt: skip
+        kind = type(sample_ids).__name__
+        raise TypeError(f"sample_ids must be a list of ids or None, got the single {kind} {sample_ids!r}")
     ids = list(sample_ids)
     for sample_id in ids:
         if not isinstance(sample_id, str):
