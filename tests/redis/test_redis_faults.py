@@ -15,11 +15,10 @@ from typing import Any
 
 import pytest
 
-from featurestream import DeadLetter, LocalFeatureStore
+from featurestream import DeadLetter, FeatureStore, LocalFeatureStore
 from featurestream import VisibilityTimeout as VT
 from featurestream.core.refs import SampleRef
-from featurestream.stores.base import StoreHealth
-from featurestream.testing import FakeClock, sample_tensors
+from featurestream.testing import UNTIL_CLEARED, FakeClock, FaultyStore, sample_tensors
 
 redis = pytest.importorskip("redis", reason="redis-py is missing: pip install 'featurestream[redis]'")
 from featurestream.backends.redis.queue import RedisSampleRefQueue  # noqa: E402 - needs redis-py
@@ -28,53 +27,16 @@ Factory = Callable[..., RedisSampleRefQueue]
 BOUND = 30.0  # seconds a blocked call may take before the test calls it a hang
 
 
-class FaultyStore(LocalFeatureStore):
-    """A local store whose queue-facing calls raise ``OSError(EIO)`` while armed: ``fail[call] = times``
-    (``-1``: until disarmed). Counts the faults it raised."""
-
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.fail: dict[str, int] = {}
-        self.raised: dict[str, int] = {}
-
-    def _maybe_raise(self, call: str) -> None:
-        left = self.fail.get(call, 0)
-        if left:
-            self.fail[call] = left - 1 if left > 0 else left
-            self.raised[call] = self.raised.get(call, 0) + 1
-            raise OSError(errno.EIO, f"injected {call} fault")
-
-    def retain(self, ref: SampleRef) -> None:
-        self._maybe_raise("retain")
-        super().retain(ref)
-
-    def unretain(self, ref: SampleRef) -> None:
-        self._maybe_raise("unretain")
-        super().unretain(ref)
-
-    def scrub(self, ref: SampleRef) -> None:
-        self._maybe_raise("scrub")
-        super().scrub(ref)
-
-    def health(self) -> StoreHealth:
-        self._maybe_raise("health")
-        return super().health()
-
-    def gc(self) -> int:
-        self._maybe_raise("gc")
-        return super().gc()
-
-
 @pytest.fixture
 def store() -> FaultyStore:
-    return FaultyStore(max_samples=64)
+    return FaultyStore(LocalFeatureStore(max_samples=64))
 
 
 @pytest.fixture
 def make(redis_server: Any, queue_name: str) -> Iterator[Factory]:
     made: list[RedisSampleRefQueue] = []
 
-    def factory(store: LocalFeatureStore, **kwargs: Any) -> RedisSampleRefQueue:
+    def factory(store: FeatureStore, **kwargs: Any) -> RedisSampleRefQueue:
         kwargs.setdefault("visibility_timeout", VT(10.0))
         queue = RedisSampleRefQueue(store, url=redis_server.url, name=queue_name, **kwargs)
         made.append(queue)
@@ -85,7 +47,7 @@ def make(redis_server: Any, queue_name: str) -> Iterator[Factory]:
         queue.disconnect()
 
 
-def stored(store: LocalFeatureStore, index: int) -> SampleRef:
+def stored(store: FeatureStore, index: int) -> SampleRef:
     return store.put(f"s{index}", sample_tensors(index))
 
 
@@ -95,7 +57,7 @@ def test_an_ack_whose_scrub_fails_stands_and_the_scrub_is_retried(make: Factory,
     queue.put(ref)
     lease = queue.acquire(timeout=0)
     assert lease is not None
-    store.fail["scrub"] = 2
+    store.arm("scrub", 2)
     queue.ack(lease)  # returns normally: the ack took effect on the server
     stats = queue.stats()  # retries the owed scrub first: it fails once more
     assert (stats.acked, stats.store_errors, stats.scrub_backlog) == (1, 2, 1)
@@ -111,12 +73,12 @@ def test_an_ack_whose_scrub_fails_stands_and_the_scrub_is_retried(make: Factory,
 def test_a_scrub_that_keeps_failing_is_retried_until_the_bytes_leave(make: Factory, store: FaultyStore) -> None:
     queue = make(store)
     queue.put(stored(store, 0))
-    store.fail["scrub"] = -1
+    store.arm("scrub", UNTIL_CLEARED)
     queue.ack(queue.acquire(timeout=0))  # type: ignore[arg-type]
     for _ in range(3):
         assert queue.acquire(timeout=0) is None
     assert store.is_resident("s0") and queue.stats().store_errors == 5  # the ack's, 3 acquires', stats' own
-    store.fail.clear()
+    store.clear()
     queue.reclaim_expired()
     assert not store.is_resident("s0") and queue.stats().scrub_backlog == 0
 
@@ -125,7 +87,7 @@ def test_a_failed_retain_refuses_the_put_and_changes_nothing(make: Factory, stor
     queue = make(store)
     ref = stored(store, 0)
     before = store.health()
-    store.fail["retain"] = 1
+    store.arm("retain")
     with pytest.raises(OSError, match="s0") as raised:
         queue.put(ref)
     assert raised.value.errno == errno.EIO
@@ -140,7 +102,7 @@ def test_a_failed_retain_refuses_a_whole_batch(make: Factory, store: FaultyStore
     queue = make(store)
     refs = [stored(store, i) for i in range(3)]
     before = store.health()
-    store.fail["retain"] = 1
+    store.arm("retain")
     with pytest.raises(OSError, match="s0"):
         queue.put_many(refs)
     assert queue.stats().put == 0 and store.health() == before
@@ -155,7 +117,7 @@ def test_an_unretain_that_fails_is_retried(make: Factory, store: FaultyStore) ->
     queue.ack(queue.acquire(timeout=0))  # type: ignore[arg-type]
     again = stored(store, 0)
     other = make(store)  # another instance: it has not seen s0 settled, so it retains before the server refuses
-    store.fail["unretain"] = 2
+    store.arm("unretain", 2)
     with pytest.raises(ValueError, match="already acked"):
         other.put(again)  # refused; the un-retain that restores the store raised and is owed
     assert other.stats().scrub_backlog == 1  # its retry failed once more
@@ -166,7 +128,7 @@ def test_an_unretain_that_fails_is_retried(make: Factory, store: FaultyStore) ->
 
 def test_health_failure_in_a_blocking_put_raises_and_enqueues_nothing(make: Factory, store: FaultyStore) -> None:
     queue = make(store)
-    store.fail["health"] = 1
+    store.arm("health")
     with pytest.raises(OSError, match="s0"):
         queue.put_blocks_until_below(stored(store, 0), poll_interval=0.01)
     assert queue.stats().put == 0 and queue.stats().store_errors == 1
@@ -174,7 +136,7 @@ def test_health_failure_in_a_blocking_put_raises_and_enqueues_nothing(make: Fact
 
 def test_gc_failures_are_logged_and_ignored(make: Factory, store: FaultyStore) -> None:
     queue = make(store)
-    store.fail["gc"] = -1
+    store.arm("gc", UNTIL_CLEARED)
     queue.put(stored(store, 0))
     queue.ack(queue.acquire(timeout=0))  # type: ignore[arg-type]
     assert queue.stats().acked == 1 and queue.stats().store_errors >= 2 and not store.is_resident("s0")
@@ -193,12 +155,12 @@ def test_a_reaped_dead_letter_whose_scrub_fails_never_surfaces_from_another_call
             queue.put(stored(store, i))
         assert queue.acquire(timeout=0) is not None  # s0's consumer crashes
         clock.advance(2.0)
-        store.fail["scrub"] = -1
+        store.arm("scrub", UNTIL_CLEARED)
         lease = queue.acquire(timeout=0)  # reaps s0 into the dead letters; its scrub raises, not this call
         assert lease is not None and lease.ref.sample_id == "s1"
         assert [letter.ref.sample_id for letter in dead] == ["s0"]  # exactly once
         assert queue.stats().dead_lettered == 1 and queue.stats().scrub_backlog == 1
-        store.fail.clear()
+        store.clear()
         queue.ack(lease)  # pays the owed scrub of s0 too
         assert dead == dead[:1] and store.health().sample_count == 0
     finally:
@@ -213,10 +175,10 @@ def test_the_reaper_survives_store_errors(redis_server: Any, queue_name: str, st
     )  # fmt: skip
     try:
         queue.put(stored(store, 0))
-        store.fail["scrub"] = -1
+        store.arm("scrub", UNTIL_CLEARED)
         assert queue.acquire(timeout=0) is not None  # never settled: the reaper dead-letters it
-        assert _eventually(lambda: store.raised.get("scrub", 0) >= 3)  # the reaper keeps retrying, and lives on
-        store.fail.clear()
+        assert _eventually(lambda: store.raised["scrub"] >= 3)  # the reaper keeps retrying, and lives on
+        store.clear()
         assert _eventually(lambda: not store.is_resident("s0"))
         assert len(dead) == 1 and queue.stats().dead_lettered == 1
     finally:
