@@ -9,12 +9,17 @@ import socket
 import subprocess
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 redis = pytest.importorskip("redis", reason="redis-py is missing: pip install 'featurestream[redis]'")
+
+from featurestream import FeatureStore, LocalFeatureStore  # noqa: E402 - after the redis-py skip, like the backend
+from featurestream import VisibilityTimeout as VT  # noqa: E402
+from featurestream.backends.redis.queue import RedisSampleRefQueue  # noqa: E402 - needs redis-py
 
 INSTALL_HINT = "install it (Debian/Ubuntu: apt-get install redis-server; macOS: brew install redis)"
 
@@ -130,3 +135,32 @@ def redis_client(redis_server: RedisServer) -> Iterator[redis.Redis]:
 @pytest.fixture
 def queue_name() -> str:
     return f"test-{uuid.uuid4().hex}"
+
+
+@pytest.fixture
+def store() -> FeatureStore:
+    """The store the test's queues front (a module overrides it, e.g. with a ``FaultyStore``)."""
+    return LocalFeatureStore(max_samples=64)
+
+
+@pytest.fixture
+def queue_defaults() -> dict[str, Any]:
+    """The keywords ``make`` gives every queue unless the test passes its own (a module may override them)."""
+    return {"visibility_timeout": VT(10.0)}
+
+
+@pytest.fixture
+def make(
+    redis_server: RedisServer, queue_name: str, queue_defaults: dict[str, Any]
+) -> Iterator[Callable[..., RedisSampleRefQueue]]:
+    """A factory of instances of one queue (same name), each with its own connection; all disconnected after."""
+    made: list[RedisSampleRefQueue] = []
+
+    def factory(store: FeatureStore, **kwargs: Any) -> RedisSampleRefQueue:
+        queue = RedisSampleRefQueue(store, url=redis_server.url, name=queue_name, **{**queue_defaults, **kwargs})
+        made.append(queue)
+        return queue
+
+    yield factory
+    for queue in made:
+        queue.disconnect()

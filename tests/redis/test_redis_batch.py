@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -19,26 +19,6 @@ redis = pytest.importorskip("redis", reason="redis-py is missing: pip install 'f
 from featurestream.backends.redis.queue import RedisSampleRefQueue  # noqa: E402 - needs redis-py
 
 Factory = Callable[..., RedisSampleRefQueue]
-
-
-@pytest.fixture
-def store() -> LocalFeatureStore:
-    return LocalFeatureStore(max_samples=64)
-
-
-@pytest.fixture
-def make(redis_server: Any, queue_name: str) -> Iterator[Factory]:
-    made: list[RedisSampleRefQueue] = []
-
-    def factory(store: LocalFeatureStore, **kwargs: Any) -> RedisSampleRefQueue:
-        kwargs.setdefault("visibility_timeout", VT(10.0))
-        queue = RedisSampleRefQueue(store, url=redis_server.url, name=queue_name, **kwargs)
-        made.append(queue)
-        return queue
-
-    yield factory
-    for queue in made:
-        queue.disconnect()
 
 
 def refs(store: LocalFeatureStore, count: int, first: int = 0) -> list[SampleRef]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -19,24 +19,9 @@ Factory = Callable[..., RedisSampleRefQueue]
 
 
 @pytest.fixture
-def store() -> LocalFeatureStore:
-    return LocalFeatureStore(max_samples=64)
-
-
-@pytest.fixture
-def make(redis_server: Any, queue_name: str) -> Iterator[Factory]:
-    made: list[RedisSampleRefQueue] = []
-
-    def factory(store: LocalFeatureStore, **kwargs: Any) -> RedisSampleRefQueue:
-        kwargs.setdefault("visibility_timeout", VT(10.0))
-        kwargs.setdefault("max_deliveries", 1)
-        queue = RedisSampleRefQueue(store, url=redis_server.url, name=queue_name, **kwargs)
-        made.append(queue)
-        return queue
-
-    yield factory
-    for queue in made:
-        queue.disconnect()
+def queue_defaults() -> dict[str, Any]:
+    """One delivery each: a single fail dead-letters a sample."""
+    return {"visibility_timeout": VT(10.0), "max_deliveries": 1}
 
 
 def kill(queue: RedisSampleRefQueue, store: LocalFeatureStore, *indices: int) -> list[SampleRef]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import errno
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -30,21 +30,6 @@ BOUND = 30.0  # seconds a blocked call may take before the test calls it a hang
 @pytest.fixture
 def store() -> FaultyStore:
     return FaultyStore(LocalFeatureStore(max_samples=64))
-
-
-@pytest.fixture
-def make(redis_server: Any, queue_name: str) -> Iterator[Factory]:
-    made: list[RedisSampleRefQueue] = []
-
-    def factory(store: FeatureStore, **kwargs: Any) -> RedisSampleRefQueue:
-        kwargs.setdefault("visibility_timeout", VT(10.0))
-        queue = RedisSampleRefQueue(store, url=redis_server.url, name=queue_name, **kwargs)
-        made.append(queue)
-        return queue
-
-    yield factory
-    for queue in made:
-        queue.disconnect()
 
 
 def stored(store: FeatureStore, index: int) -> SampleRef:
