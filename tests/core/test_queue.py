@@ -234,9 +234,11 @@ def test_default_max_deliveries_is_finite() -> None:
     assert SampleRefQueue(LocalFeatureStore()).max_deliveries == DEFAULT_MAX_DELIVERIES
 
 
-def test_dead_letter_callback_errors_are_logged(caplog: pytest.LogCaptureFixture) -> None:
+def test_dead_letter_callback_errors_are_logged_and_the_dead_letter_still_stands(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     def explode(_: object) -> None:
-        raise RuntimeError("boom")
+        raise RuntimeError("callback boom")
 
     store, queue, _ = make_queue(max_deliveries=1, on_dead_letter=explode)
     queue.put(put_sample(store, "s0"))
@@ -244,8 +246,8 @@ def test_dead_letter_callback_errors_are_logged(caplog: pytest.LogCaptureFixture
     assert lease is not None
     with caplog.at_level(logging.ERROR):
         queue.fail(lease)
-    assert "boom" in caplog.text
-    assert queue.stats().dead_lettered == 1
+    assert "callback boom" in caplog.text
+    assert queue.stats().dead_lettered == 1 and len(queue.dead_letters()) == 1
 
 
 def test_dedup_window_is_bounded() -> None:
