@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from featurestream.refs import FeatureAlgorithm, FeatureSpec, SampleRef, assert_no_tensors
+from core.ref_fields import ref_fields
+from featurestream.refs import FeatureSpec, SampleRef, assert_no_tensors
 
 SPECS = {
     "aux_hidden_states": FeatureSpec((1, 4, 12), torch.float32),
@@ -17,21 +18,8 @@ SPECS = {
 
 
 def ref(**overrides: object) -> SampleRef:
-    fields: dict[str, object] = dict(
-        sample_id="s",
-        run_id="r",
-        store_uri="mem://x",
-        feature_keys={name: f"s/{name}" for name in SPECS},
-        feature_specs=dict(SPECS),
-        algorithm=FeatureAlgorithm.EAGLE3,
-        schema_version=1,
-        num_tokens=4,
-        estimated_bytes=sum(spec.nbytes for spec in SPECS.values()),
-        target_model_version="0",
-        draft_weight_version="0",
-    )
-    fields.update(overrides)
-    return SampleRef(**fields)  # type: ignore[arg-type]
+    """A valid ref, built by the reference's ``SampleRef``."""
+    return SampleRef(**ref_fields(SPECS, **overrides))  # type: ignore[arg-type]
 
 
 def test_feature_names_is_a_tuple_in_feature_keys_insertion_order() -> None:

@@ -9,6 +9,8 @@ import torch
 
 from featurestream import FeatureAlgorithm, FeatureSpec, SampleRef, assert_no_tensors
 
+from .ref_fields import ref_fields
+
 SPECS = {
     "aux_hidden_states": FeatureSpec((1, 4, 24), torch.float32),
     "input_ids": FeatureSpec((1, 4), torch.long),
@@ -18,21 +20,7 @@ SPECS = {
 
 
 def make_ref(**overrides: object) -> SampleRef:
-    fields: dict[str, object] = dict(
-        sample_id="s0",
-        run_id="run",
-        store_uri="mem://x",
-        feature_keys={name: f"s0/{name}" for name in SPECS},
-        feature_specs=dict(SPECS),
-        algorithm=FeatureAlgorithm.EAGLE3,
-        schema_version=1,
-        num_tokens=4,
-        estimated_bytes=sum(spec.nbytes for spec in SPECS.values()),
-        target_model_version="0",
-        draft_weight_version="0",
-    )
-    fields.update(overrides)
-    return SampleRef(**fields)  # type: ignore[arg-type]
+    return SampleRef(**ref_fields(SPECS, **overrides))  # type: ignore[arg-type]
 
 
 def test_algorithm_values_and_field_order() -> None:
