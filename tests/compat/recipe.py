@@ -1,10 +1,13 @@
-"""What a recipe written against the reference brings along: a tiny EAGLE-3 target and its sample tensors.
+"""What a recipe written against the reference brings along: a tiny EAGLE-3 target, its sample tensors, its batch class.
 
 Everything here imports the reference's module paths (``featurestream.eagle3``
 for ``streaming.eagle3`` and so on), as a recipe switched by its imports would.
 """
 
 from __future__ import annotations
+
+import dataclasses
+from typing import Any
 
 import torch
 
@@ -27,6 +30,28 @@ def packing(tokens: int = TOKENS) -> dict[str, torch.Tensor]:
         "seq_lens": torch.tensor([tokens]),
         "doc_remaining": torch.zeros(1, dtype=torch.long),
     }
+
+
+@dataclasses.dataclass
+class RecipeBatch:
+    """A recipe's own Eagle3TargetBatch, shaped like the reference's: no from_tensors, its own to_trainer_inputs.
+
+    The field list mirrors the reference's on purpose: a loader given ``batch_type=RecipeBatch`` builds it by keyword.
+    """
+
+    aux_hidden_states: torch.Tensor
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    loss_mask: torch.Tensor
+    logits: torch.Tensor | None = None
+    target_probs: torch.Tensor | None = None
+    position_mask: torch.Tensor | None = None
+    position_ids: torch.Tensor | None = None
+    seq_lens: torch.Tensor | None = None
+    doc_remaining: torch.Tensor | None = None
+
+    def to_trainer_inputs(self) -> dict[str, Any]:
+        return {"hidden_states": self.aux_hidden_states, "input_ids": self.input_ids}
 
 
 class EchoTarget(Eagle3TargetBackend):

@@ -15,31 +15,12 @@ from featurestream.queue import SampleRefQueue
 from featurestream.refs import FeatureAlgorithm
 from featurestream.stores.local import LocalFeatureStore
 
-from .recipe import packing, sample_tensors
+from .recipe import RecipeBatch, packing, sample_tensors
 
 FIELDS = (
     "aux_hidden_states", "input_ids", "attention_mask", "loss_mask", "logits", "target_probs", "position_mask",
     "position_ids", "seq_lens", "doc_remaining",
 )  # fmt: skip
-
-
-@dataclasses.dataclass
-class RecipeBatch:
-    """A recipe's own Eagle3TargetBatch, shaped like the reference's: no from_tensors, its own to_trainer_inputs."""
-
-    aux_hidden_states: torch.Tensor
-    input_ids: torch.Tensor
-    attention_mask: torch.Tensor
-    loss_mask: torch.Tensor
-    logits: torch.Tensor | None = None
-    target_probs: torch.Tensor | None = None
-    position_mask: torch.Tensor | None = None
-    position_ids: torch.Tensor | None = None
-    seq_lens: torch.Tensor | None = None
-    doc_remaining: torch.Tensor | None = None
-
-    def to_trainer_inputs(self) -> dict[str, Any]:
-        return {"hidden_states": self.aux_hidden_states, "input_ids": self.input_ids}
 
 
 def queued(*samples: dict[str, torch.Tensor], **put_kwargs: Any) -> tuple[SampleRefQueue, LocalFeatureStore]:

@@ -7,6 +7,7 @@ import dataclasses
 import pytest
 import torch
 
+from compat.recipe import RecipeBatch  # a batch class with no from_tensors
 from featurestream import Eagle3TargetBatch, FeatureAlgorithm, LocalFeatureStore
 from featurestream.core.refs import REQUIRED_FEATURES
 from featurestream.pipeline import eagle3, schemas
@@ -119,16 +120,6 @@ def test_register_refuses_a_second_schema_for_an_algorithm_and_a_wrong_core_set(
 
 def test_make_batch_uses_from_tensors_when_there_is_one_else_keywords() -> None:
     tensors = eagle3_sample(2)
-
-    @dataclasses.dataclass
-    class RecipeBatch:
-        aux_hidden_states: torch.Tensor
-        input_ids: torch.Tensor
-        attention_mask: torch.Tensor
-        loss_mask: torch.Tensor
-        logits: torch.Tensor | None = None
-        target_probs: torch.Tensor | None = None
-
     built = schemas.make_batch(tensors, RecipeBatch)
     assert isinstance(built, RecipeBatch) and built.logits is tensors["logits"] and built.target_probs is None
     with pytest.raises(ValueError, match=r"no supervision encoding"):

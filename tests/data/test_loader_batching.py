@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
@@ -10,6 +9,7 @@ from typing import Any
 import pytest
 import torch
 
+from compat.recipe import RecipeBatch  # a recipe's own batch class: built by keyword, no from_tensors
 from featurestream import Eagle3TargetBatch, FeatureDataLoader, FeatureStore, LocalFeatureStore, SampleRefQueue
 from featurestream.core.lease import Lease
 
@@ -139,18 +139,6 @@ def test_a_custom_collate_gets_the_tensor_dicts_in_lease_order(
     batches = list(FeatureDataLoader(queue, make_store(), batch_size=2, collate_fn=collate, prefetch=prefetch))
     assert batches == [[0, 1], [2, 3], [4]]
     assert seen[0] == list(eagle3_sample(0)) and queue.stats().acked == 5
-
-
-@dataclasses.dataclass
-class RecipeBatch:
-    """A recipe's own batch class: built from the tensors by keyword, no ``from_tensors``."""
-
-    aux_hidden_states: torch.Tensor
-    input_ids: torch.Tensor
-    attention_mask: torch.Tensor
-    loss_mask: torch.Tensor
-    logits: torch.Tensor | None = None
-    target_probs: torch.Tensor | None = None
 
 
 @PREFETCH
