@@ -67,6 +67,12 @@ def filled_queue(store: FeatureStore, count: int, *, close: bool = True, **kwarg
     return queue
 
 
+def timed_queue(store: FeatureStore, count: int) -> tuple[SampleRefQueue, FakeClock]:
+    """``filled_queue`` with a 10 s visibility timeout on a ``FakeClock``: the test decides when leases expire."""
+    clock = FakeClock()
+    return filled_queue(store, count, visibility_timeout=VisibilityTimeout(10.0), clock=clock), clock
+
+
 class Severable:
     """A queue seen through a connection that ``sever()`` cuts, as if the consumer's process died.
 
@@ -172,8 +178,7 @@ class TestPrefetch:
         self, make_store: Callable[[], FeatureStore]
     ) -> None:
         store = make_store()
-        clock = FakeClock()
-        queue = filled_queue(store, 3, visibility_timeout=VisibilityTimeout(10.0), clock=clock)
+        queue, clock = timed_queue(store, 3)
         loader = FeatureDataLoader(queue, make_store(), prefetch=2, heartbeat_interval=0.005)
         next(loader)
         loader.consume_now()  # the held batch is the trainer's to extend; this test is about the buffer
@@ -189,8 +194,7 @@ class TestPrefetch:
         self, make_store: Callable[[], FeatureStore]
     ) -> None:
         store = make_store()
-        clock = FakeClock()
-        queue = filled_queue(store, 3, visibility_timeout=VisibilityTimeout(10.0), clock=clock)
+        queue, clock = timed_queue(store, 3)
         loader = FeatureDataLoader(queue, make_store(), prefetch=2, heartbeat_interval=0.005)
         assert index_of(next(loader)) == 0
         wait_for("a full prefetch buffer", lambda: queue.outstanding_count() == 3)
@@ -212,8 +216,7 @@ class TestPrefetch:
 
     def test_a_crashed_consumer_with_a_full_buffer_loses_nothing(self, make_store: Callable[[], FeatureStore]) -> None:
         store = make_store()
-        clock = FakeClock()
-        queue = filled_queue(store, 6, visibility_timeout=VisibilityTimeout(10.0), clock=clock)
+        queue, clock = timed_queue(store, 6)
         link = Severable(queue)
         crashed = FeatureDataLoader(link, make_store(), prefetch=3)  # type: ignore[arg-type]
         trained_before_crash = index_of(next(crashed))
