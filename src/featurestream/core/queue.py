@@ -11,21 +11,16 @@ import math
 import os
 import threading
 import time
-import weakref
 from collections.abc import Callable, Iterable, Iterator
 
 from featurestream.core import events
+from featurestream.core.arguments import check_queue_arguments, check_ref_for
+from featurestream.core.backlog import Outbox, Owed, call_or_owe, finish_operation, pay_owed
+from featurestream.core.backpressure import Backpressure, HealthCallback
 from featurestream.core.checks import check_count, check_seconds
 from featurestream.core.lease import DeadLetter, Lease, VisibilityTimeout, _lease_id_counter, _next_lease_id
-from featurestream.core.machines import (
-    BACKPRESSURE,
-    BACKPRESSURE_MACHINE,
-    LEASE,
-    LEASE_MACHINE,
-    LIFECYCLE,
-    LIFECYCLE_MACHINE,
-    fire,
-)
+from featurestream.core.machines import LEASE, LEASE_MACHINE, LIFECYCLE, LIFECYCLE_MACHINE, fire
+from featurestream.core.reaper import start_reaper
 from featurestream.core.refs import SampleRef
 from featurestream.stores.base import FeatureStore, StoreHealth
 
@@ -159,8 +154,8 @@ class SampleRefQueue:
         visibility_timeout: VisibilityTimeout | None = None,
         high_watermark_bytes: int | None = None,
         low_watermark_bytes: int | None = None,
-        on_pause: Callable[[StoreHealth], None] | None = None,
-        on_resume: Callable[[StoreHealth], None] | None = None,
+        on_pause: HealthCallback | None = None,
+        on_resume: HealthCallback | None = None,
         *,
         max_deliveries: int = DEFAULT_MAX_DELIVERIES,
         dedup_window: int = DEFAULT_DEDUP_WINDOW,
@@ -170,29 +165,18 @@ class SampleRefQueue:
         tracer: Tracer | None = None,
         keep_dead_letter_bytes: int = 0,
     ) -> None:
-        if not isinstance(store, FeatureStore):
-            raise TypeError(f"store must be a FeatureStore, got {type(store).__name__}")
-        if visibility_timeout is not None and not isinstance(visibility_timeout, VisibilityTimeout):
-            raise TypeError(f"visibility_timeout must be a VisibilityTimeout, got {visibility_timeout!r}")
-        check_count("high_watermark_bytes", high_watermark_bytes, allow_none=True)
-        check_count("low_watermark_bytes", low_watermark_bytes, allow_none=True)
-        if high_watermark_bytes is not None and low_watermark_bytes is not None:
-            if low_watermark_bytes >= high_watermark_bytes:
-                raise ValueError(
-                    f"low_watermark_bytes ({low_watermark_bytes}) must be strictly less than "
-                    f"high_watermark_bytes ({high_watermark_bytes}) so the hysteresis band is non-empty"
-                )
-        check_count("max_deliveries", max_deliveries, minimum=1)
-        check_count("dedup_window", dedup_window)
-        check_count("keep_dead_letter_bytes", keep_dead_letter_bytes)
-        if reaper_interval is not None:
-            check_seconds("reaper_interval", reaper_interval, positive=True)
+        check_queue_arguments(
+            store,
+            visibility_timeout,
+            high_watermark_bytes,
+            low_watermark_bytes,
+            max_deliveries=max_deliveries,
+            dedup_window=dedup_window,
+            keep_dead_letter_bytes=keep_dead_letter_bytes,
+            reaper_interval=reaper_interval,
+        )
         self._store = store
         self._vt = visibility_timeout or VisibilityTimeout()
-        self._high = high_watermark_bytes
-        self._low = low_watermark_bytes
-        self._on_pause = on_pause
-        self._on_resume = on_resume
         self._on_dead_letter = on_dead_letter
         self.max_deliveries = max_deliveries
         self.dedup_window = dedup_window
@@ -212,14 +196,14 @@ class SampleRefQueue:
         self._kept: dict[str, int] = {}  # dead letters whose bytes stay retained for a requeue -> their size
         self._kept_bytes = 0
         # sample id -> (store call, ref) the queue still owes the store: a scrub or unretain that raised.
-        self._owed: collections.OrderedDict[str, tuple[str, SampleRef]] = collections.OrderedDict()
-        self._outbox: list[tuple[Callable[..., None], object]] = []
-        self._backpressure = _Flag(BACKPRESSURE.initial)
+        self._owed: Owed = collections.OrderedDict()
+        self._outbox: Outbox = []
+        self._backpressure = Backpressure(high_watermark_bytes, low_watermark_bytes, on_pause, on_resume)
         self._lifecycle = _Flag(LIFECYCLE.initial)
         self._counts: collections.Counter[str] = collections.Counter()
         self._reaper_stop = threading.Event()
         if reaper_interval is not None:
-            _start_reaper(self, reaper_interval)
+            start_reaper(self, reaper_interval, self._reaper_stop, name="featurestream-reaper")
 
     # -- producer side ----------------------------------------------------
     def put(self, ref: SampleRef) -> None:
@@ -561,14 +545,7 @@ class SampleRefQueue:
 
     # -- internals (called with the lock held) ---------------------------------
     def _check_ref(self, ref: object) -> None:
-        if not isinstance(ref, SampleRef):
-            raise TypeError(f"put expects a SampleRef, got {type(ref).__name__}: {ref!r:.80}")
-        store_uri = getattr(self._store, "store_uri", ref.store_uri)
-        if ref.store_uri != store_uri:
-            raise ValueError(
-                f"sample {ref.sample_id!r} lives in {ref.store_uri}, but this queue's store is {store_uri}; "
-                "put it into the queue bound to that store"
-            )
+        check_ref_for(self._store, ref)
 
     def _require_open(self, ref: SampleRef) -> None:
         if self._lifecycle.state != "open":
@@ -768,33 +745,17 @@ class SampleRefQueue:
 
     def _owe(self, call: str, ref: SampleRef) -> bool:
         """Make the store call ``call(ref)``; if it raises, log, count and keep it in the backlog. ``True``: done."""
-        try:
-            getattr(self._store, call)(ref)
-        except Exception as exc:
-            self._store_fault(call, ref.sample_id, exc)
-            self._owed[ref.sample_id] = (call, ref)
-            self._owed.move_to_end(ref.sample_id)
-            return False
-        return True
+        return call_or_owe(self._store, self._owed, call, ref, self._store_fault)
 
     def _pay_owed(self) -> None:
-        """Retry owed scrubs/unretains, oldest first; one that fails again goes to the back and ends the round.
-
-        So a store that keeps failing costs one store call per queue operation, not one per owed sample.
-        """
-        while self._owed:
-            sample_id, (call, ref) = next(iter(self._owed.items()))
-            try:
-                getattr(self._store, call)(ref)
-            except Exception as exc:
-                self._store_fault(call, sample_id, exc)
-                self._owed.move_to_end(sample_id)
-                return
-            del self._owed[sample_id]
-            self._emit(events.SCRUB_RETRIED, sample_id=sample_id, call=call)
-            self._not_full.notify_all()
-        if self._lifecycle.state == "drained":
+        """Retry owed scrubs/unretains (``backlog.pay_owed``); once drained with nothing owed, stop the reaper."""
+        pay_owed(self._store, self._owed, self._store_fault, self._paid)
+        if self._lifecycle.state == "drained" and not self._owed:
             self._reaper_stop.set()
+
+    def _paid(self, sample_id: str, call: str) -> None:
+        self._emit(events.SCRUB_RETRIED, sample_id=sample_id, call=call)
+        self._not_full.notify_all()
 
     def _store_fault(self, call: str, sample_id: str | None, exc: BaseException) -> None:
         self._counts["store_errors"] += 1
@@ -813,33 +774,20 @@ class SampleRefQueue:
         """Whether the reaper thread has nothing left to do: drained, and no store call owed."""
         return self._lifecycle.state == "drained" and not self._owed
 
-    def _update_backpressure(self, health: StoreHealth) -> Callable[[StoreHealth], None] | None:
+    def _update_backpressure(self, health: StoreHealth) -> HealthCallback | None:
         """Apply the hysteresis; return the callback to run (outside the lock), if any."""
-        state = self._backpressure.state
-        if state == "flowing" and self._should_pause(health):
-            fire(BACKPRESSURE_MACHINE, "pause", self._backpressure)
+        step = self._backpressure.step(health)
+        if step is None:
+            return None
+        event, callback = step
+        if event == events.PAUSE:
             self._counts["producer_pauses"] += 1
-            self._trace_state(events.PAUSE, resident_bytes=health.resident_bytes)
-            return self._on_pause or _no_callback
-        if state == "paused" and self._should_resume(health):
-            fire(BACKPRESSURE_MACHINE, "resume", self._backpressure)
-            self._trace_state(events.RESUME, resident_bytes=health.resident_bytes)
-            return self._on_resume or _no_callback
-        return None
+        self._trace_state(event, resident_bytes=health.resident_bytes)
+        return callback
 
     def _may_enqueue(self) -> bool:
         """The producer rule: flowing, or the queue holds nothing (then waiting could never end)."""
         return self._backpressure.state == "flowing" or not self._held
-
-    def _should_pause(self, health: StoreHealth) -> bool:
-        if self._high is not None:
-            return health.resident_bytes >= self._high
-        return health.high_watermark_hit
-
-    def _should_resume(self, health: StoreHealth) -> bool:
-        if self._low is not None:
-            return health.resident_bytes <= self._low
-        return health.low_watermark_hit
 
     def _trace(self, action: str, **fields: object) -> None:
         """Pass one event to the tracer as given (backends that keep their state elsewhere call this)."""
@@ -868,7 +816,7 @@ class SampleRefQueue:
     def _operation(self) -> Iterator[None]:
         """Hold the lock for the body (after retrying owed store calls); then, even if it raised,
         run queued callbacks and the store's gc."""
-        outbox: list[tuple[Callable[..., None], object]] = []
+        outbox: Outbox = []
         try:
             with self._lock:
                 try:
@@ -888,17 +836,8 @@ class SampleRefQueue:
                 self._pay_owed()
             yield
 
-    def _after(self, outbox: list[tuple[Callable[..., None], object]]) -> None:
-        for callback, argument in outbox:
-            try:
-                callback(argument)
-            except Exception:
-                logger.exception("queue callback %r raised; the queue carries on", callback)
-        try:
-            self._store.gc()
-        except Exception as exc:
-            with self._lock:
-                self._store_fault("gc", None, exc)
+    def _after(self, outbox: Outbox) -> None:
+        finish_operation(outbox, self._store, self._lock, self._store_fault)
 
 
 def store_error(exc: Exception, doing: str) -> Exception:
@@ -920,27 +859,3 @@ def store_error(exc: Exception, doing: str) -> Exception:
         return type(exc)(*args)
     except Exception:
         return RuntimeError(*args[-1:])
-
-
-def _no_callback(health: StoreHealth) -> None:
-    """Stands in for an unset on_pause/on_resume."""
-
-
-def _start_reaper(queue: SampleRefQueue, interval: float) -> None:
-    """Reclaim expired leases and retry owed store calls every ``interval`` seconds until there is nothing
-    left to do (drained, nothing owed) or the queue is collected. Survives any error of a round."""
-    ref = weakref.ref(queue)
-    stop = queue._reaper_stop
-
-    def run() -> None:
-        while not stop.wait(interval):
-            target = ref()
-            if target is None or target._reaper_finished():
-                return
-            try:
-                target.reclaim_expired()
-            except Exception:
-                logger.exception("the reaper's round raised; it carries on")
-            del target
-
-    threading.Thread(target=run, name="featurestream-reaper", daemon=True).start()

@@ -68,9 +68,11 @@ from featurestream.backends.redis import functions
 from featurestream.backends.redis.link import Link
 from featurestream.backends.redis.wire import dead_letter_from_json, ref_from_json, ref_to_json
 from featurestream.core import events
+from featurestream.core.arguments import check_queue_arguments, check_ref_for
+from featurestream.core.backlog import Outbox, Owed, call_or_owe, finish_operation, pay_owed
+from featurestream.core.backpressure import Backpressure, HealthCallback
 from featurestream.core.checks import check_count, check_seconds
 from featurestream.core.lease import DeadLetter, Lease, VisibilityTimeout
-from featurestream.core.machines import BACKPRESSURE, BACKPRESSURE_MACHINE, fire
 from featurestream.core.queue import (
     DEFAULT_DEDUP_WINDOW,
     DEFAULT_MAX_DELIVERIES,
@@ -79,6 +81,7 @@ from featurestream.core.queue import (
     Tracer,
     store_error,
 )
+from featurestream.core.reaper import start_reaper
 from featurestream.core.refs import SampleRef
 from featurestream.stores.base import FeatureStore, StoreHealth
 
@@ -117,15 +120,6 @@ class RedisLease(Lease):
     """A ``Lease`` issued by a ``RedisSampleRefQueue``; ``token`` proves it to the server."""
 
     token: str = dataclasses.field(default="", repr=False)
-
-
-class _State:
-    """A model for the backpressure machine (``fire`` moves ``state``)."""
-
-    __slots__ = ("state",)
-
-    def __init__(self, initial: str) -> None:
-        self.state = initial
 
 
 def _text(value: object) -> str:
@@ -203,8 +197,8 @@ class RedisSampleRefQueue:
         visibility_timeout: VisibilityTimeout | None = None,
         high_watermark_bytes: int | None = None,
         low_watermark_bytes: int | None = None,
-        on_pause: Callable[[StoreHealth], None] | None = None,
-        on_resume: Callable[[StoreHealth], None] | None = None,
+        on_pause: HealthCallback | None = None,
+        on_resume: HealthCallback | None = None,
         *,
         max_deliveries: int = DEFAULT_MAX_DELIVERIES,
         dedup_window: int = DEFAULT_DEDUP_WINDOW,
@@ -218,25 +212,18 @@ class RedisSampleRefQueue:
         reconnect_timeout: float = 30.0,
         keep_dead_letter_bytes: int = 0,
     ) -> None:
-        if not isinstance(store, FeatureStore):
-            raise TypeError(f"store must be a FeatureStore, got {type(store).__name__}")
-        if visibility_timeout is not None and not isinstance(visibility_timeout, VisibilityTimeout):
-            raise TypeError(f"visibility_timeout must be a VisibilityTimeout, got {visibility_timeout!r}")
-        check_count("high_watermark_bytes", high_watermark_bytes, allow_none=True)
-        check_count("low_watermark_bytes", low_watermark_bytes, allow_none=True)
-        if high_watermark_bytes is not None and low_watermark_bytes is not None:
-            if low_watermark_bytes >= high_watermark_bytes:
-                raise ValueError(
-                    f"low_watermark_bytes ({low_watermark_bytes}) must be strictly less than "
-                    f"high_watermark_bytes ({high_watermark_bytes}) so the hysteresis band is non-empty"
-                )
-        check_count("max_deliveries", max_deliveries, minimum=1)
-        check_count("dedup_window", dedup_window)
-        check_count("keep_dead_letter_bytes", keep_dead_letter_bytes)
+        check_queue_arguments(
+            store,
+            visibility_timeout,
+            high_watermark_bytes,
+            low_watermark_bytes,
+            max_deliveries=max_deliveries,
+            dedup_window=dedup_window,
+            keep_dead_letter_bytes=keep_dead_letter_bytes,
+            reaper_interval=reaper_interval,
+        )
         if clock is not None and not callable(clock):
             raise TypeError(f"clock must be a callable returning seconds or None, got {clock!r}")
-        if reaper_interval is not None:
-            check_seconds("reaper_interval", reaper_interval, positive=True)
         check_seconds("reconnect_timeout", reconnect_timeout)
         if not isinstance(name, str) or not name or "{" in name or "}" in name:
             raise ValueError(f"name must be a non-empty str without braces (it becomes a key hash tag), got {name!r}")
@@ -246,10 +233,6 @@ class RedisSampleRefQueue:
             raise TypeError(f"client must be a redis.Redis, got {type(client).__name__}")
         self._store = store
         self._vt = visibility_timeout or VisibilityTimeout()
-        self._high = high_watermark_bytes
-        self._low = low_watermark_bytes
-        self._on_pause = on_pause
-        self._on_resume = on_resume
         self._on_dead_letter = on_dead_letter
         self.max_deliveries = max_deliveries
         self.dedup_window = dedup_window
@@ -260,11 +243,11 @@ class RedisSampleRefQueue:
         self._lock = threading.Lock()
         # Wakes producers blocked on backpressure: a settle this instance made, a scrub it paid, a close.
         self._not_full = threading.Condition(self._lock)
-        self._outbox: list[tuple[Callable[..., None], object]] = []
-        self._backpressure = _State(BACKPRESSURE.initial)
+        self._outbox: Outbox = []
+        self._backpressure = Backpressure(high_watermark_bytes, low_watermark_bytes, on_pause, on_resume)
         self._store_errors = 0
         # sample id -> (store call, ref) this instance still owes its store: a scrub or unretain that raised.
-        self._owed: collections.OrderedDict[str, tuple[str, SampleRef]] = collections.OrderedDict()
+        self._owed: Owed = collections.OrderedDict()
         self._reaper_stop = threading.Event()
         self._op = _Operation(self)
         # Put tokens and lease tokens: this instance's random prefix and a counter (unique, and unknown to
@@ -311,7 +294,7 @@ class RedisSampleRefQueue:
                 f"queue {name!r} on Redis has key layout {layout!r}; this version reads layout {functions.LAYOUT!r}"
             )
         if reaper_interval is not None:
-            _start_reaper(self, reaper_interval)
+            start_reaper(self, reaper_interval, self._reaper_stop, name="featurestream-redis-reaper")
 
     # -- producer side ----------------------------------------------------
     def put(self, ref: SampleRef) -> None:
@@ -374,7 +357,8 @@ class RedisSampleRefQueue:
             if abort_when is not None and abort_when():
                 raise RuntimeError(f"put of sample {ref.sample_id!r} aborted: abort_when() returned True")
             with self._op:
-                if self._backpressure.state == "flowing" and not self._should_pause(self._read_health(ref)):
+                backpressure = self._backpressure
+                if backpressure.state == "flowing" and not backpressure.should_pause(self._read_health(ref)):
                     # Flowing and staying so: the put function itself reaps and checks the lifecycle.
                     self._put_locked(ref)
                     return
@@ -676,14 +660,7 @@ class RedisSampleRefQueue:
     # -- producer internals (lock held) ------------------------------------------
     def _check_ref(self, ref: object) -> None:
         self._require_store()
-        if not isinstance(ref, SampleRef):
-            raise TypeError(f"put expects a SampleRef, got {type(ref).__name__}: {ref!r:.80}")
-        store_uri = getattr(self._store, "store_uri", ref.store_uri)
-        if ref.store_uri != store_uri:
-            raise ValueError(
-                f"sample {ref.sample_id!r} lives in {ref.store_uri}, but this queue's store is {store_uri}; "
-                "put it into the queue bound to that store"
-            )
+        check_ref_for(self._store, ref)
 
     def _require_store(self) -> None:
         if isinstance(self._store, _NoStore):
@@ -820,29 +797,16 @@ class RedisSampleRefQueue:
             self._reap()  # the call still reaps (the fast path reads health before its put would have)
             raise store_error(exc, f"put_blocks_until_below of sample {ref.sample_id!r} enqueued nothing") from exc
 
-    def _update_backpressure(self, health: StoreHealth) -> Callable[[StoreHealth], None] | None:
+    def _update_backpressure(self, health: StoreHealth) -> HealthCallback | None:
         """Apply the hysteresis; return the callback to run (outside the lock), if any."""
-        state = self._backpressure.state
-        if state == "flowing" and self._should_pause(health):
-            fire(BACKPRESSURE_MACHINE, "pause", self._backpressure)
+        step = self._backpressure.step(health)
+        if step is None:
+            return None
+        event, callback = step
+        if event == events.PAUSE:
             self._retrying(self._redis.hincrby, self._key["stats"], "producer_pauses", 1)
-            self._trace(events.PAUSE, resident_bytes=health.resident_bytes)
-            return self._on_pause or _no_callback
-        if state == "paused" and self._should_resume(health):
-            fire(BACKPRESSURE_MACHINE, "resume", self._backpressure)
-            self._trace(events.RESUME, resident_bytes=health.resident_bytes)
-            return self._on_resume or _no_callback
-        return None
-
-    def _should_pause(self, health: StoreHealth) -> bool:
-        if self._high is not None:
-            return health.resident_bytes >= self._high
-        return health.high_watermark_hit
-
-    def _should_resume(self, health: StoreHealth) -> bool:
-        if self._low is not None:
-            return health.resident_bytes <= self._low
-        return health.low_watermark_hit
+        self._trace(event, resident_bytes=health.resident_bytes)
+        return callback
 
     # -- consumer internals ------------------------------------------------------
     def _lease(self, n: int, wait: float) -> list[RedisLease]:
@@ -989,29 +953,15 @@ class RedisSampleRefQueue:
 
     def _owe(self, call: str, ref: SampleRef) -> bool:
         """Make the store call ``call(ref)``; if it raises, log, count and keep it owed. ``True``: done."""
-        try:
-            getattr(self._store, call)(ref)
-        except Exception as exc:
-            self._store_fault(call, ref.sample_id, exc)
-            self._owed[ref.sample_id] = (call, ref)
-            self._owed.move_to_end(ref.sample_id)
-            return False
-        return True
+        return call_or_owe(self._store, self._owed, call, ref, self._store_fault)
 
     def _pay_owed(self) -> None:
-        """Retry owed scrubs/unretains, oldest first; one that fails again goes to the back and ends the round
-        (a store that keeps failing costs one store call per queue operation, not one per owed sample)."""
-        while self._owed:
-            sample_id, (call, ref) = next(iter(self._owed.items()))
-            try:
-                getattr(self._store, call)(ref)
-            except Exception as exc:
-                self._store_fault(call, sample_id, exc)
-                self._owed.move_to_end(sample_id)
-                return
-            del self._owed[sample_id]
-            self._trace(events.SCRUB_RETRIED, sample_id=sample_id, call=call)
-            self._not_full.notify_all()
+        """Retry owed scrubs/unretains (``backlog.pay_owed``)."""
+        pay_owed(self._store, self._owed, self._store_fault, self._paid)
+
+    def _paid(self, sample_id: str, call: str) -> None:
+        self._trace(events.SCRUB_RETRIED, sample_id=sample_id, call=call)
+        self._not_full.notify_all()
 
     def _store_fault(self, call: str, sample_id: str | None, exc: BaseException) -> None:
         self._store_errors += 1
@@ -1034,17 +984,8 @@ class RedisSampleRefQueue:
         """Whether the reaper has nothing left to do here: the queue drained and no store call owed."""
         return self.lifecycle_state == "drained" and not self._owed
 
-    def _after(self, outbox: list[tuple[Callable[..., None], object]]) -> None:
-        for callback, argument in outbox:
-            try:
-                callback(argument)
-            except Exception:
-                logger.exception("queue callback %r raised; the queue carries on", callback)
-        try:
-            self._store.gc()
-        except Exception as exc:
-            with self._lock:
-                self._store_fault("gc", None, exc)
+    def _after(self, outbox: Outbox) -> None:
+        finish_operation(outbox, self._store, self._lock, self._store_fault)
 
 
 class _NoStore(FeatureStore):
@@ -1099,30 +1040,3 @@ class _Operation:
 
 def _owed_scrub_error(ref: SampleRef) -> ValueError:
     return ValueError(f"sample {ref.sample_id!r} was settled and the store still has to scrub it; re-puts are refused")
-
-
-def _no_callback(health: StoreHealth) -> None:
-    """Stands in for an unset on_pause/on_resume."""
-
-
-def _start_reaper(queue: RedisSampleRefQueue, interval: float) -> None:
-    """Reap expired leases and pay owed store calls every ``interval`` seconds, until the queue is drained with
-    nothing owed, disconnected, or collected. A round that raises (Redis down past ``reconnect_timeout``, a
-    store fault) is logged and the next round runs."""
-    ref = weakref.ref(queue)
-    stop = queue._reaper_stop
-
-    def run() -> None:
-        while not stop.wait(interval):
-            target = ref()
-            if target is None:
-                return
-            try:
-                if target._reaper_finished():
-                    return
-                target.reclaim_expired()
-            except Exception:
-                logger.exception("the Redis queue's reaper round raised; it carries on")
-            del target
-
-    threading.Thread(target=run, name="featurestream-redis-reaper", daemon=True).start()
