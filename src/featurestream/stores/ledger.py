@@ -148,11 +148,7 @@ class LedgerFeatureStore(FeatureStore):
         num_tokens: int = 0,
         take_ownership: bool = False,
     ) -> SampleRef:
-        """Store ``tensors``; ``ValueError`` for bad ids or duplicates, ``MemoryError`` over a cap.
-
-        ``take_ownership=True`` hands the tensors over: the store may keep them
-        without a copy, so the caller must neither mutate nor reuse them.
-        """
+        """``FeatureStore.put`` (the contract); ``ValueError`` for bad ids or duplicates, ``MemoryError`` over a cap."""
         self._check_sample_id(sample_id)
         if not isinstance(tensors, Mapping) or not tensors:
             raise ValueError(f"sample {sample_id!r}: tensors must be a non-empty mapping of name -> tensor")
