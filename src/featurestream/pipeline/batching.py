@@ -40,22 +40,23 @@ def acquire_many(queue: LeaseQueue, n: int, *, timeout: float) -> list[Lease]:
 
 def ack_many(queue: LeaseQueue, leases: Sequence[Lease]) -> None:
     """Ack every lease (stale ones are rejected one by one, as ``ack`` does)."""
-    native = getattr(queue, "ack_many", None)
-    if native is not None and len(leases) > 1:
-        native(list(leases))
-        return
-    for lease in leases:
-        queue.ack(lease)
+    _settle_each(queue, "ack", leases)
 
 
 def fail_many(queue: LeaseQueue, leases: Sequence[Lease]) -> None:
     """Fail every lease back (stale ones are rejected one by one, as ``fail`` does)."""
-    native = getattr(queue, "fail_many", None)
+    _settle_each(queue, "fail", leases)
+
+
+def _settle_each(queue: LeaseQueue, settle: str, leases: Sequence[Lease]) -> None:
+    """``queue.<settle>_many(leases)`` for more than one lease on a queue that has it, else ``<settle>`` each."""
+    native = getattr(queue, f"{settle}_many", None)
     if native is not None and len(leases) > 1:
         native(list(leases))
         return
+    single = getattr(queue, settle)
     for lease in leases:
-        queue.fail(lease)
+        single(lease)
 
 
 def concat_samples(samples: Sequence[Mapping[str, torch.Tensor]], sample_ids: Sequence[str]) -> dict[str, torch.Tensor]:

@@ -40,6 +40,7 @@ __all__ = [
     "PACKING_FEATURES",
     "PROBS_SUPERVISION",
     "SCHEMA_VERSION",
+    "Eagle3ForwardBackend",
     "Eagle3TargetBackend",
     "Eagle3TargetBatch",
     "check_feature_names",
@@ -195,16 +196,8 @@ def eagle3_logits_feature_specs(
     doc_remaining: torch.Tensor | None = None,
 ) -> dict[str, FeatureSpec]:
     """The ``FeatureSpec`` (exact shape and dtype) of each tensor ``eagle3_logits_tensors`` would return."""
-    tensors = eagle3_logits_tensors(
-        aux_hidden_states=aux_hidden_states,
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        loss_mask=loss_mask,
-        logits=logits,
-        position_ids=position_ids,
-        seq_lens=seq_lens,
-        doc_remaining=doc_remaining,
-    )
+    # Its parameters are eagle3_logits_tensors' own (the reference fixes both signatures): pass them all on by name.
+    tensors = eagle3_logits_tensors(**locals())
     return {name: FeatureSpec(tuple(tensor.shape), tensor.dtype) for name, tensor in tensors.items()}
 
 
@@ -302,6 +295,47 @@ class Eagle3TargetBackend(abc.ABC):
     def set_vocab_mapping(self, selected_token_ids: torch.Tensor, selected_token_mask: torch.Tensor) -> None:
         """Restrict supervision to a draft vocabulary (the target token ids kept, and their mask)."""
         raise NotImplementedError(f"{type(self).__name__} has no draft-vocabulary mapping")
+
+
+class Eagle3ForwardBackend(Eagle3TargetBackend):
+    """An ``Eagle3TargetBackend`` defined by one forward: subclasses implement ``forward_features``.
+
+    ``generate_batch`` runs ``forward_features(input_ids, attention_mask,
+    position_ids)`` under ``torch.no_grad()`` and returns an
+    ``Eagle3TargetBatch`` of its ``aux_hidden_states`` and ``logits``, with
+    every input passed through as given (``loss_mask``, ``seq_lens`` and
+    ``doc_remaining`` are never seen by the model).
+    """
+
+    def generate_batch(
+        self,
+        *,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        loss_mask: torch.Tensor,
+        position_ids: torch.Tensor | None = None,
+        seq_lens: torch.Tensor | None = None,
+        doc_remaining: torch.Tensor | None = None,
+    ) -> Eagle3TargetBatch:
+        """One no-grad forward over the batch: EAGLE-3 supervision with logits, the inputs passed through."""
+        with torch.no_grad():
+            aux_hidden_states, logits = self.forward_features(input_ids, attention_mask, position_ids)
+        return Eagle3TargetBatch(
+            aux_hidden_states=aux_hidden_states,
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            loss_mask=loss_mask,
+            logits=logits,
+            position_ids=position_ids,
+            seq_lens=seq_lens,
+            doc_remaining=doc_remaining,
+        )
+
+    @abc.abstractmethod
+    def forward_features(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(aux_hidden_states [B, T, 3H], logits [B, T, V])`` for ``input_ids [B, T]``, as fresh tensors."""
 
 
 EAGLE3_SCHEMA = register(

@@ -43,7 +43,7 @@ except ImportError as exc:
         "pip install 'featurestream[hf]'"
     ) from exc
 
-from featurestream.pipeline.eagle3 import Eagle3TargetBackend, Eagle3TargetBatch
+from featurestream.pipeline.eagle3 import Eagle3ForwardBackend
 
 __all__ = ["HFEagle3TargetModel", "default_aux_layer_ids", "find_decoder_layers"]
 
@@ -150,7 +150,7 @@ def _first_tensor(output: Any) -> torch.Tensor:
     return hidden
 
 
-class HFEagle3TargetModel(Eagle3TargetBackend):
+class HFEagle3TargetModel(Eagle3ForwardBackend):
     """EAGLE-3 target backend over a Hugging Face causal LM (see the module docstring for the batch it returns).
 
     ``aux_layer_ids``: three distinct decoder-layer indices (low, mid, high),
@@ -234,36 +234,19 @@ class HFEagle3TargetModel(Eagle3TargetBackend):
         self.selected_token_ids = selected_token_ids
         self.selected_token_mask = selected_token_mask
 
-    def generate_batch(
-        self,
-        *,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor,
-        loss_mask: torch.Tensor,
-        position_ids: torch.Tensor | None = None,
-        seq_lens: torch.Tensor | None = None,
-        doc_remaining: torch.Tensor | None = None,
-    ) -> Eagle3TargetBatch:
-        """One no-grad eval forward: EAGLE-3 supervision (aux hidden states + logits) for ``input_ids [B, T]``.
+    def forward_features(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(aux_hidden_states, logits)`` of one eval forward over ``input_ids [B, T]``: fresh tensors on the
+        model's device.
 
         ``input_ids``, ``attention_mask`` and ``position_ids`` (when given,
         e.g. positions restarting per packed document) are fed to the model on
-        its device; ``loss_mask``, ``seq_lens`` and ``doc_remaining`` are only
-        passed through. The returned ``aux_hidden_states`` and ``logits`` are
-        fresh tensors on the model's device.
+        its device; ``generate_batch`` passes ``loss_mask``, ``seq_lens`` and
+        ``doc_remaining`` through.
         """
         with self._lock:
-            aux, logits = self._forward(input_ids, attention_mask, position_ids)
-        return Eagle3TargetBatch(
-            aux_hidden_states=aux,
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            loss_mask=loss_mask,
-            logits=logits,
-            position_ids=position_ids,
-            seq_lens=seq_lens,
-            doc_remaining=doc_remaining,
-        )
+            return self._forward(input_ids, attention_mask, position_ids)
 
     def _forward(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor | None

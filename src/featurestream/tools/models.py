@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from featurestream.pipeline.eagle3 import Eagle3TargetBackend, Eagle3TargetBatch
+from featurestream.pipeline.eagle3 import Eagle3ForwardBackend, Eagle3TargetBatch
 
 __all__ = ["HF_FAMILIES", "TinyConfig", "TinyEagle3Draft", "TinyTargetModel", "prompt_batches", "tiny_hf_causal_lm"]
 
@@ -93,7 +93,7 @@ class _Block(nn.Module):
         return x + self.mlp(self.norm2(x))
 
 
-class TinyTargetModel(nn.Module, Eagle3TargetBackend):
+class TinyTargetModel(nn.Module, Eagle3ForwardBackend):
     """A seeded causal transformer exposing three auxiliary hidden states and logits (an EAGLE-3 target backend)."""
 
     def __init__(self, config: TinyConfig | None = None, *, seed: int = 0) -> None:
@@ -135,29 +135,12 @@ class TinyTargetModel(nn.Module, Eagle3TargetBackend):
         """The token embedding (a draft head may copy or share it)."""
         return self.embed
 
-    def generate_batch(
-        self,
-        *,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor,
-        loss_mask: torch.Tensor,
-        position_ids: torch.Tensor | None = None,
-        seq_lens: torch.Tensor | None = None,
-        doc_remaining: torch.Tensor | None = None,
-    ) -> Eagle3TargetBatch:
-        """The producer's backend protocol: one no-grad forward, EAGLE-3 supervision with logits."""
-        with torch.no_grad():
-            logits, aux = self(input_ids, attention_mask, position_ids)
-        return Eagle3TargetBatch(
-            aux_hidden_states=aux,
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            loss_mask=loss_mask,
-            logits=logits,
-            position_ids=position_ids,
-            seq_lens=seq_lens,
-            doc_remaining=doc_remaining,
-        )
+    def forward_features(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(aux_hidden_states, logits)``: what ``generate_batch`` (the producer's backend protocol) stores."""
+        logits, aux_hidden_states = self(input_ids, attention_mask, position_ids)
+        return aux_hidden_states, logits
 
 
 def tiny_hf_causal_lm(
