@@ -6,6 +6,7 @@ import errno
 import os
 import shutil
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -293,6 +294,20 @@ class TestQueueResidencyAcrossInstances:
         assert files(tmp_path) == []
 
 
+def failing_unlink(monkeypatch: pytest.MonkeyPatch, fails: Callable[[str], bool], error: OSError) -> dict[str, bool]:
+    """Make ``os.unlink`` raise ``error`` for paths where ``fails(path)``, while the returned switch is on."""
+    real_unlink = os.unlink
+    switch = {"on": True}
+
+    def unlink(target: str, *args: object, **kwargs: object) -> None:
+        if switch["on"] and fails(os.fspath(target)):
+            raise error
+        real_unlink(target, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "unlink", unlink)
+    return switch
+
+
 class TestBackgroundUnlink:
     """A large sample's scrub takes its name at once; a tombstone's unlink (which frees the bytes) runs behind."""
 
@@ -340,15 +355,9 @@ class TestBackgroundUnlink:
         self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
     ) -> None:
         store, queue, lease = self.queued(tmp_path)
-        real_unlink = os.unlink
-        failing = {"on": True}
-
-        def unlink(target: str, *args: object, **kwargs: object) -> None:
-            if failing["on"] and os.fspath(target).endswith(shared_dir.TOMBSTONE_SUFFIX):
-                raise OSError(errno.EIO, "Input/output error", target)
-            real_unlink(target, *args, **kwargs)  # type: ignore[arg-type]
-
-        monkeypatch.setattr(os, "unlink", unlink)
+        failing = failing_unlink(
+            monkeypatch, lambda path: path.endswith(shared_dir.TOMBSTONE_SUFFIX), OSError(errno.EIO, "I/O error")
+        )
         with caplog.at_level("WARNING", logger=shared_dir.__name__):
             queue.ack(lease)
             store.close()  # the background attempt and close's retry both fail: the tombstone stays, remembered
@@ -362,15 +371,7 @@ class TestBackgroundUnlink:
     ) -> None:
         store, queue, lease = self.queued(tmp_path)
         path = store.data_path("s0")
-        real_unlink = os.unlink
-        failing = {"on": True}
-
-        def unlink(target: str, *args: object, **kwargs: object) -> None:
-            if failing["on"] and os.fspath(target) == path:
-                raise PermissionError(errno.EPERM, "Operation not permitted", target)
-            real_unlink(target, *args, **kwargs)  # type: ignore[arg-type]
-
-        monkeypatch.setattr(os, "unlink", unlink)
+        failing = failing_unlink(monkeypatch, path.__eq__, PermissionError(errno.EPERM, "Operation not permitted"))
         queue.ack(lease)
         assert files(tmp_path) == ["s0.retained", "s0.safetensors"], "the tombstone is taken back at once"
         assert store.is_resident("s0") and queue.stats().scrub_backlog == 1

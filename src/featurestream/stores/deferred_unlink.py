@@ -16,12 +16,22 @@ import threading
 import weakref
 from collections.abc import Callable
 
-__all__ = ["DeferredUnlinker"]
+__all__ = ["DeferredUnlinker", "unlink_or_report"]
 
 # How long an idle unlink thread waits for more work before it exits (the next submit starts another).
 _IDLE_EXIT = 1.0
 
 _live: weakref.WeakSet[DeferredUnlinker] = weakref.WeakSet()
+
+
+def unlink_or_report(path: str, on_error: Callable[[str, OSError], None]) -> None:
+    """Unlink ``path``; one already gone counts as unlinked, any other ``OSError`` goes to ``on_error(path, exc)``."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        on_error(path, exc)
 
 
 class DeferredUnlinker:
@@ -52,11 +62,6 @@ class DeferredUnlinker:
                 self._thread.start()
             self._cond.notify_all()
 
-    def pending(self) -> int:
-        """How many submitted paths are not unlinked yet."""
-        with self._cond:
-            return len(self._paths) + self._in_flight
-
     def drain(self, timeout: float | None = None) -> bool:
         """Unlink every pending path on this thread, and wait up to ``timeout`` seconds (``None``: no limit)
         for the one the background thread is unlinking; ``True`` when nothing is pending any more."""
@@ -65,15 +70,7 @@ class DeferredUnlinker:
                 if not self._paths:
                     return self._cond.wait_for(lambda: self._in_flight == 0, timeout)
                 path = self._paths.popleft()
-            self._unlink(path)
-
-    def _unlink(self, path: str) -> None:
-        try:
-            os.unlink(path)
-        except FileNotFoundError:
-            pass
-        except OSError as exc:
-            self._on_error(path, exc)
+            unlink_or_report(path, self._on_error)
 
     def _run(self) -> None:
         while True:
@@ -84,7 +81,7 @@ class DeferredUnlinker:
                 path = self._paths.popleft()
                 self._in_flight += 1
             try:
-                self._unlink(path)
+                unlink_or_report(path, self._on_error)
             finally:
                 with self._cond:
                     self._in_flight -= 1

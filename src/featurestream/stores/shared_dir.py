@@ -54,7 +54,7 @@ import torch
 
 from featurestream.core.checks import check_count
 from featurestream.core.refs import SampleRef
-from featurestream.stores.deferred_unlink import DeferredUnlinker
+from featurestream.stores.deferred_unlink import DeferredUnlinker, unlink_or_report
 from featurestream.stores.ledger import (
     DEFAULT_HIGH_WATERMARK,
     DEFAULT_LOW_WATERMARK,
@@ -342,12 +342,7 @@ class SharedDirFeatureStore(LedgerFeatureStore):
         self._unlink(self.data_path(sample_id))
 
     def _unlink(self, path: str) -> None:
-        try:
-            os.unlink(path)
-        except FileNotFoundError:
-            pass
-        except OSError as exc:
-            self._unlink_failed(path, exc)
+        unlink_or_report(path, self._unlink_failed)
 
     def _unlink_failed(self, path: str, exc: OSError) -> None:
         # A leftover file is never forgotten: it is retried on the next scrub, gc and close.
