@@ -40,7 +40,10 @@ KEYS, which would cost more to send than most calls cost to run):
 11. ``retired``  stream of settled sample ids (capped): a producing instance reads
                  it to scrub, in its own store, the samples it put that another
                  process acked or dead-lettered (its residency counters would
-                 otherwise never fall, and backpressure never resume).
+                 otherwise never fall, and backpressure never resume). A sample
+                 acked or failed by the instance that put it (same first
+                 ``INSTANCE_CHARS`` of put and lease token) is not fed: that
+                 instance scrubs it on the reply.
 12. ``kept``     hash sample id -> estimated bytes of the dead letters whose bytes stay retained
                  (``keep_dead_letter_bytes``, their total in ``meta`` ``kept_bytes``) so that
                  ``requeue`` can deliver them again; ``purge`` releases them.
@@ -89,6 +92,9 @@ REAP_LIMIT = 1000  # most leases one call reaps, to keep the server responsive
 FEED_LIMIT = 1000  # most settles one call reports from ``retired``
 RETIRED_MAXLEN = 100_000  # approximate cap of ``retired``
 TRIM_EVERY = 1000  # settles between bulk trims of ``stream``
+# Put and lease tokens start with this many characters naming the instance that made them (a random hex id): a
+# sample settled by the instance that put it is left off the ``retired`` feed (that instance scrubs it itself).
+INSTANCE_CHARS = 16
 MAX_BATCH = 1000  # most items one batch call takes (the Lua unpacks a batch into one command's arguments)
 
 # The one definition of every constant the Lua uses: prepended to the prelude as ``local NAME = value``.
@@ -99,6 +105,7 @@ CONSTANTS: dict[str, str | int] = {
     "FEED_LIMIT": FEED_LIMIT,
     "RETIRED_MAXLEN": RETIRED_MAXLEN,
     "TRIM_EVERY": TRIM_EVERY,
+    "INSTANCE_CHARS": INSTANCE_CHARS,
 }
 
 FUNCTIONS = ("init", "put", "put_many", "acquire", "ack", "fail", "extend", "reclaim", "close", "requeue", "purge")

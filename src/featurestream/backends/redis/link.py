@@ -4,11 +4,20 @@
 straight to the server; a connection error takes the slow path that retries with backoff for up to
 ``reconnect_timeout``, and a server that lost the library (restarted without persistence, ``FUNCTION
 FLUSH``) gets it loaded again.
+
+The hot path writes the ``FCALL`` on a connection of the link's own (made like the pool's, same parser and
+options) and reads its reply: redis-py's per-command wrapper (pool checkout, retry closure, observability
+hooks) costs about as much client CPU as the rest of a call, and every call of a queue is one request and one
+reply. Any other client shape (a pool with a client-side cache, a single-connection client, a pool subclass
+such as Sentinel's), a call while another thread holds that connection, and every retry take redis-py's
+ordinary path.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -40,6 +49,14 @@ class Link:
         self._library = library
         self._functions = {script: library.function(script) for script in functions.FUNCTIONS}
         self._reconnect_timeout = reconnect_timeout
+        pool = client.connection_pool
+        # the hot path's own connection (see the module docstring); None: every call takes redis-py's path
+        self._conn: redis.connection.AbstractConnection | None = None
+        if type(client) is redis.Redis and client.connection is None and type(pool) is redis.ConnectionPool:
+            if getattr(pool, "cache", None) is None:
+                self._conn = pool.connection_class(**pool.connection_kwargs)
+        self._conn_lock = threading.Lock()
+        self._pid = os.getpid()  # a forked child shares the socket: it must not use the connection
         self.load()
 
     def load(self) -> None:
@@ -58,6 +75,12 @@ class Link:
     def call(self, script: str, header: Callable[[str], str], *args: Arg) -> Any:
         """``FCALL`` function ``script`` with ``header(script)`` (built afresh for every attempt) and ``args``."""
         try:
+            conn = self._conn
+            if conn is not None and self._pid == os.getpid() and self._conn_lock.acquire(blocking=False):
+                try:
+                    return self._request(conn, self._functions[script], header(script), args)
+                finally:
+                    self._conn_lock.release()
             return self.redis.fcall(self._functions[script], 1, self.prefix, header(script), *args)
         except RETRYABLE:
             pass
@@ -65,6 +88,26 @@ class Link:
             if "function not found" not in str(exc).lower():
                 raise
         return self.retrying(self._call_reloading, script, header, args)
+
+    def close(self) -> None:
+        """Close the hot path's connection (a later call opens it again)."""
+        if self._conn is not None:
+            with self._conn_lock:
+                self._conn.disconnect()
+
+    def _request(
+        self, conn: redis.connection.AbstractConnection, function: str, header: str, args: tuple[Arg, ...]
+    ) -> Any:
+        """One ``FCALL`` request and its reply on ``conn`` (connected on first use, and again after an error)."""
+        try:
+            conn.send_packed_command(conn.pack_command("FCALL", function, 1, self.prefix, header, *args))
+            return conn.read_response()
+        except redis.ResponseError:
+            raise  # an error reply was read whole: the connection is in step
+        except BaseException:
+            # anything else may leave a reply unread (an interrupt between the write and the read): start afresh
+            conn.disconnect()
+            raise
 
     def retrying(self, call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Call ``call``, retrying with backoff while Redis is unreachable, for up to ``reconnect_timeout``.

@@ -636,6 +636,7 @@ class RedisSampleRefQueue:
     def disconnect(self) -> None:
         """Stop this instance's reaper and close its connections (when it made them); the queue stays in Redis."""
         self._reaper_stop.set()
+        self._link.close()
         if self._owns_client:
             self._redis.close()
 

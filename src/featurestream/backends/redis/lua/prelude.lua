@@ -6,15 +6,19 @@
 local NEEDED = {dead = true, kept = true, retired = true, drain = true}
 
 local K_STREAM, K_REFS, K_LEASES, K_DEADLINES, K_DONE, K_DONE_ORDER, K_DEAD, K_META, K_STATS, K_WAKE, K_RETIRED
-local K_KEPT
+local K_KEPT, PREFIX
 local ARGS, CLOCK, now, MAX_DELIVERIES, DEDUP_WINDOW, CURSOR, TRACE, events
 
 local function begin(keys, argv)
   local P = keys[1]
   ARGS = argv
-  K_STREAM, K_REFS, K_LEASES, K_DEADLINES = P .. 'stream', P .. 'refs', P .. 'leases', P .. 'deadlines'
-  K_DONE, K_DONE_ORDER, K_DEAD, K_META = P .. 'done', P .. 'done_order', P .. 'dead', P .. 'meta'
-  K_STATS, K_WAKE, K_RETIRED, K_KEPT = P .. 'stats', P .. 'wake', P .. 'retired', P .. 'kept'
+  -- the key names of the last queue called stay valid (one queue's calls usually follow each other)
+  if P ~= PREFIX then
+    K_STREAM, K_REFS, K_LEASES, K_DEADLINES = P .. 'stream', P .. 'refs', P .. 'leases', P .. 'deadlines'
+    K_DONE, K_DONE_ORDER, K_DEAD, K_META = P .. 'done', P .. 'done_order', P .. 'dead', P .. 'meta'
+    K_STATS, K_WAKE, K_RETIRED, K_KEPT = P .. 'stats', P .. 'wake', P .. 'retired', P .. 'kept'
+    PREFIX = P
+  end
   CLOCK, MAX_DELIVERIES, DEDUP_WINDOW, CURSOR, TRACE = string.match(
     argv[1], '^([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)$')
   MAX_DELIVERIES, DEDUP_WINDOW, TRACE = tonumber(MAX_DELIVERIES), tonumber(DEDUP_WINDOW), TRACE == '1'
@@ -125,19 +129,29 @@ local function publish(sids)
   redis.call('XADD', K_RETIRED, 'MAXLEN', '~', RETIRED_MAXLEN, '*', unpack(fed))
 end
 
+-- Whether the instance that put a sample (put token ``put_token``) settles it itself, with its lease token
+-- ``token``: tokens start with the instance's INSTANCE_CHARS-character id. That instance scrubs the sample on
+-- the reply (or on its retry after a lost reply), so the ``retired`` feed need not tell it.
+local function own_settle(token, put_token)
+  return token ~= '' and string.sub(token, 1, INSTANCE_CHARS) == string.sub(put_token, 1, INSTANCE_CHARS)
+end
+
 -- Settle samples for good: ``items`` are {sample id, lease key, lease token, put token}. One command of each
--- kind for the whole batch: the held refs go, one ``retired`` entry reports them (unless their bytes are
--- ``kept``: a dead letter kept for requeue), the dedup window records them.
+-- kind for the whole batch: the held refs go, one ``retired`` entry reports the ones another instance put
+-- (unless their bytes are ``kept``: a dead letter kept for requeue), the dedup window records them.
 local function retire(items, outcome, kept)
-  local sids, done = {}, {}
+  local sids, done, fed = {}, {}, {}
   for i, item in ipairs(items) do
     sids[i] = item[1]
     done[2 * i - 1] = item[1]
     done[2 * i] = outcome .. '\t' .. item[2] .. '\t' .. item[3] .. '\t' .. item[4]
+    if not own_settle(item[3], item[4]) then
+      fed[#fed + 1] = item[1]
+    end
   end
   redis.call('HDEL', K_REFS, unpack(sids))
-  if not kept then
-    publish(sids)
+  if not kept and #fed > 0 then
+    publish(fed)
   end
   if DEDUP_WINDOW > 0 then
     redis.call('HSET', K_DONE, unpack(done))

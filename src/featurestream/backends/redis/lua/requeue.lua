@@ -28,7 +28,8 @@ for i, letter in ipairs(letters) do
     unkeep(sid)
     redis.call('HDEL', K_DONE, sid)
     redis.call('LREM', K_DONE_ORDER, 1, sid)
-    redis.call('HSET', K_REFS, sid, ARGS[2] .. i .. '\t' .. letter_ref(letter))
+    -- 'r': a requeue's put token names no instance, so whoever settles the sample publishes it (see own_settle)
+    redis.call('HSET', K_REFS, sid, 'r' .. ARGS[2] .. i .. '\t' .. letter_ref(letter))
     redis.call('XADD', K_STREAM, '*', 's', sid, 'n', '0')
     emit('requeue', sid, '')
     requeued[#requeued + 1] = sid
