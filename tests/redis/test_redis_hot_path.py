@@ -141,7 +141,9 @@ def test_threads_sharing_one_instance_settle_every_sample_once(make: Factory) ->
     assert (stats.put, stats.acked, stats.stale_rejected, stats.pending) == (160, 160, 0, 0)
 
 
-def test_disconnect_closes_the_instances_connections(make: Factory, store: LocalFeatureStore, redis_client: Any) -> None:
+def test_disconnect_closes_the_instances_connections(
+    make: Factory, store: LocalFeatureStore, redis_client: Any
+) -> None:
     before = len(redis_client.client_list())
     queue = make(store)
     put(store, queue, "s0")
