@@ -15,11 +15,12 @@ from collections.abc import Callable, Iterable, Iterator
 
 from featurestream.core import events
 from featurestream.core.arguments import check_queue_arguments, check_ref_for
-from featurestream.core.backlog import Outbox, Owed, call_or_owe, finish_operation, pay_owed
+from featurestream.core.backlog import Outbox, Owed, call_or_owe, pay_owed
 from featurestream.core.backpressure import Backpressure, HealthCallback
 from featurestream.core.checks import check_count, check_seconds
 from featurestream.core.lease import DeadLetter, Lease, VisibilityTimeout, _lease_id_counter, _next_lease_id
 from featurestream.core.machines import LEASE, LEASE_MACHINE, LIFECYCLE, LIFECYCLE_MACHINE, fire
+from featurestream.core.operation import Operation
 from featurestream.core.reaper import start_reaper
 from featurestream.core.refs import SampleRef
 from featurestream.stores.base import FeatureStore, StoreHealth
@@ -93,6 +94,36 @@ class _Record:
         # The queue's own copy: a consumer mutating ``lease.deadline`` cannot make its lease immortal.
         self.deadline = math.inf
         self.leased_at = math.nan
+
+
+class _Signal:
+    """A condition of the queue's lock that notifies only when someone waits on it.
+
+    ``threading.Condition.notify`` checks lock ownership and walks its waiters on every call, and the queue
+    signals on every put and settle, nearly always with nobody waiting. ``_waiting`` is read and changed only
+    under the queue's lock (``Condition.wait`` re-acquires it before returning or raising).
+    """
+
+    __slots__ = ("_condition", "_waiting")
+
+    def __init__(self, lock: threading.Lock) -> None:
+        self._condition = threading.Condition(lock)
+        self._waiting = 0
+
+    def wait(self, timeout: float) -> None:
+        self._waiting += 1
+        try:
+            self._condition.wait(timeout)
+        finally:
+            self._waiting -= 1
+
+    def notify(self) -> None:
+        if self._waiting:
+            self._condition.notify()
+
+    def notify_all(self) -> None:
+        if self._waiting:
+            self._condition.notify_all()
 
 
 class _Flag:
@@ -185,8 +216,8 @@ class SampleRefQueue:
         self._tracer = tracer
 
         self._lock = threading.Lock()
-        self._not_empty = threading.Condition(self._lock)
-        self._not_full = threading.Condition(self._lock)
+        self._not_empty = _Signal(self._lock)
+        self._not_full = _Signal(self._lock)
         self._pending: collections.deque[_Record] = collections.deque()
         self._live: dict[int, _Record] = {}
         self._held: dict[str, _Record] = {}
@@ -202,6 +233,7 @@ class SampleRefQueue:
         self._lifecycle = _Flag(LIFECYCLE.initial)
         self._counts: collections.Counter[str] = collections.Counter()
         self._reaper_stop = threading.Event()
+        self._op = Operation(self)  # every public call: ``with self._op:``
         if reaper_interval is not None:
             start_reaper(self, reaper_interval, self._reaper_stop, name="featurestream-reaper")
 
@@ -215,7 +247,7 @@ class SampleRefQueue:
         its ``retain`` fails. A refused put changes nothing.
         """
         self._check_ref(ref)
-        with self._operation():
+        with self._op:
             self._reap_due()
             self._enqueue_new(ref)
 
@@ -234,7 +266,7 @@ class SampleRefQueue:
             if ref.sample_id in seen:
                 raise ValueError(f"sample {ref.sample_id!r} appears twice in one put_many; ids must be unique")
             seen.add(ref.sample_id)
-        with self._operation():
+        with self._op:
             self._reap_due()
             for ref in batch:
                 self._check_admissible(ref)
@@ -283,7 +315,7 @@ class SampleRefQueue:
         while True:
             if abort_when is not None and abort_when():
                 raise RuntimeError(f"put of sample {ref.sample_id!r} aborted: abort_when() returned True")
-            with self._operation():
+            with self._op:
                 self._reap_due()
                 self._require_open(ref)
                 health = self._read_health(ref)
@@ -323,7 +355,7 @@ class SampleRefQueue:
 
     def _lease_up_to(self, n: int, wait: float) -> list[Lease]:
         give_up = time.monotonic() + wait
-        with self._operation():
+        with self._op:
             while True:
                 self._reap_due()
                 if self._pending:
@@ -345,13 +377,13 @@ class SampleRefQueue:
         store's ``scrub`` fails: the scrub is then retried later (see the class
         docstring) and ``ack`` returns normally.
         """
-        with self._operation():
+        with self._op:
             self._reap_due()
             self._ack_locked(lease)
 
     def ack_many(self, leases: Iterable[Lease]) -> None:
         """``ack`` every lease of ``leases``, in order, in one operation; each stale one is rejected on its own."""
-        with self._operation():
+        with self._op:
             self._reap_due()
             for lease in leases:
                 self._ack_locked(lease)
@@ -361,7 +393,8 @@ class SampleRefQueue:
         if record is not None:
             self._counts["acked"] += 1
             self._release_hold(record.ref.sample_id, "acked")
-            self._emit(events.ACK, record, lease_id=lease.lease_id)
+            if self._tracer is not None:
+                self._emit(events.ACK, record, lease_id=lease.lease_id)
             self._scrub(record.ref)
             self._maybe_drained()
 
@@ -370,13 +403,13 @@ class SampleRefQueue:
 
         A stale lease is rejected and changes nothing.
         """
-        with self._operation():
+        with self._op:
             self._reap_due()
             self._fail_locked(lease)
 
     def fail_many(self, leases: Iterable[Lease]) -> None:
         """``fail`` every lease of ``leases``, in order, in one operation; each stale one is rejected on its own."""
-        with self._operation():
+        with self._op:
             self._reap_due()
             for lease in leases:
                 self._fail_locked(lease)
@@ -395,7 +428,7 @@ class SampleRefQueue:
         """
         extra = self._vt.seconds if seconds is None else seconds
         check_seconds("seconds", extra, positive=True)
-        with self._operation():
+        with self._op:
             self._reap_due()
             record = self._live_record(lease, "extend")
             if record is None:
@@ -410,7 +443,7 @@ class SampleRefQueue:
 
     def reclaim_expired(self) -> int:
         """Redeliver (or dead-letter) every lease past its deadline; return how many."""
-        with self._operation():
+        with self._op:
             return self._reap_due()
 
     # -- lifecycle and introspection -----------------------------------------
@@ -419,7 +452,7 @@ class SampleRefQueue:
 
         ``acquire`` drains what is pending or leased, then returns ``None`` for good.
         """
-        with self._operation():
+        with self._op:
             if fire(LIFECYCLE_MACHINE, "close", self._lifecycle):
                 self._emit(events.CLOSE)
                 self._maybe_drained()
@@ -467,7 +500,7 @@ class SampleRefQueue:
         from ``redelivery_count`` 0; its bytes were retained all along. Returns
         the requeued ids, oldest dead first; each is traced as ``RequeueDeadLetter``.
         """
-        with self._operation():
+        with self._op:
             self._reap_due()
             letters = self._chosen_letters(sample_ids, "requeued")
             for letter in letters:
@@ -499,7 +532,7 @@ class SampleRefQueue:
         then nothing changed. Kept bytes are scrubbed (a failing scrub is owed
         and retried, as after an ack). Each is traced as ``PurgeDeadLetter``.
         """
-        with self._operation():
+        with self._op:
             self._reap_due()
             letters = self._chosen_letters(sample_ids, "purged")
             for letter in letters:
@@ -580,7 +613,7 @@ class SampleRefQueue:
                 f"sample {sample_id!r} was already {outcome}; re-puts of settled samples are refused "
                 "(discard the duplicate from the store)"
             )
-        owed = self._owed.get(sample_id)
+        owed = self._owed.get(sample_id) if self._owed else None
         if owed is not None and owed[0] == "scrub":
             raise ValueError(
                 f"sample {sample_id!r} was settled and the store still has to scrub it; re-puts are refused"
@@ -596,12 +629,14 @@ class SampleRefQueue:
 
     def _push_new(self, ref: SampleRef, health: StoreHealth | None = None) -> None:
         """Enqueue a retained, admissible ``ref`` as a fresh lease (``redelivery_count`` 0)."""
-        self._owed.pop(ref.sample_id, None)  # an unretain still owed for an earlier refused put would undo its retain
+        if self._owed:  # an unretain still owed for an earlier refused put would undo this retain
+            self._owed.pop(ref.sample_id, None)
         self._counts["put"] += 1
         record = _Record(ref, 0)
         self._push_pending(record)
-        extra = {} if health is None else {"resident_bytes": health.resident_bytes}
-        self._emit(events.PUT, record, **extra)
+        if self._tracer is not None:
+            extra = {} if health is None else {"resident_bytes": health.resident_bytes}
+            self._emit(events.PUT, record, **extra)
 
     def _push_pending(self, record: _Record) -> None:
         self._pending.append(record)
@@ -622,7 +657,8 @@ class SampleRefQueue:
         self._live[lease.lease_id] = record
         self._set_deadline(record, lease.deadline)
         self._counts["leased"] += 1
-        self._emit(events.ACQUIRE, record, lease_id=lease.lease_id, deadline=record.deadline)
+        if self._tracer is not None:
+            self._emit(events.ACQUIRE, record, lease_id=lease.lease_id, deadline=record.deadline)
         return lease
 
     def _set_deadline(self, record: _Record, deadline: float) -> None:
@@ -813,31 +849,12 @@ class SampleRefQueue:
 
     # -- around the lock ----------------------------------------------------------
     @contextlib.contextmanager
-    def _operation(self) -> Iterator[None]:
-        """Hold the lock for the body (after retrying owed store calls); then, even if it raised,
-        run queued callbacks and the store's gc."""
-        outbox: Outbox = []
-        try:
-            with self._lock:
-                try:
-                    if self._owed:
-                        self._pay_owed()
-                    yield
-                finally:
-                    outbox, self._outbox = self._outbox, []
-        finally:
-            self._after(outbox)
-
-    @contextlib.contextmanager
     def _observing(self) -> Iterator[None]:
         """Hold the lock for a read-only body, after retrying owed store calls (no callbacks, no gc)."""
         with self._lock:
             if self._owed:
                 self._pay_owed()
             yield
-
-    def _after(self, outbox: Outbox) -> None:
-        finish_operation(outbox, self._store, self._lock, self._store_fault)
 
 
 def store_error(exc: Exception, doing: str) -> Exception:
