@@ -433,9 +433,13 @@ class SharedDirFeatureStore(LedgerFeatureStore):
                 if tombstone is not None:
                     self._unlink(tombstone)  # the data name still holds the bytes: this frees nothing
                 raise self._io_error(exc, f"scrub sample {ref.sample_id!r}", path) from exc
-            if tombstone is not None:
-                self._unlinker.submit(tombstone)
-            super().scrub(ref)
+            try:
+                super().scrub(ref)
+            finally:
+                if tombstone is not None:
+                    # Only now, once the marker is gone too: the file system frees the blocks while this thread
+                    # is no longer making calls in the directory that would queue behind it.
+                    self._unlinker.submit(tombstone)
 
     def _bury(self, sample_id: str, path: str) -> str | None:
         """Hard-link ``path`` to a fresh tombstone name; ``None`` when it cannot be (gone already, or a link
