@@ -69,10 +69,11 @@ from featurestream.backends.redis.link import Link
 from featurestream.backends.redis.wire import dead_letter_from_json, ref_from_json, ref_to_json
 from featurestream.core import events
 from featurestream.core.arguments import check_queue_arguments, check_ref_for
-from featurestream.core.backlog import Outbox, Owed, call_or_owe, finish_operation, pay_owed
+from featurestream.core.backlog import Outbox, Owed, call_or_owe, pay_owed
 from featurestream.core.backpressure import Backpressure, HealthCallback
 from featurestream.core.checks import check_count, check_seconds
 from featurestream.core.lease import DeadLetter, Lease, VisibilityTimeout
+from featurestream.core.operation import Operation
 from featurestream.core.queue import (
     DEFAULT_DEDUP_WINDOW,
     DEFAULT_MAX_DELIVERIES,
@@ -249,7 +250,7 @@ class RedisSampleRefQueue:
         # sample id -> (store call, ref) this instance still owes its store: a scrub or unretain that raised.
         self._owed: Owed = collections.OrderedDict()
         self._reaper_stop = threading.Event()
-        self._op = _Operation(self)
+        self._op = Operation(self)
         # Put tokens and lease tokens: this instance's random prefix and a counter (unique, and unknown to
         # other processes; cheaper than fresh randomness per call).
         self._token_prefix = secrets.token_hex(8)
@@ -985,9 +986,6 @@ class RedisSampleRefQueue:
         """Whether the reaper has nothing left to do here: the queue drained and no store call owed."""
         return self.lifecycle_state == "drained" and not self._owed
 
-    def _after(self, outbox: Outbox) -> None:
-        finish_operation(outbox, self._store, self._lock, self._store_fault)
-
 
 class _NoStore(FeatureStore):
     """The store of an operator's handle (``RedisSampleRefQueue.open``): nothing to retain or read, so every
@@ -1008,35 +1006,6 @@ class _NoStore(FeatureStore):
 
     def close(self) -> None:
         pass
-
-
-class _Operation:
-    """``with queue._op:`` -- hold the queue's lock for one operation (after retrying owed store calls); then,
-    even if the body raised, release it and run the queued callbacks and the store's gc outside it.
-
-    One reusable object per queue instead of a generator context manager: every call pays for this.
-    """
-
-    __slots__ = ("_queue",)
-
-    def __init__(self, queue: RedisSampleRefQueue) -> None:
-        self._queue = queue
-
-    def __enter__(self) -> None:
-        queue = self._queue
-        queue._lock.acquire()
-        if queue._owed:
-            try:
-                queue._pay_owed()
-            except BaseException:
-                queue._lock.release()
-                raise
-
-    def __exit__(self, *exc_info: object) -> None:
-        queue = self._queue
-        outbox, queue._outbox = queue._outbox, []
-        queue._lock.release()
-        queue._after(outbox)
 
 
 def _owed_scrub_error(ref: SampleRef) -> ValueError:
