@@ -15,8 +15,11 @@ socket is one request/reply exchange) and cross-checked with the server's
 ``INFO commandstats`` deltas (which also count the commands functions run).
 Where the time goes: server time per sample (``INFO commandstats`` usec of the
 commands the client sent: ``FCALL`` for the queue, the three stream commands
-for the raw loop) and this process's CPU time per sample (``time.process_time``,
-redis-py included). Needs Redis 7.0+ (the queue is a Redis Functions library).
+for the raw loop), the ``redis-server`` process's CPU time per sample (``INFO
+cpu``, its network stack included) and this process's CPU time per sample
+(``time.process_time``, redis-py included). Their sum, client plus server CPU,
+is also reported as a ratio: on a loaded machine wall time mostly measures
+waiting for a core, CPU time much less so. Needs Redis 7.0+ (the queue is a Redis Functions library).
 Target (issue 11): the queue's one-by-one cost per sample at most 1.3x the raw loop's.
 Rounds alternate queue and baseline; the median per-sample time is reported.
 
@@ -116,6 +119,12 @@ def counting_client(url: str, parser: str = "python") -> redis.Redis:
     return redis.Redis(connection_pool=pool)
 
 
+def server_cpu(admin: redis.Redis) -> float:
+    """Seconds of CPU the ``redis-server`` process used since it started."""
+    cpu = admin.info("cpu")
+    return float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
+
+
 def command_stats(admin: redis.Redis) -> dict[str, tuple[int, int]]:
     """Command name -> (calls, usec) since the server started."""
     stats = admin.info("commandstats").items()
@@ -131,6 +140,12 @@ class Measurement:
     commands: dict[str, float]
     server_us: float
     client_cpu_us: float
+    server_cpu_us: float
+
+    @property
+    def cpu_us(self) -> float:
+        """Client plus server CPU per lifecycle."""
+        return self.client_cpu_us + self.server_cpu_us
 
 
 # -- the two loops -------------------------------------------------------------------
@@ -171,17 +186,18 @@ def raw_loop(client: redis.Redis, payloads: list[bytes], deep: bool) -> None:
 
 def measure(admin: redis.Redis, run: Callable[[], None], lifecycles: int, top_level: set[str]) -> Measurement:
     """Run once; ``top_level`` names the commands the client sends (their usec is the server's time)."""
-    sent, before = CountingConnection.sent, command_stats(admin)
+    sent, before, server_before = CountingConnection.sent, command_stats(admin), server_cpu(admin)
     started, cpu = time.perf_counter(), time.process_time()
     run()
     elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
+    server_cpu_us = (server_cpu(admin) - server_before) / lifecycles * 1e6
     trips = (CountingConnection.sent - sent) / lifecycles
     after = command_stats(admin)
     delta = {name: (calls - before.get(name, (0, 0))[0], usec - before.get(name, (0, 0))[1])
              for name, (calls, usec) in after.items()}  # fmt: skip
     commands = {name: calls / lifecycles for name, (calls, _) in delta.items() if calls}
     server_us = sum(usec for name, (_, usec) in delta.items() if name in top_level) / lifecycles
-    return Measurement(elapsed / lifecycles, trips, commands, server_us, cpu / lifecycles * 1e6)
+    return Measurement(elapsed / lifecycles, trips, commands, server_us, cpu / lifecycles * 1e6, server_cpu_us)
 
 
 # -- a server of our own -------------------------------------------------------------
@@ -221,9 +237,11 @@ def report(label: str, runs: list[Measurement]) -> None:
     cost = statistics.median(m.seconds for m in runs)
     server = statistics.median(m.server_us for m in runs)
     client = statistics.median(m.client_cpu_us for m in runs)
+    server_cpu_us = statistics.median(m.server_cpu_us for m in runs)
     print(
         f"  {label:25s}: {cost * 1e6:8.1f} us/sample  {1 / cost:9.0f} samples/s  "
-        f"{runs[-1].trips:.2f} round trips/sample  (server {server:6.1f} us, client CPU {client:6.1f} us)"
+        f"{runs[-1].trips:.2f} round trips/sample  (server {server:6.1f} us, CPU: client {client:6.1f} us, "
+        f"server {server_cpu_us:6.1f} us)"
     )
 
 
@@ -254,6 +272,8 @@ def main() -> None:
                 ratio = statistics.median(m.seconds for m in queues) / statistics.median(m.seconds for m in raws)
                 verdict = "met" if ratio <= 1.3 else "MISSED"
                 print(f"  ratio queue/raw          : {ratio:.2f}x  (target <= 1.3x: {verdict})")
+                cpu = statistics.median(m.cpu_us for m in queues) / statistics.median(m.cpu_us for m in raws)
+                print(f"  CPU ratio (client+server): {cpu:.2f}x")
                 per = {name: round(n, 2) for name, n in sorted(queues[-1].commands.items()) if n >= 0.1}
                 print(f"  server commands/sample (queue, INFO commandstats, incl. inside functions): {per}")
             client.close()
