@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import errno
+import multiprocessing
 import os
 import shutil
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -401,3 +403,23 @@ class TestBackgroundUnlink:
         with pytest.raises(ValueError, match=rf"background_unlink_bytes must be an int >= 1, got {value!r}"):
             SharedDirFeatureStore(tmp_path, background_unlink_bytes=value)  # type: ignore[arg-type]
         assert files(tmp_path) == []
+
+    def test_a_forked_child_unlinks_its_own_tombstones(self, tmp_path: Path) -> None:
+        store, queue, lease = self.queued(tmp_path)
+        queue.ack(lease)  # the parent's unlink thread is running now
+        queue.put(put_eagle3(store, 1))
+        second = queue.acquire(timeout=0)
+        assert second is not None
+
+        def child() -> None:
+            queue.ack(second)  # submitted to the child's own thread, not to the parent's (which it has not got)
+            for _ in range(1000):
+                if not os.listdir(tmp_path):
+                    os._exit(0)
+                time.sleep(0.01)
+            os._exit(1)
+
+        process = multiprocessing.get_context("fork").Process(target=child)
+        process.start()
+        process.join(60)
+        assert process.exitcode == 0, "the child's tombstone was never unlinked"

@@ -42,16 +42,22 @@ class DeferredUnlinker:
     starts on the first ``submit`` and exits after ``_IDLE_EXIT`` seconds with
     nothing to do. ``drain`` unlinks what is still pending on the caller's
     thread; at interpreter exit every live unlinker is drained, so a process
-    that exits normally leaves no tombstone behind.
+    that exits normally leaves no tombstone behind (one that ends without
+    ``atexit``, killed or through ``os._exit`` as a multiprocessing child
+    does, may leave its last ones). A forked child starts with nothing
+    pending and its own thread.
     """
 
     def __init__(self, on_error: Callable[[str, OSError], None]) -> None:
         self._on_error = on_error
+        self._reset()
+        _live.add(self)
+
+    def _reset(self) -> None:
         self._cond = threading.Condition()
         self._paths: collections.deque[str] = collections.deque()
         self._in_flight = 0  # paths the thread took off the deque and is unlinking now
         self._thread: threading.Thread | None = None
-        _live.add(self)
 
     def submit(self, path: str) -> None:
         """Unlink ``path`` soon, on the background thread."""
@@ -92,3 +98,13 @@ class DeferredUnlinker:
 def _drain_all() -> None:
     for unlinker in list(_live):
         unlinker.drain(timeout=5.0)
+
+
+def _forget_parent_work() -> None:
+    # A forked child has no unlink thread, and its copy of a lock may be held: start afresh. The paths pending
+    # are the parent's, which unlinks them itself.
+    for unlinker in list(_live):
+        unlinker._reset()
+
+
+os.register_at_fork(after_in_child=_forget_parent_work)
