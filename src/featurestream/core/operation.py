@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
+from collections.abc import Iterator
 from typing import Protocol
 
 from featurestream.core.backlog import Outbox, Owed, finish_operation
 from featurestream.stores.base import FeatureStore
 
-__all__ = ["Operated", "Operation"]
+__all__ = ["Operated", "Operation", "observing"]
 
 
 class Operated(Protocol):
@@ -54,3 +56,13 @@ class Operation:
         outbox, queue._outbox = queue._outbox, []
         queue._lock.release()
         finish_operation(outbox, queue._store, queue._lock, queue._store_fault)
+
+
+@contextlib.contextmanager
+def observing(queue: Operated) -> Iterator[None]:
+    """``with observing(queue):`` -- hold the queue's lock for a read-only body, after retrying owed store calls
+    (as every call does); no callbacks and no gc, since a read queues none and frees nothing."""
+    with queue._lock:
+        if queue._owed:
+            queue._pay_owed()
+        yield

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import collections
-import contextlib
 import dataclasses
 import heapq
 import logging
@@ -11,7 +10,7 @@ import math
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 
 from featurestream.core import events
 from featurestream.core.arguments import check_queue_arguments, check_ref_for
@@ -20,7 +19,7 @@ from featurestream.core.backpressure import Backpressure, HealthCallback
 from featurestream.core.checks import check_count, check_seconds
 from featurestream.core.lease import DeadLetter, Lease, VisibilityTimeout, _lease_id_counter, _next_lease_id
 from featurestream.core.machines import LEASE, LEASE_MACHINE, LIFECYCLE, LIFECYCLE_MACHINE, fire
-from featurestream.core.operation import Operation
+from featurestream.core.operation import Operation, observing
 from featurestream.core.reaper import start_reaper
 from featurestream.core.refs import SampleRef
 from featurestream.stores.base import FeatureStore, StoreHealth
@@ -476,17 +475,17 @@ class SampleRefQueue:
 
     def pending_count(self) -> int:
         """Samples waiting to be leased."""
-        with self._observing():
+        with observing(self):
             return len(self._pending)
 
     def outstanding_count(self) -> int:
         """Samples currently leased."""
-        with self._observing():
+        with observing(self):
             return len(self._live)
 
     def dead_letters(self) -> list[DeadLetter]:
         """Samples whose deliveries were spent, oldest first."""
-        with self._observing():
+        with observing(self):
             return list(self._dead)
 
     def requeue_dead_letters(self, sample_ids: Iterable[str] | None = None) -> list[str]:
@@ -545,21 +544,21 @@ class SampleRefQueue:
 
     def oldest_lease_age(self) -> float | None:
         """Seconds (by the queue's clock) since the oldest live lease was issued; ``None`` when none is out."""
-        with self._observing():
+        with observing(self):
             # ``_live`` keeps issue order (a dict), so its first entry is the oldest live lease: O(1).
             oldest = next(iter(self._live.values()), None)
             return None if oldest is None else self._clock() - oldest.leased_at
 
     def stats(self) -> QueueStats:
         """A consistent snapshot of the counters and gauges."""
-        with self._observing():
+        with observing(self):
             return QueueStats(
                 **self._counts, pending=len(self._pending), outstanding=len(self._live), scrub_backlog=len(self._owed)
             )
 
     def lease_state_counts(self) -> dict[str, int]:
         """How many leases sit in each live state (terminal leases are not kept)."""
-        with self._observing():
+        with observing(self):
             return {"pending": len(self._pending), "leased": len(self._live)}
 
     def render(self, path: str | os.PathLike[str], format: str | None = None) -> None:
@@ -848,13 +847,6 @@ class SampleRefQueue:
         self._trace_state(action, **fields)
 
     # -- around the lock ----------------------------------------------------------
-    @contextlib.contextmanager
-    def _observing(self) -> Iterator[None]:
-        """Hold the lock for a read-only body, after retrying owed store calls (no callbacks, no gc)."""
-        with self._lock:
-            if self._owed:
-                self._pay_owed()
-            yield
 
 
 def store_error(exc: Exception, doing: str) -> Exception:

@@ -44,7 +44,6 @@ at the start of this instance's later calls and by its reaper thread.
 from __future__ import annotations
 
 import collections
-import contextlib
 import dataclasses
 import itertools
 import logging
@@ -54,7 +53,7 @@ import secrets
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from typing import Any, NoReturn
 
 try:
@@ -73,7 +72,7 @@ from featurestream.core.backlog import Outbox, Owed, call_or_owe, pay_owed
 from featurestream.core.backpressure import Backpressure, HealthCallback
 from featurestream.core.checks import check_count, check_seconds
 from featurestream.core.lease import DeadLetter, Lease, VisibilityTimeout
-from featurestream.core.operation import Operation
+from featurestream.core.operation import Operation, observing
 from featurestream.core.queue import (
     DEFAULT_DEDUP_WINDOW,
     DEFAULT_MAX_DELIVERIES,
@@ -507,17 +506,17 @@ class RedisSampleRefQueue:
     # The reads below first retry what this instance owes its store, as every call does (no callbacks, no gc).
     def pending_count(self) -> int:
         """Samples waiting to be leased."""
-        with self._observing():
+        with observing(self):
             return _pending(self._retrying(self._redis.hgetall, self._key["stats"]))
 
     def outstanding_count(self) -> int:
         """Samples currently leased."""
-        with self._observing():
+        with observing(self):
             return int(self._retrying(self._redis.hlen, self._key["leases"]))
 
     def dead_letters(self) -> list[DeadLetter]:
         """Samples whose deliveries were spent, oldest first."""
-        with self._observing():
+        with observing(self):
             letters = self._retrying(self._redis.lrange, self._key["dead"], 0, -1)
         return [dead_letter_from_json(raw) for raw in letters]
 
@@ -615,7 +614,7 @@ class RedisSampleRefQueue:
 
         ``store_errors`` and ``scrub_backlog`` are this instance's: store faults happen in a process's own store.
         """
-        with self._observing():
+        with observing(self):
             counters, outstanding = self._link.snapshot()
             values = {_text(k): int(v) for k, v in counters.items()}
             values.update(store_errors=self._store_errors, scrub_backlog=len(self._owed))
@@ -624,7 +623,7 @@ class RedisSampleRefQueue:
 
     def lease_state_counts(self) -> dict[str, int]:
         """How many leases sit in each live state, queue-wide."""
-        with self._observing():
+        with observing(self):
             counters, outstanding = self._link.snapshot()
         return {"pending": _pending(counters), "leased": int(outstanding)}
 
@@ -973,14 +972,6 @@ class RedisSampleRefQueue:
     def _trace(self, action: str, **fields: object) -> None:
         if self._tracer is not None:
             self._tracer(action, fields)
-
-    @contextlib.contextmanager
-    def _observing(self) -> Iterator[None]:
-        """Hold the lock for a read, after retrying owed store calls (no callbacks, no gc)."""
-        with self._lock:
-            if self._owed:
-                self._pay_owed()
-            yield
 
     def _reaper_finished(self) -> bool:
         """Whether the reaper has nothing left to do here: the queue drained and no store call owed."""
