@@ -1,6 +1,6 @@
 """Control-plane benchmark: cost per sample lifecycle at depth, and put-to-lease wake-up latency.
 
-    python benchmarks/bench_queue.py [--depths 1000,100000,1000000] [--ops 20000]
+    python benchmarks/bench_queue.py [--depths 1000,100000,1000000] [--ops 20000] [--cpu-time]
 
 Every number is printed next to a baseline measured in the same run:
 a plain ``collections.deque`` + dict queue doing the same bookkeeping without
@@ -8,7 +8,10 @@ the state machine (cost), and CPython's ``queue.Queue`` hand-off (latency).
 The cost table also splits featurestream's lifecycle into the ``transitions``
 triggers it fires (``lease`` then ``ack`` on the lease machine, timed alone on
 fresh models) and everything around them (lock, FIFO, heap, counters, store
-hooks): the part the queue itself controls.
+hooks): the part the queue itself controls. ``--cpu-time`` times the cost
+table by this process's CPU time instead of the wall clock: on a loaded
+machine the wall clock also counts time spent waiting for a core, which
+swamps a few microseconds of difference (the wake-up latencies stay wall time).
 """
 
 from __future__ import annotations
@@ -100,16 +103,21 @@ class BaselineQueue:
         del self._held[ref.sample_id]
 
 
-def lifecycle_cost(factory: Callable[[], _Lifecycle], prefill: list[SampleRef], ops: list[SampleRef]) -> float:
-    """Seconds per put + acquire + ack with ``len(prefill)`` samples pending."""
+def lifecycle_cost(
+    factory: Callable[[], _Lifecycle],
+    prefill: list[SampleRef],
+    ops: list[SampleRef],
+    timer: Callable[[], float] = time.perf_counter,
+) -> float:
+    """Seconds (by ``timer``) per put + acquire + ack with ``len(prefill)`` samples pending."""
     queue = factory()
     for ref in prefill:
         queue.put(ref)
-    start = time.perf_counter()
+    start = timer()
     for ref in ops:
         queue.put(ref)
         queue.ack(queue.acquire(poll_interval=0))
-    return (time.perf_counter() - start) / len(ops)
+    return (timer() - start) / len(ops)
 
 
 class _Model:
@@ -119,14 +127,14 @@ class _Model:
         self.state = LEASE.initial
 
 
-def trigger_cost(ops: int) -> float:
-    """Seconds per lifecycle spent in the ``transitions`` triggers alone (``lease`` + ``ack``)."""
+def trigger_cost(ops: int, timer: Callable[[], float] = time.perf_counter) -> float:
+    """Seconds (by ``timer``) per lifecycle spent in the ``transitions`` triggers alone (``lease`` + ``ack``)."""
     models = [_Model() for _ in range(ops)]
-    start = time.perf_counter()
+    start = timer()
     for model in models:
         fire(LEASE_MACHINE, "lease", model)
         fire(LEASE_MACHINE, "ack", model)
-    elapsed = time.perf_counter() - start
+    elapsed = timer() - start
     assert all(model.state == "acked" for model in models)
     return elapsed / ops
 
@@ -164,10 +172,13 @@ def main() -> None:
     parser.add_argument("--ops", type=int, default=20_000)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--latency-samples", type=int, default=300)
+    parser.add_argument("--cpu-time", action="store_true", help="time the cost table in process CPU time")
     args = parser.parse_args()
     depths = [int(d) for d in args.depths.split(",")]
+    timer = time.process_time if args.cpu_time else time.perf_counter
 
-    print(f"control plane: cost per lifecycle (put + acquire + ack), best of {args.repeats}, {args.ops} ops")
+    clock = "CPU time" if args.cpu_time else "wall time"
+    print(f"control plane: cost per lifecycle (put + acquire + ack), best of {args.repeats}, {args.ops} ops, {clock}")
     print(
         f"{'pending':>10} {'featurestream':>15} {'triggers':>10} {'rest':>10} {'deque+dict':>12} "
         f"{'ratio':>7} {'rest ratio':>11} {'vs first depth':>15}"
@@ -177,9 +188,9 @@ def main() -> None:
     store = NullStore()
     for depth in depths:
         prefill = make_refs("pre", depth)
-        ours = min(lifecycle_cost(lambda: SampleRefQueue(store), prefill, ops) for _ in range(args.repeats))
-        base = min(lifecycle_cost(BaselineQueue, prefill, ops) for _ in range(args.repeats))
-        triggers = min(trigger_cost(args.ops) for _ in range(args.repeats))
+        ours = min(lifecycle_cost(lambda: SampleRefQueue(store), prefill, ops, timer) for _ in range(args.repeats))
+        base = min(lifecycle_cost(BaselineQueue, prefill, ops, timer) for _ in range(args.repeats))
+        triggers = min(trigger_cost(args.ops, timer) for _ in range(args.repeats))
         rest = ours - triggers
         first = first or ours
         print(
