@@ -52,6 +52,8 @@ MaxFaults == 0                \* how many store calls may fail in one behaviour 
 DedupWindow == Cardinality(Samples)  \* SampleRefQueue(dedup_window=...): settled ids remembered, oldest evicted
 BugProducerBytesCounted == FALSE     \* the OLD backpressure rule: a paused producer never enqueues
 BugScrubFailUnsettles == FALSE       \* the OLD fault behaviour: an ack whose scrub fails is not recorded as settled
+KeepDead == FALSE                    \* SampleRefQueue(keep_dead_letter_bytes > 0): a dead letter's bytes stay retained
+BugRequeueAnySettled == FALSE        \* requeue_dead_letters takes any settled id, acked or bytes gone (a seeded defect)
 
 ASSUME /\ MaxDeliveries \in Nat \ {0}
        /\ LowWatermark \in Nat /\ HighWatermark \in Nat /\ LowWatermark < HighWatermark
@@ -59,7 +61,7 @@ ASSUME /\ MaxDeliveries \in Nat \ {0}
        /\ LargeSamples \subseteq Samples
        /\ MaxFaults \in Nat /\ DedupWindow \in Nat \ {0}
        /\ \A b \in {BugStaleRelease, BugNoScrub, BugNoDedup, BugNoDeliveryLimit, BugNoReaper,
-                    BugProducerBytesCounted, BugScrubFailUnsettles} : b \in BOOLEAN
+                    BugProducerBytesCounted, BugScrubFailUnsettles, KeepDead, BugRequeueAnySettled} : b \in BOOLEAN
 
 NoLease == "none"            \* an attempt that was never created
 NoSample == "nothing"        \* what an idle producer holds
@@ -94,14 +96,15 @@ VARIABLES
     window,        \* the dedup window: settled ids, oldest first, at most DedupWindow of them
     backlog,       \* settled (or refused) samples whose scrub (unretain) failed: retried until it succeeds
     faults,        \* store faults that have happened so far (at most MaxFaults)
+    kept,          \* dead letters whose bytes stay retained for a requeue (SampleRefQueue._kept)
     pc,            \* [Producers -> ProducerStates]: where each producer is
     owns           \* [Producers -> Samples \cup {NoSample}]: the sample a producer stored and has not let go
 
 storeVars == <<resident, retained, hcount, residentBytes>>
-faultVars == <<window, backlog, faults>>
+faultVars == <<window, backlog, faults, kept>>  \* the queue's settlement bookkeeping and the fault count
 envVars == <<pc, owns>>
 vars == <<status, queue, deliveries, lease, held, handles, hcount, resident, retained, residentBytes, bp, lifecycle,
-          window, backlog, faults, pc, owns>>
+          window, backlog, faults, kept, pc, owns>>
 
 TypeOK ==
     /\ status \in [Samples -> Statuses]
@@ -118,6 +121,7 @@ TypeOK ==
     /\ window \in Seq(Samples) /\ Len(window) <= DedupWindow
     /\ backlog \subseteq Samples
     /\ faults \in 0..MaxFaults
+    /\ kept \subseteq Samples
     /\ pc \in [Producers -> ProducerStates]
     /\ owns \in [Producers -> Samples \cup {NoSample}]
 
@@ -132,7 +136,7 @@ Init ==
     /\ resident = {} /\ retained = {} /\ residentBytes = 0
     /\ bp = "flowing"
     /\ lifecycle = "open"
-    /\ window = <<>> /\ backlog = {} /\ faults = 0
+    /\ window = <<>> /\ backlog = {} /\ faults = 0 /\ kept = {}
     /\ pc = [p \in Producers |-> "idle"]
     /\ owns = [p \in Producers |-> NoSample]
 
@@ -144,8 +148,9 @@ Fired(name, s, k) == [lease EXCEPT ![s][k] = Dest(name)]
 QueueEmpty == \A s \in Samples : status[s] \notin HeldByQueue
 QueueEmptyAfter == \A s \in Samples : status'[s] \notin HeldByQueue
 InWindow(s) == \E i \in 1..Len(window) : window[i] = s
-(* The queue still knows s is settled: in the dedup window, or its scrub is still being retried. *)
-KnownSettled(s) == InWindow(s) \/ s \in backlog
+(* The queue still knows s is settled: in the dedup window, its scrub still being retried, or a dead *)
+(* letter whose bytes it keeps (a put of a kept id is refused even after the window evicted it).      *)
+KnownSettled(s) == InWindow(s) \/ s \in backlog \/ s \in kept
 
 (* A store call that fails: one of the MaxFaults faults a behaviour may see. *)
 Fault == faults < MaxFaults /\ faults' = faults + 1
@@ -167,26 +172,39 @@ Scrub(s) ==
 (* The dedup window after s settles: appended, the oldest id evicted past DedupWindow. *)
 Remember(s) == LET w == Append(window, s) IN IF Len(w) > DedupWindow THEN Tail(w) ELSE w
 
+(* The store scrubs s; if that call fails (`fault`), s stays resident and joins the backlog. *)
+ScrubOrOwe(s, fault) ==
+    IF fault
+    THEN /\ Fault
+         /\ backlog' = backlog \cup {s}
+         /\ UNCHANGED storeVars
+    ELSE /\ Scrub(s)
+         /\ UNCHANGED <<backlog, faults>>
+
 (***************************************************************************)
 (* SampleRefQueue._retire: s settles as `outcome` (acked or dead).  The    *)
 (* settlement always stands: s is in the dedup window and never delivered  *)
-(* again.  Then the store scrubs s; if that call fails (`fault`), s stays  *)
-(* resident and joins the backlog that RetryScrub works off.               *)
+(* again (a kept dead letter: until RequeueDeadLetter).  Then the store    *)
+(* scrubs s; if that call fails (`fault`), s stays resident and joins the  *)
+(* backlog that RetryScrub works off.  KeepDead: a dead letter is not      *)
+(* scrubbed, its bytes stay retained (`kept`; the code's byte cap is not   *)
+(* modelled: a dead letter over it is one without KeepDead).               *)
 (* BugScrubFailUnsettles: a failed scrub during ack leaves s unknown to    *)
 (* the queue (not in the window, not in the backlog): the reference bug.   *)
 (***************************************************************************)
 Retire(s, outcome, fault) ==
     /\ status' = [status EXCEPT ![s] = outcome]
-    /\ IF fault
-       THEN /\ Fault
-            /\ UNCHANGED storeVars
-            /\ IF BugScrubFailUnsettles /\ outcome = "acked"
-               THEN UNCHANGED <<window, backlog>>
-               ELSE /\ window' = Remember(s)
-                    /\ backlog' = backlog \cup {s}
-       ELSE /\ Scrub(s)
+    /\ IF outcome = "dead" /\ KeepDead
+       THEN /\ ~fault  \* no store call is made
             /\ window' = Remember(s)
-            /\ UNCHANGED <<backlog, faults>>
+            /\ kept' = kept \cup {s}
+            /\ UNCHANGED <<storeVars, backlog, faults>>
+       ELSE /\ UNCHANGED kept
+            /\ IF fault /\ BugScrubFailUnsettles /\ outcome = "acked"
+               THEN /\ Fault
+                    /\ UNCHANGED <<storeVars, window, backlog>>
+               ELSE /\ window' = Remember(s)
+                    /\ ScrubOrOwe(s, fault)
 
 (* SampleRefQueue._redeliver: to the tail as a new lease, or dead once deliveries are spent. *)
 Redeliver(s, l, fault) ==
@@ -329,13 +347,13 @@ RetryScrub(s, fault) ==
     /\ s \in backlog
     /\ IF fault
        THEN /\ Fault
-            /\ UNCHANGED <<storeVars, window, backlog>>
+            /\ UNCHANGED <<storeVars, window, backlog, kept>>
        ELSE /\ backlog' = backlog \ {s}
             /\ IF status[s] \in Terminal \cup {"discarded"}
                THEN Free(s)
                ELSE /\ retained' = retained \ {s}
                     /\ UNCHANGED <<resident, hcount, residentBytes>>
-            /\ UNCHANGED <<window, faults>>
+            /\ UNCHANGED <<window, faults, kept>>
     /\ UNCHANGED <<status, queue, deliveries, lease, held, handles, bp, lifecycle, envVars>>
 
 -----------------------------------------------------------------------------
@@ -404,14 +422,16 @@ RetainFails(p) ==
     /\ MayEnqueue
     /\ Fault
     /\ pc' = [pc EXCEPT ![p] = "aborted"]
-    /\ UNCHANGED <<status, queue, deliveries, lease, held, handles, storeVars, bp, lifecycle, window, backlog, owns>>
+    /\ UNCHANGED <<status, queue, deliveries, lease, held, handles, storeVars, bp, lifecycle, window, backlog, kept,
+                   owns>>
 
 (* store.health() fails: the put raises (the producer treats it as an abort and discards). *)
 HealthFails(p) ==
     /\ Waiting(p)
     /\ Fault
     /\ pc' = [pc EXCEPT ![p] = "aborted"]
-    /\ UNCHANGED <<status, queue, deliveries, lease, held, handles, storeVars, bp, lifecycle, window, backlog, owns>>
+    /\ UNCHANGED <<status, queue, deliveries, lease, held, handles, storeVars, bp, lifecycle, window, backlog, kept,
+                   owns>>
 
 (* abort_when() returned True: the put raises. *)
 Abort(p) ==
@@ -435,7 +455,7 @@ ClosedRaise(p, fault) ==
             /\ backlog' = backlog \cup {owns[p]}
        ELSE UNCHANGED <<retained, backlog, faults>>
     /\ UNCHANGED <<status, queue, deliveries, lease, held, handles, resident, hcount, residentBytes, bp, lifecycle,
-                   window, owns>>
+                   window, kept, owns>>
 
 (* The producer evicts the sample whose put raised or aborted.  A sample still retained (its *)
 (* unretain is in the backlog) keeps its bytes until the retry unretains it.                  *)
@@ -467,6 +487,49 @@ Reput(s) ==
             /\ UNCHANGED <<held, handles, hcount, bp, lifecycle, faultVars, envVars>>
 
 -----------------------------------------------------------------------------
+(***************************************************************************)
+(* Dead-letter repair (SampleRefQueue(keep_dead_letter_bytes=...)).        *)
+(* requeue_dead_letters: a dead letter whose bytes were kept goes back to  *)
+(* the pending tail as a fresh sample -- delivery budget reset, a new      *)
+(* lease history, its id out of the dedup window and no longer kept.  It   *)
+(* was never acked (ExactlyOnce).  The code refuses a dead letter whose    *)
+(* bytes are gone (not kept) and a drained queue.                          *)
+(* BugRequeueAnySettled: any settled id is requeued, acked or bytes gone.  *)
+(***************************************************************************)
+Requeueable(s) == IF BugRequeueAnySettled THEN status[s] \in Terminal ELSE s \in kept
+
+RequeueCore(s) ==
+    /\ Requeueable(s)
+    /\ lifecycle # "drained"
+    /\ status' = [status EXCEPT ![s] = "pending"]
+    /\ deliveries' = [deliveries EXCEPT ![s] = 0]
+    /\ lease' = [lease EXCEPT ![s] = [k \in Attempts |-> IF k = 0 THEN "pending" ELSE NoLease]]
+    /\ queue' = Append(queue, s)
+    /\ window' = SelectSeq(window, LAMBDA x : x # s)
+    /\ kept' = kept \ {s}
+    /\ UNCHANGED <<held, handles, storeVars, bp, lifecycle, backlog, faults, envVars>>
+
+(* In Next, model bounds: only while the queue is open (a requeue while draining is what trace      *)
+(* validation admits; in Next it would let an operator postpone the drain for ever); no consumer    *)
+(* still holds a lease of the old incarnation (the code's lease ids are unique; <<s, attempt>> is  *)
+(* not); and the store counts no handle of s (else crashed consumers' handles, which the store     *)
+(* keeps counting, would pile up over endless requeues: an infinite model).                        *)
+RequeueStep(s) ==
+    /\ lifecycle = "open"
+    /\ hcount[s] = 0
+    /\ \A c \in Consumers, k \in Attempts : <<s, k>> \notin held[c]
+    /\ RequeueCore(s)
+
+(* purge_dead_letters: a dead letter dropped for good; kept bytes are scrubbed (a failing scrub is   *)
+(* owed, as after an ack).  The id stays in the dedup window.  Purging a dead letter whose bytes    *)
+(* are gone changes no spec variable (the spec does not model the dead-letter list).                *)
+PurgeDeadLetter(s, fault) ==
+    /\ s \in kept
+    /\ kept' = kept \ {s}
+    /\ ScrubOrOwe(s, fault)
+    /\ UNCHANGED <<status, queue, deliveries, lease, held, handles, bp, lifecycle, window, envVars>>
+
+-----------------------------------------------------------------------------
 (* Steps of Next: the queue's settling actions end with _maybe_drained, as the code does. *)
 
 AckStep(c, t, fault) == AckCore(c, t, fault) /\ DrainIfIdle /\ UNCHANGED envVars
@@ -492,6 +555,7 @@ Next ==
           \/ \E f \in BOOLEAN : ClosedRaise(p, f)
           \/ Discard(p)
     \/ \E s \in Samples : Reput(s) \/ \E f \in BOOLEAN : ReclaimStep(s, f) \/ RetryScrub(s, f)
+    \/ \E s \in Samples : RequeueStep(s) \/ \E f \in BOOLEAN : PurgeDeadLetter(s, f)
     \/ \E c \in Consumers : Acquire(c) \/ Crash(c) \/ \E t \in held[c] : Extend(c, t)
     \/ \E c \in Consumers : Settle(c)
     \/ \E c \in Consumers, s \in Samples : Get(c, s) \/ Release(c, s)
@@ -553,6 +617,10 @@ Close ==
     /\ lifecycle = "open"
     /\ lifecycle' = "draining"
     /\ UNCHANGED <<status, queue, deliveries, lease, held, handles, storeVars, bp, faultVars, envVars>>
+RequeueDeadLetter(s) == RequeueCore(s)
+PurgeDead(s) ==
+    \/ PurgeDeadLetter(s, FALSE)
+    \/ status[s] = "dead" /\ s \notin kept /\ UNCHANGED vars
 Drain ==
     /\ lifecycle = "draining" /\ QueueEmpty
     /\ lifecycle' = "drained"
@@ -574,29 +642,38 @@ OneLiveLease == \A s \in Samples :
 ExactlyOnce == [][\A s \in Samples :
     status[s] = "acked" => status'[s] = "acked" \/ (~KnownSettled(s) /\ status'[s] = "stored")]_vars
 
-(* 12. Settled for good: the same for dead letters, whatever the store does after the settlement ... *)
-SettledForGood == [][\A s \in Samples : status[s] \in Terminal =>
-    status'[s] = status[s] \/ (~KnownSettled(s) /\ status'[s] = "stored")]_vars
+(* A new incarnation of s starts in this step: a producer stores a forgotten id anew, or a kept dead *)
+(* letter is requeued.                                                                              *)
+Reborn(s) == status'[s] = "stored" \/ (s \in kept /\ status'[s] = "pending")
 
-(* ... and a settled id stays known to the queue (dedup window or backlog) while its bytes are in the store. *)
+(* 12. Settled for good: the same for dead letters, whatever the store does after the settlement -- *)
+(* unless a dead letter whose bytes were kept is requeued ...                                      *)
+SettledForGood == [][\A s \in Samples : status[s] \in Terminal =>
+    \/ status'[s] = status[s]
+    \/ ~KnownSettled(s) /\ status'[s] = "stored"
+    \/ s \in kept /\ status'[s] = "pending"]_vars
+
+(* ... and a settled id stays known to the queue (dedup window, backlog or kept) while its bytes are in the store. *)
 SettledKnown == \A s \in Samples : status[s] \in Terminal /\ s \in resident => KnownSettled(s)
 
 (* 3. Stale-ack rejection: terminal lease states never change (a new incarnation of a forgotten id *)
 (* starts a fresh lease history) ...                                                                *)
 StaleAckRejection == [][\A s \in Samples, k \in Attempts :
-    lease[s][k] \in LeaseStates \ {"pending", "leased"} /\ status'[s] # "stored" => lease'[s][k] = lease[s][k]]_vars
+    lease[s][k] \in LeaseStates \ {"pending", "leased"} /\ ~Reborn(s) => lease'[s][k] = lease[s][k]]_vars
 
 (* ... and every lease-state change is an edge of the lease machine. *)
 LeaseStepsFollowMachine == [][\A s \in Samples, k \in Attempts :
-    (lease[s][k] # NoLease /\ lease'[s][k] # lease[s][k] /\ status'[s] # "stored") =>
+    (lease[s][k] # NoLease /\ lease'[s][k] # lease[s][k] /\ ~Reborn(s)) =>
         \E t \in LeaseTransitions : t[2] = lease[s][k] /\ t[3] = lease'[s][k]]_vars
 
 (* 4. No loss: a pending or leased sample is resident, whatever stale consumers release or crash. *)
 NoLoss == \A s \in Samples : status[s] \in HeldByQueue => s \in resident
 
 (* 5. No leak: a settled or discarded sample's bytes have left the store, even with a crashed *)
-(* consumer's handle out -- unless its scrub (unretain) failed and is in the retry backlog.    *)
-NoLeak == \A s \in Samples : status[s] \in Terminal \cup {"discarded"} /\ s \notin backlog => s \notin resident
+(* consumer's handle out -- unless its scrub (unretain) failed and is in the retry backlog, or *)
+(* it is a dead letter whose bytes are kept (KeepDead) for a requeue.                          *)
+NoLeak == \A s \in Samples :
+    status[s] \in Terminal \cup {"discarded"} /\ s \notin backlog /\ s \notin kept => s \notin resident
 
 (* 6. Residency is exact and non-negative. *)
 ResidencyExact ==
@@ -622,12 +699,16 @@ Hysteresis == [][/\ (bp = "flowing" /\ bp' = "paused") => residentBytes >= HighW
 (* (stored, not yet enqueued or discarded: at most one sample each) plus   *)
 (* the scrub backlog (settled or refused, store call being retried).       *)
 (***************************************************************************)
+(* KeepDead: kept dead letters' bytes stay resident and count towards the watermarks, and a requeue *)
+(* puts them back into the queue without a backpressure check (an operator's action, as a direct  *)
+(* SampleRefQueue.put); the queue bound then does not hold, but every resident byte is still      *)
+(* accounted for: queued, a producer's, owed (backlog) or kept.                                    *)
 QueueBound == Max(HighWatermark - 1, MaxSampleSize)
 QueuedBytes == Bytes({s \in Samples : status[s] \in HeldByQueue})
 ProducerBytes == Bytes({s \in Samples : status[s] = "stored"})
 ResidencyBound ==
-    /\ QueuedBytes <= QueueBound
-    /\ residentBytes <= QueueBound + ProducerBytes + Bytes(backlog)
+    /\ KeepDead \/ QueuedBytes <= QueueBound
+    /\ residentBytes <= (IF KeepDead THEN QueuedBytes ELSE QueueBound) + ProducerBytes + Bytes(backlog) + Bytes(kept)
     /\ Cardinality({s \in Samples : status[s] = "stored"}) <= Cardinality(Producers)
     /\ \A p \in Producers : (pc[p] = "idle") <=> (owns[p] = NoSample)
     /\ \A p \in Producers : pc[p] # "idle" => status[owns[p]] = "stored"
@@ -648,7 +729,7 @@ EventuallySettled == \A s \in Samples : status[s] \in HeldByQueue ~> status[s] \
 ProducerProgress == \A p \in Producers : pc[p] = "waiting" ~> pc[p] # "waiting"
 
 (* 9/13. A closed queue eventually drains, and once faults have cleared the run finishes: every *)
-(* producer done, the backlog worked off, nothing resident.                                      *)
+(* producer done, the backlog worked off, nothing resident but kept dead letters (until purged). *)
 EventuallyDrained == lifecycle = "draining" ~> lifecycle = "drained"
-DrainAfterFaults == lifecycle # "open" ~> (Finished /\ resident = {})
+DrainAfterFaults == lifecycle # "open" ~> (Finished /\ resident \subseteq kept)
 =============================================================================

@@ -16,6 +16,7 @@ from featurestream.spec.tlc import ToolMissing, find_jar, find_java
 # Distinct states of each shipped exhaustive config; TLC and the Python mirror must both find exactly this many.
 CI_DISTINCT_STATES = 27_202  # spec/LeaseQueue.cfg
 WINDOW_DISTINCT_STATES = 15_476  # spec/LeaseQueueWindow.cfg
+KEEP_DISTINCT_STATES = 6_276  # spec/LeaseQueueKeep.cfg (dead-letter repair)
 DEEP_DISTINCT_STATES = 218_132  # spec/LeaseQueueDeep.cfg (nightly)
 
 
@@ -50,5 +51,6 @@ def pinned_states() -> dict[str, int]:
     return {
         "LeaseQueue.cfg": CI_DISTINCT_STATES,
         "LeaseQueueWindow.cfg": WINDOW_DISTINCT_STATES,
+        "LeaseQueueKeep.cfg": KEEP_DISTINCT_STATES,
         "LeaseQueueDeep.cfg": DEEP_DISTINCT_STATES,
     }

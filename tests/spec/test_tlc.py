@@ -41,17 +41,18 @@ def test_ci_model_has_no_error_and_the_pinned_state_count(tlc_available: None, c
     )
 
 
-def test_window_model_has_no_error_and_the_pinned_state_count(
-    tlc_available: None, pinned_states: dict[str, int]
+@pytest.mark.parametrize("config", ["LeaseQueueWindow.cfg", "LeaseQueueKeep.cfg"])
+def test_small_model_has_no_error_and_the_pinned_state_count(
+    tlc_available: None, pinned_states: dict[str, int], config: str
 ) -> None:
-    result = run_tlc(spec_dir() / "LeaseQueueWindow.cfg", workers=2, timeout=600)
+    result = run_tlc(spec_dir() / config, workers=2, timeout=600)
     print(result.summary())
     _assert_clean(result.ok, result.output, result.command)
     assert "temporal properties for the complete state space" in result.output
-    assert result.distinct_states == pinned_states["LeaseQueueWindow.cfg"]
+    assert result.distinct_states == pinned_states[config]
 
 
-@pytest.mark.parametrize("config", ["LeaseQueue.cfg", "LeaseQueueWindow.cfg"])
+@pytest.mark.parametrize("config", ["LeaseQueue.cfg", "LeaseQueueWindow.cfg", "LeaseQueueKeep.cfg"])
 def test_mirror_reaches_exactly_the_states_tlc_explores(config: str, pinned_states: dict[str, int]) -> None:
     expected = pinned_states[config]
     constants = constants_from_config((spec_dir() / config).read_text())
@@ -80,9 +81,39 @@ def test_window_model_evicts_and_stores_a_forgotten_id_anew() -> None:
     assert reborn
 
 
+def test_keep_model_requeues_and_purges_kept_dead_letters() -> None:
+    """The dead-letter repair config really requeues a kept dead letter, purges one, and fails a purge's scrub."""
+    from featurestream.spec.mirror import initial_state, labelled_successors
+
+    constants = constants_from_config((spec_dir() / "LeaseQueueKeep.cfg").read_text())
+    assert constants.keep_dead and not constants.bugs
+    start = initial_state(constants)
+    seen, frontier, taken = {start}, [start], set()
+    while frontier:
+        state = frontier.pop()
+        for name, step in labelled_successors(constants, state):
+            if step is None:
+                continue
+            if name == "RequeueDeadLetter":
+                assert [state.status[s] for s in state.kept - step.state.kept] == ["dead"]
+            if name == "PurgeDeadLetter":
+                taken.add(("PurgeDeadLetter", any(event[0] == "StoreFault" for event in step.events)))
+            taken.add((name, False))
+            if step.state not in seen:
+                seen.add(step.state)
+                frontier.append(step.state)
+    assert {("RequeueDeadLetter", False), ("PurgeDeadLetter", False), ("PurgeDeadLetter", True)} <= taken
+
+
 def test_every_shipped_config_is_checked_by_a_test() -> None:
     shipped = sorted(p.name for p in spec_dir().glob("*.cfg"))
-    assert shipped == ["LeaseQueue.cfg", "LeaseQueueDeep.cfg", "LeaseQueueSim.cfg", "LeaseQueueWindow.cfg"]
+    assert shipped == [
+        "LeaseQueue.cfg",
+        "LeaseQueueDeep.cfg",
+        "LeaseQueueKeep.cfg",
+        "LeaseQueueSim.cfg",
+        "LeaseQueueWindow.cfg",
+    ]
     for name in shipped:
         text = (spec_dir() / name).read_text()
         for switch in re.findall(r"^\s+(Bug\w+) = (\w+)", text, re.M):
@@ -112,6 +143,7 @@ def test_simulation_of_the_large_model_finds_no_error(tlc_available: None) -> No
         ("E", "<deadlock>"),
         ("ProducerBytesCounted", "ProducerProgress"),
         ("ScrubFailUnsettles", "ExactlyOnce"),
+        ("RequeueAnySettled", "ExactlyOnce"),
     ],
 )
 def test_each_defect_switch_yields_a_counterexample(tlc_available: None, bug: str, violated: str) -> None:
@@ -166,6 +198,7 @@ def test_producer_progress_needs_strong_fairness_on_the_enqueue(tlc_available: N
         ("E", "Deadlock"),
         ("ProducerBytesCounted", None),
         ("ScrubFailUnsettles", "NoLeak"),
+        ("RequeueAnySettled", "ExactlyOnce"),
     ],
 )
 def test_the_mirror_finds_the_same_safety_violations(bug: str, violated: str | None) -> None:
@@ -212,7 +245,7 @@ def test_every_design_invariant_is_named_in_the_spec_and_checked_in_ci() -> None
         "ClosedRefusesPuts",
         *LIVENESS,
     ]
-    for config_name in ("LeaseQueue.cfg", "LeaseQueueWindow.cfg", "LeaseQueueDeep.cfg"):
+    for config_name in ("LeaseQueue.cfg", "LeaseQueueWindow.cfg", "LeaseQueueKeep.cfg", "LeaseQueueDeep.cfg"):
         config = (spec_dir() / config_name).read_text()
         for name in names:
             assert re.search(rf"^{name} ==", spec, re.M), f"{name} is not defined in LeaseQueue.tla"

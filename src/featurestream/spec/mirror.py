@@ -29,6 +29,15 @@ variable, but may bump a counter exactly like the implementation does):
   (ClosedRaise: close woke the producer and its put raised), ``producer_discard(producer)``
   (Discard: the producer evicts the sample whose put raised), ``producer_state(producer)``,
   ``producer_sample(producer)``, ``may_enqueue()`` (the backpressure rule).
+- dead-letter repair (``SpecConstants.keep_dead``: the spec's ``KeepDead``, a dead
+  letter's bytes stay retained): ``requeue_dead_letter(sample)`` (RequeueDeadLetter:
+  a dead letter whose bytes are kept goes back to the pending tail with a fresh
+  delivery budget, out of the dedup window; ``False`` = refused -- not a dead
+  letter, bytes not kept, or the queue drained -- and nothing changed; a lease
+  token of the old incarnation still held names the new one, so drive it only
+  once no consumer holds one), ``purge_dead_letter(sample)`` (PurgeDeadLetter: the
+  dead letter leaves the list and its kept bytes are scrubbed -- an armed ``scrub``
+  fault puts them in the backlog; ``False`` = not a dead letter), ``kept()``.
 - store faults: ``arm_fault(call)`` with ``call`` one of ``FAULT_CALLS``
   (``retain``, ``scrub``, ``unretain``, ``health``, ``gc``): the next action that
   makes that store call takes the spec's failing branch (one-shot), as a
@@ -133,6 +142,7 @@ BUGS = {
     "E": "BugNoReaper: expired leases are never reclaimed",
     "P": "BugProducerBytesCounted: a paused producer never enqueues, even into an empty queue",
     "S": "BugScrubFailUnsettles: an ack whose scrub fails is not recorded as settled (re-put accepted)",
+    "R": "BugRequeueAnySettled: requeue_dead_letters takes any settled id, acked or its bytes gone",
 }
 _COUNTER_OF_EVENT = {
     "Put": "put",
@@ -147,6 +157,8 @@ _COUNTER_OF_EVENT = {
     "Pause": "producer_pauses",
     "StoreFault": "store_faults",
     "ScrubRetried": "scrub_retries",
+    "RequeueDeadLetter": "requeued",
+    "PurgeDeadLetter": "purged",
 }
 COUNTERS = tuple(dict.fromkeys(_COUNTER_OF_EVENT.values()))
 
@@ -163,7 +175,8 @@ class SpecConstants:
     size per sample in ``store_put``), ``max_faults`` (how many store calls may
     fail in one behaviour; ``None``: no bound, for the step API),
     ``dedup_window`` (settled ids remembered; ``None``: all of them, the spec's
-    default ``Cardinality(Samples)``), ``bugs`` (see ``BUGS``).
+    default ``Cardinality(Samples)``), ``keep_dead`` (``KeepDead``: a dead
+    letter's bytes stay retained for a requeue), ``bugs`` (see ``BUGS``).
     """
 
     samples: tuple[str, ...] = ("s1", "s2")
@@ -179,6 +192,7 @@ class SpecConstants:
     large_bytes: int | None = None
     max_faults: int | None = None
     dedup_window: int | None = None
+    keep_dead: bool = False
 
     def __post_init__(self) -> None:
         for name in ("samples", "consumers", "producers"):
@@ -238,6 +252,7 @@ class SpecState(NamedTuple):
     faults: int = 0  # faults: store faults so far
     pc: tuple[str, ...] = ()  # pc[p]: "idle" | "waiting" | "aborted"
     owns: tuple[int, ...] = ()  # owns[p]: the sample producer p stored and holds (NO_SAMPLE: none)
+    kept: frozenset[int] = frozenset()  # kept: dead letters whose bytes stay retained for a requeue
 
 
 Event = tuple[str, int, str]  # (action, sample index or -1, store call or "")
@@ -292,8 +307,8 @@ def _queue_empty(st: SpecState) -> bool:
 
 
 def _known_settled(st: SpecState, s: int) -> bool:
-    """``KnownSettled``: in the dedup window, or its scrub is being retried."""
-    return s in st.window or s in st.backlog
+    """``KnownSettled``: in the dedup window, its scrub being retried, or a dead letter whose bytes are kept."""
+    return s in st.window or s in st.backlog or s in st.kept
 
 
 def _fault_ok(k: SpecConstants, st: SpecState) -> bool:
@@ -324,20 +339,30 @@ def _remember(k: SpecConstants, st: SpecState, s: int) -> tuple[int, ...]:
     return window[1:] if len(window) > k.window else window
 
 
+def _scrub_or_owe(
+    k: SpecConstants, st: SpecState, s: int, fault: bool, sizes: tuple[int, ...]
+) -> tuple[SpecState, tuple[Event, ...]] | None:
+    """``ScrubOrOwe``: the store scrubs ``s``, or (``fault``) the scrub fails and ``s`` joins the backlog."""
+    if not fault:
+        return _scrub(k, st, s, sizes), ()
+    if not _fault_ok(k, st):
+        return None
+    return st._replace(faults=st.faults + 1, backlog=st.backlog | {s}), (("StoreFault", s, "scrub"),)
+
+
 def _retire(
     k: SpecConstants, st: SpecState, s: int, outcome: str, fault: bool, sizes: tuple[int, ...]
 ) -> tuple[SpecState, tuple[Event, ...]] | None:
-    """``Retire``: ``s`` settles as ``outcome``; the store scrubs it, or (``fault``) the scrub joins the backlog."""
+    """``Retire``: ``s`` settles as ``outcome``; the store scrubs it, or (``fault``) the scrub joins the backlog.
+
+    ``KeepDead``: a dead letter is not scrubbed (no store call), its bytes stay retained (``kept``).
+    """
     st = st._replace(status=_set(st.status, s, outcome))
-    if not fault:
-        st = _scrub(k, st, s, sizes)
-        return st._replace(window=_remember(k, st, s)), ()
-    if not _fault_ok(k, st):
-        return None
-    st = st._replace(faults=st.faults + 1)
-    if "S" in k.bugs and outcome == "acked":
-        return st, (("StoreFault", s, "scrub"),)
-    return st._replace(window=_remember(k, st, s), backlog=st.backlog | {s}), (("StoreFault", s, "scrub"),)
+    if outcome == "dead" and k.keep_dead:
+        return None if fault else (st._replace(window=_remember(k, st, s), kept=st.kept | {s}), ())
+    if fault and "S" in k.bugs and outcome == "acked":
+        return (st._replace(faults=st.faults + 1), (("StoreFault", s, "scrub"),)) if _fault_ok(k, st) else None
+    return _scrub_or_owe(k, st._replace(window=_remember(k, st, s)), s, fault, sizes)
 
 
 def _redeliver(
@@ -609,6 +634,49 @@ def a_retry_scrub(k: SpecConstants, st: SpecState, s: int, sizes: tuple[int, ...
     return _Step(st, (("ScrubRetried", s, call),))
 
 
+def _requeueable(k: SpecConstants, st: SpecState, s: int) -> bool:
+    """``Requeueable``: a dead letter whose bytes are kept (BugRequeueAnySettled: any settled id)."""
+    return st.status[s] in TERMINAL if "R" in k.bugs else s in st.kept
+
+
+def a_requeue_dead_letter(k: SpecConstants, st: SpecState, s: int, bounded: bool = True) -> _Step | None:
+    """RequeueStep(s) (``bounded``) / RequeueDeadLetter(s): ``requeue_dead_letters`` -- a kept dead letter goes
+    back to the pending tail with a fresh delivery budget and lease history, out of the window and of ``kept``.
+
+    ``bounded`` adds Next's model bounds: the queue is open, the store counts no handle of ``s``, and no
+    consumer holds a lease of the old incarnation.
+    """
+    if not _requeueable(k, st, s) or st.lifecycle == "drained":
+        return None
+    if bounded and (st.lifecycle != "open" or st.hcount[s] or any(t[0] == s for held in st.held for t in held)):
+        return None
+    fresh = (NO_LEASE,) * (k.max_deliveries + 1)
+    return _Step(
+        st._replace(
+            status=_set(st.status, s, "pending"),
+            deliveries=_set(st.deliveries, s, 0),
+            lease=_set(st.lease, s, _set(fresh, 0, "pending")),
+            queue=(*st.queue, s),
+            window=tuple(x for x in st.window if x != s),
+            kept=st.kept - {s},
+        ),
+        (("RequeueDeadLetter", s, ""),),
+    )
+
+
+def a_purge_dead_letter(
+    k: SpecConstants, st: SpecState, s: int, sizes: tuple[int, ...], fault: bool = False
+) -> _Step | None:
+    """PurgeDeadLetter(s, fault): ``purge_dead_letters`` -- a kept dead letter dropped, its bytes scrubbed
+    (a failing scrub is owed, as after an ack); the id stays in the dedup window."""
+    if s not in st.kept:
+        return None
+    scrubbed = _scrub_or_owe(k, st._replace(kept=st.kept - {s}), s, fault, sizes)
+    if scrubbed is None:
+        return None
+    return _Step(scrubbed[0], (("PurgeDeadLetter", s, ""), *scrubbed[1]))
+
+
 # -- producers ------------------------------------------------------------------------------------------
 
 
@@ -752,6 +820,8 @@ def labelled_successors(k: SpecConstants, st: SpecState) -> Iterator[tuple[str, 
         for fault in (False, True):
             yield "Reclaim", a_reclaim(k, st, s, sizes, fault)  # type: ignore[misc]
             yield "RetryScrub", a_retry_scrub(k, st, s, sizes, fault)  # type: ignore[misc]
+            yield "PurgeDeadLetter", a_purge_dead_letter(k, st, s, sizes, fault)  # type: ignore[misc]
+        yield "RequeueDeadLetter", a_requeue_dead_letter(k, st, s)  # type: ignore[misc]
     for c in range(m):
         yield "Acquire", a_acquire(k, st, c)  # type: ignore[misc]
         yield "Crash", a_crash(k, st, c)  # type: ignore[misc]
@@ -838,7 +908,7 @@ def check_state(k: SpecConstants, st: SpecState, sizes: Mapping[int, int] | None
         )
         if st.status[s] in HELD_BY_QUEUE:
             assert s in st.resident, f"NoLoss: sample {name(s)!r} is {st.status[s]} but not resident in the store"
-        if st.status[s] in TERMINAL | {"discarded"} and s not in st.backlog:
+        if st.status[s] in TERMINAL | {"discarded"} and s not in st.backlog and s not in st.kept:
             assert s not in st.resident, f"NoLeak: sample {name(s)!r} is {st.status[s]} but still resident"
         assert st.deliveries[s] < k.max_deliveries, (
             f"BoundedDelivery: sample {name(s)!r} redelivery_count {st.deliveries[s]} >= MaxDeliveries "
@@ -861,10 +931,13 @@ def check_state(k: SpecConstants, st: SpecState, sizes: Mapping[int, int] | None
         stored = [s for s in range(n) if st.status[s] == "stored"]
         unqueued = sum(size(s) for s in stored)
         backlog = sum(size(s) for s in st.backlog)
-        assert queued <= queue_bound, f"ResidencyBound: the queue holds {queued} B > {queue_bound} B"
-        assert st.resident_bytes <= queue_bound + unqueued + backlog, (
-            f"ResidencyBound: {st.resident_bytes} B resident > {queue_bound} + {unqueued} (producers) "
-            f"+ {backlog} (backlog)"
+        kept = sum(size(s) for s in st.kept)
+        # KeepDead: a requeue bypasses backpressure, so only the accounting holds (spec: ResidencyBound).
+        assert k.keep_dead or queued <= queue_bound, f"ResidencyBound: the queue holds {queued} B > {queue_bound} B"
+        base_bound = queued if k.keep_dead else queue_bound
+        assert st.resident_bytes <= base_bound + unqueued + backlog + kept, (
+            f"ResidencyBound: {st.resident_bytes} B resident > {base_bound} + {unqueued} (producers) "
+            f"+ {backlog} (backlog) + {kept} (kept)"
         )
         assert len(stored) <= len(k.producers), (
             f"ResidencyBound: {len(stored)} stored samples, {len(k.producers)} producers"
@@ -880,13 +953,17 @@ def check_step(k: SpecConstants, before: SpecState, after: SpecState) -> None:
     """Assert every action property of the spec over one step ``before -> after``."""
     for s, sample in enumerate(k.samples):
         was, now = before.status[s], after.status[s]
-        reborn = not _known_settled(before, s) and now == "stored"
-        assert was != "acked" or now == "acked" or reborn, f"ExactlyOnce: acked sample {sample!r} became {now!r}"
-        assert was not in TERMINAL or now == was or reborn, f"SettledForGood: {was} sample {sample!r} became {now!r}"
+        restored = not _known_settled(before, s) and now == "stored"
+        requeued = s in before.kept and now == "pending"
+        assert was != "acked" or now == "acked" or restored, f"ExactlyOnce: acked sample {sample!r} became {now!r}"
+        assert was not in TERMINAL or now == was or restored or requeued, (
+            f"SettledForGood: {was} sample {sample!r} became {now!r}"
+        )
+        reborn = now == "stored" or requeued  # the spec's Reborn(s): a new incarnation starts
         for attempt, (old, new) in enumerate(zip(before.lease[s], after.lease[s], strict=True)):
-            if old in TERMINAL_LEASE and now != "stored":
+            if old in TERMINAL_LEASE and not reborn:
                 assert new == old, f"StaleAckRejection: lease ({sample!r}, {attempt}) changed {old} -> {new}"
-            if old != new and old != NO_LEASE and now != "stored":
+            if old != new and old != NO_LEASE and not reborn:
                 assert any(src == old and dst == new for _, src, dst in LEASE_TRANSITIONS), (
                     f"LeaseStepsFollowMachine: lease ({sample!r}, {attempt}) moved {old} -> {new}"
                 )
@@ -996,6 +1073,8 @@ class SpecMirror:
                 self._counts[counter] += 1
             if action == "DeadLetter":
                 self._dead.append(self.constants.samples[s])
+            elif action in ("RequeueDeadLetter", "PurgeDeadLetter"):
+                self._dead.remove(self.constants.samples[s])
             fields: dict[str, object] = {"sample_id": self.constants.samples[s]} if s >= 0 else {}
             if call:
                 fields["call"] = call
@@ -1036,8 +1115,9 @@ class SpecMirror:
         return False
 
     def _settling(self, sample: int) -> bool:
-        """Whether settling ``sample`` now would call scrub (the live lease retires it), so a scrub fault fires."""
-        return self.state.deliveries[sample] + 1 >= self.constants.max_deliveries
+        """Whether settling ``sample`` now would call scrub (the live lease retires it, and ``KeepDead`` does not
+        keep its bytes), so a scrub fault fires."""
+        return not self.constants.keep_dead and self.state.deliveries[sample] + 1 >= self.constants.max_deliveries
 
     def ack(self, consumer: str, token: LeaseToken) -> bool:
         """Ack: ``True`` when the live lease was acked (even if its scrub failed); ``False``: stale or forged."""
@@ -1122,6 +1202,27 @@ class SpecMirror:
     def retry_backlog(self) -> int:
         """Retry every backlog entry (what ``gc`` does); return how many went through."""
         return sum(self.retry_scrub(self.constants.samples[s]) for s in sorted(self.state.backlog))
+
+    # -- dead-letter repair ------------------------------------------------------
+    def requeue_dead_letter(self, sample: str) -> bool:
+        """RequeueDeadLetter: ``requeue_dead_letters([sample])`` -- ``False`` (refused, nothing changed) unless
+        ``sample`` is a dead letter whose bytes are kept and the queue is not drained."""
+        s = self._s(sample)
+        if sample not in self._dead:
+            return False
+        return self._apply(a_requeue_dead_letter(self.constants, self.state, s, bounded=False))
+
+    def purge_dead_letter(self, sample: str) -> bool:
+        """PurgeDeadLetter: ``purge_dead_letters([sample])`` -- ``False`` when ``sample`` is no dead letter; kept
+        bytes are scrubbed (an armed ``scrub`` fault makes it owed); a dead letter without kept bytes just leaves
+        the list."""
+        s = self._s(sample)
+        if sample not in self._dead:
+            return False
+        if s not in self.state.kept:
+            return self._apply(_Step(self.state, (("PurgeDeadLetter", s, ""),)))
+        fault = self._take("scrub")
+        return self._apply(a_purge_dead_letter(self.constants, self.state, s, self._size_tuple(), fault))
 
     # -- producers ------------------------------------------------------------
     def producer_store(self, producer: str, sample: str, nbytes: int | None = None) -> bool:
@@ -1216,6 +1317,10 @@ class SpecMirror:
     def resident(self) -> set[str]:
         return {self.constants.samples[s] for s in self.state.resident}
 
+    def kept(self) -> set[str]:
+        """Dead letters whose bytes stay retained for a requeue."""
+        return {self.constants.samples[s] for s in self.state.kept}
+
     def backlog(self) -> set[str]:
         """Samples whose failed scrub (or unretain) is still being retried."""
         return {self.constants.samples[s] for s in self.state.backlog}
@@ -1279,6 +1384,7 @@ _BUG_SWITCHES = {
     "BugNoReaper": "E",
     "BugProducerBytesCounted": "P",
     "BugScrubFailUnsettles": "S",
+    "BugRequeueAnySettled": "R",
 }
 
 
@@ -1310,5 +1416,6 @@ def constants_from_config(text: str) -> SpecConstants:
         large_bytes=int(values["LargeBytes"]) if "LargeBytes" in values else None,
         max_faults=int(values.get("MaxFaults", "0")),
         dedup_window=int(values["DedupWindow"]) if "DedupWindow" in values else None,
+        keep_dead=values.get("KeepDead") == "TRUE",
         bugs=frozenset(bug for switch, bug in _BUG_SWITCHES.items() if values.get(switch) == "TRUE"),
     )
