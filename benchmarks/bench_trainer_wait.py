@@ -15,16 +15,14 @@ put; not timed) and the trainer loop is timed over every step after the first:
 
 - ``step alone``: the step, no loader (the baseline);
 - ``prefetch=0``: lease, read, materialise on the trainer's thread, then step;
-- ``prefetch=2``: a background thread reads ahead while the trainer steps;
-- ``p=2 inline``: ``prefetch=2`` over a store that frees a scrubbed sample's
-  file on the caller's thread (``background_unlink_bytes=None``), as before
-  the deferred unlink: the ack of each batch then waits for the file system.
+- ``prefetch=2``: a background thread reads ahead while the trainer steps.
 
-It prints the load average before and after, the median time per step of
-each variant over ``--rounds`` rounds, its ratio to the step alone, and the
-time one ``store.get`` of a sample takes (median, measured in the same run).
-Target (issue 11): prefetch=2 <= 1.1x the step alone whenever reading a
-sample takes less than a step.
+It prints the load average before and after (the machine's other jobs take
+cores from the trainer and the reader), the median time per step of each
+variant over ``--rounds`` rounds,
+its ratio to the step alone, and the time one ``store.get`` of a sample takes
+(median, measured in the same run). Target (issue 11): prefetch=2 <= 1.1x the
+step alone whenever reading a sample takes less than a step.
 """
 
 from __future__ import annotations
@@ -86,12 +84,9 @@ def sleep_step(step_s: float) -> Callable[[], None]:
     return lambda: time.sleep(step_s)
 
 
-def fill(
-    directory: Path, samples: list[dict[str, torch.Tensor]], *, inline_unlink: bool = False
-) -> tuple[SampleRefQueue, SharedDirFeatureStore]:
+def fill(directory: Path, samples: list[dict[str, torch.Tensor]]) -> tuple[SampleRefQueue, SharedDirFeatureStore]:
     """A closed queue over a fresh shared-dir store holding every sample (written now, so in the page cache)."""
-    options = {"background_unlink_bytes": None} if inline_unlink else {}
-    store = SharedDirFeatureStore(directory, max_samples=None, max_bytes=1 << 40, **options)
+    store = SharedDirFeatureStore(directory, max_samples=None, max_bytes=1 << 40)
     queue = SampleRefQueue(store)
     for index, tensors in enumerate(samples):
         queue.put(store.put(f"s{index}", tensors))
@@ -141,19 +136,17 @@ def main() -> None:
     size_mib = sum(t.numel() * t.element_size() for t in samples[0].values()) / MiB
     with tempfile.TemporaryDirectory(dir=args.dir) as root:
         directory = Path(root) / "store"
-        variants = {"prefetch=0": (0, False), "prefetch=2": (2, False), "p=2 inline": (2, True)}
-        results: dict[str, list[float]] = {"step alone": [], **{name: [] for name in variants}}
+        results: dict[str, list[float]] = {"step alone": [], "prefetch=0": [], "prefetch=2": []}
         reads = []
         load_before = os.getloadavg()[0]
         for _ in range(args.rounds):
             results["step alone"].append(time_loop(step, range(args.samples), args.samples))
-            for name, (prefetch, inline_unlink) in variants.items():
-                queue, store = fill(directory, samples, inline_unlink=inline_unlink)
+            for prefetch in (0, 2):
+                queue, store = fill(directory, samples)
                 loader = FeatureDataLoader(queue, SharedDirFeatureStore(directory), prefetch=prefetch)
-                results[name].append(time_loop(step, loader, args.samples))
+                results[f"prefetch={prefetch}"].append(time_loop(step, loader, args.samples))
                 loader.close()
-                store.close()  # waits for the background unlinks, so they do not overlap the next variant
-                assert store.health().sample_count == 0 and not os.listdir(directory)
+                assert store.health().sample_count == 0
             reads.append(read_time(directory, samples))
         load_after = os.getloadavg()[0]
     alone = statistics.median(results["step alone"])

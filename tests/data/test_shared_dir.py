@@ -3,12 +3,8 @@
 from __future__ import annotations
 
 import errno
-import multiprocessing
 import os
 import shutil
-import threading
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -18,7 +14,6 @@ from safetensors import safe_open
 from featurestream import (
     CorruptSampleError,
     FeatureDataLoader,
-    Lease,
     SampleRefQueue,
     SharedDirFeatureStore,
     VisibilityTimeout,
@@ -294,132 +289,3 @@ class TestQueueResidencyAcrossInstances:
         assert "s0.safetensors" in files(tmp_path), "the marker protects it from the reader's last release"
         queue.ack(lease)
         assert files(tmp_path) == []
-
-
-def failing_unlink(monkeypatch: pytest.MonkeyPatch, fails: Callable[[str], bool], error: OSError) -> dict[str, bool]:
-    """Make ``os.unlink`` raise ``error`` for paths where ``fails(path)``, while the returned switch is on."""
-    real_unlink = os.unlink
-    switch = {"on": True}
-
-    def unlink(target: str, *args: object, **kwargs: object) -> None:
-        if switch["on"] and fails(os.fspath(target)):
-            raise error
-        real_unlink(target, *args, **kwargs)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(os, "unlink", unlink)
-    return switch
-
-
-class TestBackgroundUnlink:
-    """A large sample's scrub takes its name at once; a tombstone's unlink (which frees the bytes) runs behind."""
-
-    def queued(self, directory: Path) -> tuple[SharedDirFeatureStore, SampleRefQueue, Lease]:
-        store = SharedDirFeatureStore(directory, background_unlink_bytes=1)  # every sample counts as large
-        queue = SampleRefQueue(store)
-        queue.put(put_eagle3(store, 0))
-        lease = queue.acquire(timeout=0)
-        assert lease is not None
-        return store, queue, lease
-
-    @staticmethod
-    def tombstones(directory: Path) -> list[str]:
-        return [name for name in files(directory) if name.endswith(shared_dir.TOMBSTONE_SUFFIX)]
-
-    def test_the_ack_returns_before_the_bytes_are_freed_and_no_reader_sees_them(
-        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-    ) -> None:
-        store, queue, lease = self.queued(tmp_path)
-        reader = SharedDirFeatureStore(tmp_path)  # opened now: a new instance would sweep the tombstone
-        real_unlink = os.unlink
-        entered, gate, threads = threading.Event(), threading.Event(), []
-
-        def slow_unlink(target: str, *args: object, **kwargs: object) -> None:
-            if os.fspath(target).endswith(shared_dir.TOMBSTONE_SUFFIX):
-                threads.append(threading.current_thread().name)
-                entered.set()
-                assert gate.wait(30), "the test never opened the gate"
-            real_unlink(target, *args, **kwargs)  # type: ignore[arg-type]
-
-        monkeypatch.setattr(os, "unlink", slow_unlink)
-        queue.ack(lease)  # returns while the tombstone's unlink is held at the gate
-        assert entered.wait(30), "the tombstone was never handed to the background unlink"
-        assert [name for name in files(tmp_path) if name not in self.tombstones(tmp_path)] == []
-        assert len(self.tombstones(tmp_path)) == 1 and self.tombstones(tmp_path)[0].startswith(".s0.")
-        with pytest.raises(KeyError, match=r"'s0' is not resident"):
-            reader.get(lease.ref)
-        health = store.health()
-        assert health.sample_count == 0 and health.resident_bytes == 0, "a tombstone's bytes are not counted"
-        gate.set()
-        store.close()  # waits for the background unlink
-        assert files(tmp_path) == [] and threads == ["featurestream-unlink"]
-
-    def test_a_failed_background_unlink_is_logged_and_retried(
-        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-    ) -> None:
-        store, queue, lease = self.queued(tmp_path)
-        failing = failing_unlink(
-            monkeypatch, lambda path: path.endswith(shared_dir.TOMBSTONE_SUFFIX), OSError(errno.EIO, "I/O error")
-        )
-        with caplog.at_level("WARNING", logger=shared_dir.__name__):
-            queue.ack(lease)
-            store.close()  # the background attempt and close's retry both fail: the tombstone stays, remembered
-        assert files(tmp_path) == self.tombstones(tmp_path) and len(files(tmp_path)) == 1
-        assert "retrying it later" in caplog.text
-        failing["on"] = False
-        assert store.gc() == 1 and files(tmp_path) == []
-
-    def test_a_failed_unlink_of_the_name_leaves_the_sample_resident_and_no_tombstone(
-        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-    ) -> None:
-        store, queue, lease = self.queued(tmp_path)
-        path = store.data_path("s0")
-        failing = failing_unlink(monkeypatch, path.__eq__, PermissionError(errno.EPERM, "Operation not permitted"))
-        queue.ack(lease)
-        assert files(tmp_path) == ["s0.retained", "s0.safetensors"], "the tombstone is taken back at once"
-        assert store.is_resident("s0") and queue.stats().scrub_backlog == 1
-        failing["on"] = False
-        assert queue.stats().scrub_backlog == 0 and not os.path.exists(path) and not store.is_resident("s0")
-        store.close()
-        assert files(tmp_path) == []
-
-    def test_tombstones_left_by_a_dead_process_are_swept_by_the_next_instance(self, tmp_path: Path) -> None:
-        (tmp_path / ".s0.0123456789abcdef.scrubbed").write_bytes(b"left by a killed process")
-        (tmp_path / ".s1.x1y2z3.tmp").write_bytes(b"a write in flight elsewhere")
-        store = SharedDirFeatureStore(tmp_path)
-        put_eagle3(store, 2)
-        assert files(tmp_path) == [".s1.x1y2z3.tmp", "s2.safetensors"]
-
-    def test_small_samples_are_unlinked_on_the_spot(self, tmp_path: Path) -> None:
-        store = SharedDirFeatureStore(tmp_path)  # the default threshold is far above a test sample
-        queue = SampleRefQueue(store)
-        queue.put(put_eagle3(store, 0))
-        lease = queue.acquire(timeout=0)
-        assert lease is not None
-        queue.ack(lease)
-        assert files(tmp_path) == []
-
-    @pytest.mark.parametrize("value", [0, -1, True, 1.5, "1"])
-    def test_a_bad_threshold_is_refused(self, tmp_path: Path, value: object) -> None:
-        with pytest.raises(ValueError, match=rf"background_unlink_bytes must be an int >= 1, got {value!r}"):
-            SharedDirFeatureStore(tmp_path, background_unlink_bytes=value)  # type: ignore[arg-type]
-        assert files(tmp_path) == []
-
-    def test_a_forked_child_unlinks_its_own_tombstones(self, tmp_path: Path) -> None:
-        store, queue, lease = self.queued(tmp_path)
-        queue.ack(lease)  # the parent's unlink thread is running now
-        queue.put(put_eagle3(store, 1))
-        second = queue.acquire(timeout=0)
-        assert second is not None
-
-        def child() -> None:
-            queue.ack(second)  # submitted to the child's own thread, not to the parent's (which it has not got)
-            for _ in range(1000):
-                if not os.listdir(tmp_path):
-                    os._exit(0)
-                time.sleep(0.01)
-            os._exit(1)
-
-        process = multiprocessing.get_context("fork").Process(target=child)
-        process.start()
-        process.join(60)
-        assert process.exitcode == 0, "the child's tombstone was never unlinked"

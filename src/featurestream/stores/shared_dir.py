@@ -13,22 +13,9 @@ Files and what they mean (``<id>`` is the sample id):
   a stale or slow consumer in another process can never delete a sample a
   queue is about to redeliver, and a consumer that crashes without releasing
   leaks nothing: the queue's ``scrub`` unlinks the file whoever wrote it.
-- ``.<id>.<random>.scrubbed`` — a tombstone: a second name a ``scrub`` gave a
-  large sample's file (hard link) just before unlinking ``<id>.safetensors``.
-  The sample leaves the namespace at once (no reader can open it again; a
-  reader that already has it open keeps reading); unlinking the tombstone,
-  which frees the blocks, happens on a background thread
-  (``DeferredUnlinker``), so the queue's ``ack`` on a trainer's thread never
-  waits for the file system. A tombstone is garbage whoever made it: one a
-  process left behind (killed before its background unlink) is removed by
-  the next instance opened on the directory.
 
 Residency (caps, ``health``) counts only the files this instance wrote, from
-in-memory counters; ``close`` unlinks those, even with handles out. A
-scrubbed sample stops counting when its name is gone: the bytes of a
-tombstone still waiting for the background unlink are not counted (they are
-freed milliseconds later; an unlink that fails is logged and retried on the
-next ``scrub``, ``gc`` and ``close``).
+in-memory counters; ``close`` unlinks those, even with handles out.
 
 Copies: ``put`` writes straight from the tensors' memory (no staging copy, so
 ``take_ownership`` changes nothing here) and ``get`` reads the file into one
@@ -45,16 +32,13 @@ import errno
 import json
 import logging
 import os
-import secrets
 import struct
 import tempfile
 from collections.abc import Mapping
 
 import torch
 
-from featurestream.core.checks import check_count
 from featurestream.core.refs import SampleRef
-from featurestream.stores.deferred_unlink import DeferredUnlinker, unlink_or_report
 from featurestream.stores.ledger import (
     DEFAULT_HIGH_WATERMARK,
     DEFAULT_LOW_WATERMARK,
@@ -70,9 +54,6 @@ logger = logging.getLogger(__name__)
 
 DATA_SUFFIX = ".safetensors"
 RETAINED_SUFFIX = ".retained"
-TOMBSTONE_SUFFIX = ".scrubbed"
-# Below this a file's unlink costs about what the link that defers it does: scrub unlinks it on the spot.
-DEFAULT_BACKGROUND_UNLINK_BYTES = 1024 * 1024
 
 _DTYPES: dict[str, torch.dtype] = {
     "F64": torch.float64,
@@ -216,12 +197,6 @@ class SharedDirFeatureStore(LedgerFeatureStore):
     directory gone, a full disk or a permission problem -> the ``OSError``
     subclass, naming the sample and the path. A failed ``put`` stores nothing
     and leaves no file behind.
-
-    ``background_unlink_bytes``: ``scrub`` of a sample at least this large
-    (``ref.estimated_bytes``) takes its name away at once and leaves freeing
-    the blocks to a background thread (see the module docstring); smaller
-    samples, or every sample with ``None``, are unlinked on the caller's
-    thread. ``close`` waits for the background unlinks.
     """
 
     adopts_foreign = True
@@ -234,13 +209,9 @@ class SharedDirFeatureStore(LedgerFeatureStore):
         max_bytes: int | None = DEFAULT_MAX_BYTES,
         high_watermark_bytes: int | None = DEFAULT_HIGH_WATERMARK,
         low_watermark_bytes: int | None = DEFAULT_LOW_WATERMARK,
-        background_unlink_bytes: int | None = DEFAULT_BACKGROUND_UNLINK_BYTES,
     ) -> None:
-        check_count("background_unlink_bytes", background_unlink_bytes, minimum=1, allow_none=True)
         self.directory = os.path.abspath(os.fspath(directory))
-        self.background_unlink_bytes = background_unlink_bytes
         self._unlink_later: dict[str, None] = {}  # paths whose unlink failed, retried by scrub/gc/close
-        self._unlinker = DeferredUnlinker(self._unlink_failed)
         super().__init__(
             f"file://{self.directory}",
             max_samples=max_samples,
@@ -254,7 +225,6 @@ class SharedDirFeatureStore(LedgerFeatureStore):
             raise NotADirectoryError(
                 errno.ENOTDIR, f"cannot use {self.directory} as a store directory: it is not a directory"
             ) from None
-        self._sweep_tombstones()
 
     # -- paths ------------------------------------------------------------
     def _check_sample_id(self, sample_id: object) -> None:
@@ -342,25 +312,15 @@ class SharedDirFeatureStore(LedgerFeatureStore):
         self._unlink(self.data_path(sample_id))
 
     def _unlink(self, path: str) -> None:
-        unlink_or_report(path, self._unlink_failed)
-
-    def _unlink_failed(self, path: str, exc: OSError) -> None:
-        # A leftover file is never forgotten: it is retried on the next scrub, gc and close.
-        logger.warning("could not unlink %s (%s); retrying it later", path, exc)
-        with self._lock:
-            self._unlink_later[path] = None
-
-    def _sweep_tombstones(self) -> None:
-        """Unlink the tombstones in the directory: garbage whoever made them (a process killed before its
-        background unlink leaves its last ones)."""
         try:
-            names = os.listdir(self.directory)
-        except OSError as exc:  # a directory this process may write but not list still works as a store
-            logger.warning("could not list %s for leftover tombstones (%s)", self.directory, exc)
-            return
-        for name in names:
-            if name.startswith(".") and name.endswith(TOMBSTONE_SUFFIX):
-                self._unlink(os.path.join(self.directory, name))
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            # A leftover file is never forgotten: it is retried on the next scrub, gc and close.
+            logger.warning("could not unlink %s (%s); retrying it later", path, exc)
+            with self._lock:
+                self._unlink_later[path] = None
 
     def _retry_unlinks(self) -> int:
         """Unlink again every path whose unlink failed before; return how many are gone now.
@@ -385,10 +345,8 @@ class SharedDirFeatureStore(LedgerFeatureStore):
         return super().gc() + self._retry_unlinks()
 
     def close(self) -> None:
-        """Unlink every sample this instance wrote (idempotent), wait for the background unlinks, and retry
-        unlinks that failed before."""
+        """Unlink every sample this instance wrote (idempotent), retrying unlinks that failed before."""
         super().close()
-        self._unlinker.drain()
         self._retry_unlinks()
 
     # -- queue hooks --------------------------------------------------------
@@ -414,42 +372,20 @@ class SharedDirFeatureStore(LedgerFeatureStore):
     def scrub(self, ref: SampleRef) -> None:
         """The queue is done with ``ref``: unlink its file and marker, whichever instance wrote them.
 
-        The data file's name goes first, while the sample is still in this instance's bookkeeping: when
-        that unlink fails (EPERM, EIO ...) the ``OSError`` propagates and the sample stays resident and
-        counted by ``health``, so the queue's retry of ``scrub`` finds it again. A sample of at least
-        ``background_unlink_bytes`` is first hard-linked to a tombstone, so unlinking its name frees
-        nothing and returns at once; the tombstone is unlinked on the background thread.
+        The data file goes first, while the sample is still in this instance's bookkeeping: when that
+        unlink fails (EPERM, EIO ...) the ``OSError`` propagates and the sample stays resident and counted
+        by ``health``, so the queue's retry of ``scrub`` finds it again.
         """
         if self._path_ok(ref):
             self._retry_unlinks()
             path = self.data_path(ref.sample_id)
-            limit = self.background_unlink_bytes
-            tombstone = self._bury(ref.sample_id, path) if limit is not None and ref.estimated_bytes >= limit else None
             try:
                 os.unlink(path)
             except FileNotFoundError:
                 pass
             except OSError as exc:
-                if tombstone is not None:
-                    self._unlink(tombstone)  # the data name still holds the bytes: this frees nothing
                 raise self._io_error(exc, f"scrub sample {ref.sample_id!r}", path) from exc
-            try:
-                super().scrub(ref)
-            finally:
-                if tombstone is not None:
-                    # Only now, once the marker is gone too: the file system frees the blocks while this thread
-                    # is no longer making calls in the directory that would queue behind it.
-                    self._unlinker.submit(tombstone)
-
-    def _bury(self, sample_id: str, path: str) -> str | None:
-        """Hard-link ``path`` to a fresh tombstone name; ``None`` when it cannot be (gone already, or a link
-        refused), and then the data file's unlink frees the bytes itself."""
-        tombstone = os.path.join(self.directory, f".{sample_id}.{secrets.token_hex(8)}{TOMBSTONE_SUFFIX}")
-        try:
-            os.link(path, tombstone)
-        except OSError:
-            return None
-        return tombstone
+            super().scrub(ref)
 
     def _path_ok(self, ref: SampleRef) -> bool:
         # Refs of other stores never name files here; a bad id could only come from a forged ref.
