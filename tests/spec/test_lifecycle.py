@@ -16,11 +16,12 @@ pytestmark = pytest.mark.timeout(300)
 def _mirror_graph() -> tuple[set[str], set[tuple[str, str, str]]]:
     """Every sample state and every (spec action, source, dest) edge of the mirror's reachable graphs.
 
-    The CI model and the dedup-window model (which adds eviction and re-store).
+    The CI model, the dedup-window model (which adds eviction and re-store) and the dead-letter repair model
+    (kept dead letters, requeue, purge).
     """
     states: set[str] = set()
     edges: set[tuple[str, str, str]] = set()
-    for config in ("LeaseQueue.cfg", "LeaseQueueWindow.cfg"):
+    for config in ("LeaseQueue.cfg", "LeaseQueueWindow.cfg", "LeaseQueueKeep.cfg"):
         constants = constants_from_config((spec_dir() / config).read_text())
         samples = range(len(constants.samples))
         start = initial_state(constants)

@@ -15,7 +15,10 @@ Reading it: ``stored`` -> (``paused`` <-> ``stored`` while the producer waits)
 -> ``pending`` (queued) -> ``leased`` -> ``acked`` / back to ``pending``
 (redelivered) / ``dead`` (dead-lettered). A store call that fails leaves the
 settlement standing and the bytes owed (``acked-owed``, ``dead-owed``): the
-scrub is retried until they leave. A producer whose put raises (abort, close,
+scrub is retried until they leave. With ``keep_dead_letter_bytes`` a dead
+letter keeps its bytes (``dead-kept``): ``requeue_dead_letters`` sends it back
+to ``pending`` with a fresh delivery budget, ``purge_dead_letters`` scrubs it
+(to ``dead``, or ``dead-owed`` when the scrub fails). A producer whose put raises (abort, close,
 a failed ``health`` or ``retain``) discards the sample. Settled ids come back
 to ``stored`` only once evicted from the dedup window, with their bytes gone.
 """
@@ -40,6 +43,7 @@ RESIDENCY: dict[str, str] = {
     "acked-owed": "resident: the scrub failed and is retried (the ack stands)",
     "dead": "scrubbed: gone, whatever handles are out",
     "dead-owed": "resident: the scrub failed and is retried (the dead letter stands)",
+    "dead-kept": "retained: keep_dead_letter_bytes keeps the dead letter's bytes for a requeue, until purged",
     "discarded": "evicted by the producer: gone",
     "discarded-owed": "resident until the owed unretain goes through",
 }
@@ -116,6 +120,22 @@ SAMPLE = MachineTable(
         ),
         Transition("retry_scrub", "acked-owed", "acked", _RETRY, "the scrub goes through", "RetryScrub"),
         Transition("retry_scrub", "dead-owed", "dead", _RETRY, "the scrub goes through", "RetryScrub"),
+        # dead-letter repair (keep_dead_letter_bytes > 0)
+        Transition(
+            "fail_dead_letter_kept", "leased", "dead-kept", "fail(lease)", "max_deliveries spent; bytes kept", "Fail"
+        ),
+        Transition(
+            "reclaim_dead_letter_kept", "leased", "dead-kept", "reclaim_expired() / any call",
+            "deadline passed, max_deliveries spent; bytes kept", "Reclaim",
+        ),
+        Transition(
+            "requeue", "dead-kept", "pending", "requeue_dead_letters()", "bytes kept: a fresh delivery budget",
+            "RequeueDeadLetter",
+        ),
+        Transition("purge", "dead-kept", "dead", "purge_dead_letters()", "scrub succeeds", "PurgeDeadLetter"),
+        Transition(
+            "purge_scrub_fails", "dead-kept", "dead-owed", "purge_dead_letters()", "scrub raised", "PurgeDeadLetter"
+        ),
     ),
 )  # fmt: skip
 
@@ -130,6 +150,8 @@ def sample_state(state: SpecState, sample: int) -> str:
         if state.pc[owners[0]] == "waiting":
             return "paused" if state.backpressure == "paused" else "stored"
         return "raised-retained" if sample in state.backlog else "raised"
+    if status == "dead" and sample in state.kept:
+        return "dead-kept"
     if status in ("acked", "dead", "discarded"):
         return f"{status}-owed" if sample in state.backlog else status
     return status
