@@ -618,9 +618,10 @@ Close ==
     /\ lifecycle' = "draining"
     /\ UNCHANGED <<status, queue, deliveries, lease, held, handles, storeVars, bp, faultVars, envVars>>
 RequeueDeadLetter(s) == RequeueCore(s)
-PurgeDead(s) ==
-    \/ PurgeDeadLetter(s, FALSE)
-    \/ status[s] = "dead" /\ s \notin kept /\ UNCHANGED vars
+(* A purge of a dead letter whose bytes are gone changes no spec variable. *)
+PurgeDead(s, fault) ==
+    \/ PurgeDeadLetter(s, fault)
+    \/ ~fault /\ status[s] = "dead" /\ s \notin kept /\ UNCHANGED vars
 Drain ==
     /\ lifecycle = "draining" /\ QueueEmpty
     /\ lifecycle' = "drained"

@@ -230,3 +230,73 @@ def test_malformed_values_are_refused_by_name() -> None:
         validate_traces([[ev(events.PUT, sample_id="x0", now=float("nan"))]], CONSTANTS)
     with pytest.raises(ValueError, match="visibility_timeout"):
         TraceConstants(max_deliveries=1, visibility_timeout=0)
+
+
+# Dead-letter repair: the queue keeps dead letters' bytes (keep_dead_letter_bytes), max_deliveries 1.
+KEEP = TraceConstants(max_deliveries=1, sample_bytes=SIZE, visibility_timeout=VT, keep_dead_letters=True)
+
+
+def requeue() -> list[Event]:
+    """d0 dies on its first fail with its bytes kept, is requeued with a fresh budget, delivered again and acked."""
+    return [
+        ev(STORE_PUT, sample_id="d0"),
+        ev(events.PUT, sample_id="d0", n=0, pending=1, outstanding=0, now=0.0),
+        ev(events.ACQUIRE, sample_id="d0", lease_id=1, n=0, pending=0, outstanding=1, now=0.0, deadline=10.0),
+        ev(events.FAIL, sample_id="d0", lease_id=1, n=0, pending=0, outstanding=0, now=1.0),
+        ev(events.DEAD_LETTER, sample_id="d0", n=0, kept=True, pending=0, outstanding=0, now=1.0),
+        ev(events.RESIDENT, samples=["d0"], resident_bytes=SIZE),
+        ev(events.REQUEUE_DEAD_LETTER, sample_id="d0", n=0, pending=1, outstanding=0, now=2.0),
+        ev(events.ACQUIRE, sample_id="d0", lease_id=2, n=0, pending=0, outstanding=1, now=2.0, deadline=12.0),
+        ev(events.ACK, sample_id="d0", lease_id=2, n=0, pending=0, outstanding=0, now=3.0),
+        ev(STORE_SCRUB, sample_id="d0"),
+        ev(events.RESIDENT, samples=[], resident_bytes=0),
+    ]
+
+
+def purge_with_failed_scrub() -> list[Event]:
+    """d1 is reclaimed into a kept dead letter; its purge's scrub fails and is owed, then retried; a second
+    dead letter (d2) is purged at once."""
+    return [
+        ev(STORE_PUT, sample_id="d1"),
+        ev(events.PUT, sample_id="d1", n=0, pending=1, outstanding=0, now=0.0),
+        ev(events.ACQUIRE, sample_id="d1", lease_id=3, n=0, pending=0, outstanding=1, now=0.0, deadline=10.0),
+        ev(events.RECLAIM, sample_id="d1", lease_id=3, n=0, pending=0, outstanding=0, now=10.0, deadline=10.0),
+        ev(events.DEAD_LETTER, sample_id="d1", n=0, kept=True, pending=0, outstanding=0, now=10.0),
+        ev(events.PURGE_DEAD_LETTER, sample_id="d1", pending=0, outstanding=0, now=11.0),
+        ev(events.STORE_FAULT, call="scrub", sample_id="d1", error="OSError(5)", pending=0, outstanding=0, now=11.0),
+        ev(events.RESIDENT, samples=["d1"], resident_bytes=SIZE),
+        ev(STORE_SCRUB, sample_id="d1"),
+        ev(events.SCRUB_RETRIED, call="scrub", sample_id="d1", pending=0, outstanding=0, now=12.0),
+        ev(events.RESIDENT, samples=[], resident_bytes=0),
+    ]
+
+
+def acked_then_requeued() -> list[Event]:
+    """d3 is acked (its bytes scrubbed); a requeue of it must not be admitted: it was acked, not dead."""
+    return [
+        ev(STORE_PUT, sample_id="d3"),
+        ev(events.PUT, sample_id="d3", n=0, pending=1, outstanding=0, now=0.0),
+        ev(events.ACQUIRE, sample_id="d3", lease_id=4, n=0, pending=0, outstanding=1, now=0.0, deadline=10.0),
+        ev(events.ACK, sample_id="d3", lease_id=4, n=0, pending=0, outstanding=0, now=1.0),
+        ev(STORE_SCRUB, sample_id="d3"),
+        ev(events.REQUEUE_DEAD_LETTER, sample_id="d3", n=0, pending=1, outstanding=0, now=2.0),
+    ]
+
+
+def test_dead_letter_repair_traces_are_admitted_and_a_requeue_of_an_acked_id_is_rejected(
+    tlc_available: None,
+) -> None:
+    correct = {"requeue": requeue(), "purge with a failed scrub": purge_with_failed_scrub()}
+    defects = {
+        "requeue of an acked id": (acked_then_requeued(), 5),
+        "a kept dead letter traced as scrubbed": (replace(requeue(), 4, kept=False), 4),
+        "a second requeue of the same id": (insert(requeue(), 7, requeue()[6]), 7),
+    }
+    results = validate_traces([*correct.values(), *(trace for trace, _ in defects.values())], KEEP)
+    for name, result in zip(correct, results, strict=False):
+        assert result.admitted, (name, result.explain())
+    for (name, (_, index)), result in zip(defects.items(), results[len(correct) :], strict=True):
+        print(f"{name}: {result.explain()}")
+        assert not result.admitted, name
+        assert result.stuck_at is not None and result.stuck_at["index"] == index, (name, result.explain())
+        assert WHY["action"] in result.why, (name, result.why)

@@ -101,7 +101,10 @@ class TraceConstants:
 
     ``max_deliveries``; ``sample_bytes``, every sample's size; the watermarks in
     bytes (leave ``None`` when the trace has no Pause/Resume); and the queue's
-    ``visibility_timeout`` in seconds (``None``: Acquire deadlines not checked).
+    ``visibility_timeout`` in seconds (``None``: Acquire deadlines not checked);
+    ``keep_dead_letters``, the spec's ``KeepDead``: the queue keeps every dead
+    letter's bytes (``keep_dead_letter_bytes`` > 0 with a cap no dead letter of
+    the trace exceeds; a ``DeadLetter`` event's ``kept`` field is checked).
     """
 
     max_deliveries: int
@@ -109,6 +112,7 @@ class TraceConstants:
     high_watermark: int | None = None
     low_watermark: int | None = None
     visibility_timeout: float | None = None
+    keep_dead_letters: bool = False
 
     def __post_init__(self) -> None:
         check_count("max_deliveries", self.max_deliveries, minimum=1)
@@ -117,6 +121,8 @@ class TraceConstants:
         check_count("low_watermark", self.low_watermark, allow_none=True)
         if self.visibility_timeout is not None:
             check_seconds("visibility_timeout", self.visibility_timeout, positive=True)
+        if not isinstance(self.keep_dead_letters, bool):
+            raise TypeError(f"keep_dead_letters must be a bool, got {self.keep_dead_letters!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -339,16 +345,18 @@ class _StorePutInference:
             stores += [s for s in self._first_seen if s not in self._stored and s not in stores][: max(missing, 0)]
         if action in (events.ACK, events.DEAD_LETTER):
             self._settled.add(sample)
+        elif action == events.REQUEUE_DEAD_LETTER:
+            self._settled.discard(sample)
         self._stored.update(stores)
         return [_Step(STORE_PUT, s, source=source) for s in stores]
 
 
 def _settle_scrub_faults(trace: Sequence[Event]) -> set[int]:
-    """Indices of the ``StoreFault`` events of a settle's own scrub (right after its Ack or DeadLetter)."""
+    """Indices of the ``StoreFault`` events of a settle's own scrub (right after its Ack, DeadLetter or purge)."""
     faults: set[int] = set()
     for index, (action, fields) in enumerate(trace):
         following = _next_in_operation(trace, index)
-        if action in (events.ACK, events.DEAD_LETTER) and _is(
+        if action in (events.ACK, events.DEAD_LETTER, events.PURGE_DEAD_LETTER) and _is(
             trace, following, events.STORE_FAULT, str(fields.get("sample_id")), "scrub"
         ):
             faults.add(following)  # type: ignore[arg-type]
@@ -398,6 +406,11 @@ def _steps(trace: Sequence[Event], sample_bytes: int, clock: _Clock) -> list[_St
             dead = _is(trace, following, events.DEAD_LETTER, sample)
             fault = dead and following is not None and _next_in_operation(trace, following) in scrub_faults
             steps.append(_Step(action, sample, consumer, "dead" if dead else "pending", fault, **values))
+        elif action == events.DEAD_LETTER:
+            kept = {True: "kept", False: "scrubbed"}.get(fields.get("kept"), "")  # type: ignore[call-overload]
+            steps.append(_Step(action, sample, consumer, kept, **values))
+        elif action == events.PURGE_DEAD_LETTER:
+            steps.append(_Step(action, sample, consumer, flag=following in scrub_faults, **values))
         elif action == events.STALE_REJECTED:
             forged = fields.get("forged") is True
             steps.append(_Step(action, sample, consumer_of.get(lease, 0), str(fields.get("op", "")), forged, **values))
@@ -447,13 +460,13 @@ Chk(v, x) == IF Known(v) THEN v = x ELSE TRUE
 Leased(st) == Cardinality({{s \\in Samples : st[s] = "leased"}})
 (* A store fault that changes nothing but the fault count. *)
 FaultOnly == Fault /\\ UNCHANGED <<status, queue, deliveries, lease, held, handles, storeVars, bp, lifecycle,
-                                 window, backlog, envVars>>
+                                 window, backlog, kept, envVars>>
 (* A put refused after its retain (a retain fault, or close) whose unretain failed too: the queue owes the *)
 (* unretain (as the spec's ClosedRaise with a fault).                                                       *)
 RefusedPutOwed(s) ==
     /\\ status[s] = "stored" /\\ Fault /\\ retained' = retained \\cup {{s}} /\\ backlog' = backlog \\cup {{s}}
     /\\ UNCHANGED <<status, queue, deliveries, lease, held, handles, resident, hcount, residentBytes, bp, lifecycle,
-                   window, envVars>>
+                   window, kept, envVars>>
 (* The lease a StaleRejected event names is not live: never issued, settled or reclaimed -- or a forged copy. *)
 NotLive(e) == IF e.l = 0 \\/ e.f THEN TRUE ELSE \\A t \\in held[e.l] : lease[t[1]][t[2]] # "leased"
 (* A settle of the lease e names (attempt e.n when traced) that consumer e.l holds. *)
@@ -478,6 +491,9 @@ Match(e) ==
       [] e.a = "Reclaim" -> e.l \\in Consumers /\\ <<e.s, deliveries[e.s]>> \\in held[e.l] /\\ Chk(e.n, deliveries[e.s])
                             /\\ ReclaimCore(e.s, e.f) /\\ UNCHANGED <<lifecycle, envVars>> /\\ status'[e.s] = e.o
       [] e.a = "DeadLetter" -> status[e.s] = "dead" /\\ Chk(e.n, deliveries[e.s]) /\\ UNCHANGED vars
+                               /\\ (e.o = "kept" => e.s \\in kept) /\\ (e.o = "scrubbed" => e.s \\notin kept)
+      [] e.a = "RequeueDeadLetter" -> Chk(e.n, 0) /\\ RequeueDeadLetter(e.s)
+      [] e.a = "PurgeDeadLetter" -> PurgeDead(e.s, e.f)
       [] e.a = "Extend" -> Settles(e, "Extend")
       [] e.a = "StaleRejected" -> NotLive(e) /\\ UNCHANGED vars
       [] e.a = "Resident" -> (IF Exact[tr] THEN resident ELSE {{s \\in resident : status[s] # "stored"}}) = e.obs
@@ -554,6 +570,7 @@ CONSTANTS
     BugNoDedup = FALSE
     BugNoDeliveryLimit = FALSE
     BugNoReaper = FALSE
+    KeepDead = {keep_dead}
 INVARIANT
     TraceReport
 """
@@ -602,7 +619,12 @@ def validate_traces(
     high = constants.high_watermark if constants.high_watermark is not None else 1 << 30
     low = constants.low_watermark if constants.low_watermark is not None else 0
     config = _TRACE_CONFIG.format(
-        max_deliveries=constants.max_deliveries, high=high, low=low, sample_bytes=constants.sample_bytes, faults=faults
+        max_deliveries=constants.max_deliveries,
+        high=high,
+        low=low,
+        sample_bytes=constants.sample_bytes,
+        faults=faults,
+        keep_dead="TRUE" if constants.keep_dead_letters else "FALSE",
     )
     with tempfile.TemporaryDirectory(prefix="featurestream-trace-") as scratch:
         module_path = Path(scratch) / "LeaseQueueTrace.tla"
