@@ -288,3 +288,47 @@ def test_unknown_fault_calls_and_producers_are_refused() -> None:
         m.arm_fault("unlink")
     with pytest.raises(KeyError, match="p9"):
         m.producer_store("p9", "s1")
+
+
+def test_a_kept_dead_letter_is_requeued_with_a_fresh_budget_and_acked_once() -> None:
+    m = _mirror(max_deliveries=1, keep_dead=True)
+    _enqueue(m, "s1", "s2")
+    first = m.acquire("c1")
+    assert first is not None and m.fail("c1", first)
+    assert m.status("s1") == "dead" and m.kept() == {"s1"} and m.resident() == {"s1", "s2"}
+    assert m.dead_letters() == ["s1"] and m.dedup_window() == ["s1"]
+    assert not m.reput("s1"), "a put of a kept dead letter is refused"
+    m.check_invariants()
+    assert m.requeue_dead_letter("s1")
+    assert m.pending_order() == ["s2", "s1"] and m.redelivery_count("s1") == 0
+    assert m.kept() == set() and m.dead_letters() == [] and m.dedup_window() == []
+    m.check_invariants()
+    assert m.acquire("c1") == ("s2", 0)
+    token = m.acquire("c2")
+    assert token == ("s1", 0) and m.ack("c2", token)
+    assert m.status("s1") == "acked" and "s1" not in m.resident()
+    assert not m.requeue_dead_letter("s1"), "an acked id is never requeued"
+    assert m.status("s1") == "acked" and m.stats()["requeued"] == 1
+    m.check_invariants()
+
+
+def test_requeue_is_refused_without_kept_bytes_and_purge_scrubs_kept_ones() -> None:
+    m = _mirror(max_deliveries=1)
+    _enqueue(m, "s1")
+    token = m.acquire("c1")
+    assert token is not None and m.fail("c1", token)
+    assert m.status("s1") == "dead" and m.resident() == set()
+    assert not m.requeue_dead_letter("s1"), "bytes gone: refused"
+    assert m.status("s1") == "dead" and m.stats()["requeued"] == 0
+    assert m.purge_dead_letter("s1") and m.dead_letters() == [] and not m.purge_dead_letter("s1")
+    kept = _mirror(max_deliveries=1, keep_dead=True)
+    _enqueue(kept, "s2")
+    token = kept.acquire("c1")
+    assert token is not None and kept.reclaim("s2") and kept.kept() == {"s2"}
+    kept.arm_fault("scrub")
+    assert kept.purge_dead_letter("s2")
+    assert kept.kept() == set() and kept.backlog() == {"s2"} and kept.resident() == {"s2"}
+    assert not kept.requeue_dead_letter("s2"), "purged: no longer a dead letter"
+    kept.check_invariants()
+    assert kept.retry_scrub("s2") and kept.resident() == set() and kept.stats()["purged"] == 1
+    kept.check_invariants()
