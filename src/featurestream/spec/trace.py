@@ -317,14 +317,15 @@ def _stores_traced(trace: Sequence[Event]) -> bool:
 
 
 def _offers(action: str, fields: Mapping[str, object]) -> bool:
-    """Whether the event is the queue handling a put of the sample it names."""
-    return action == events.PUT or (action == events.STORE_FAULT and fields.get("call") == "retain")
+    """Whether the event is the queue handling a put of the sample it names: its Put, or a failed retain or
+    unretain (a put refused after its retain, e.g. by a Redis queue that turned out closed, owes the unretain)."""
+    return action == events.PUT or (action == events.STORE_FAULT and fields.get("call") in ("retain", "unretain"))
 
 
 class _StorePutInference:
     """For a trace without store events: when was each sample stored?
 
-    Right before the queue first sees it (its put, or its failed retain), or
+    Right before the queue first sees it (its put, its failed retain or unretain), or
     earlier when an event reports more resident bytes than the samples stored
     so far: producers store before they wait to enqueue.
     """
@@ -505,7 +506,7 @@ Match(e) ==
       [] e.a = "ScrubFault" -> e.s \\in backlog /\\ UNCHANGED vars
       [] e.a = "ScrubRetried" -> RetryScrub(e.s, FALSE)
       [] e.a = "RetryFault" -> RetryScrub(e.s, TRUE)
-      [] e.a = "RetainFault" -> status[e.s] = "stored" /\\ lifecycle = "open" /\\ FaultOnly
+      [] e.a = "RetainFault" -> status[e.s] = "stored" /\\ FaultOnly  \\* also once closed: Redis retains first
       [] e.a = "UnretainFault" -> IF e.s \\in backlog THEN RetryScrub(e.s, TRUE) ELSE RefusedPutOwed(e.s)
       [] e.a = "OtherFault" -> FaultOnly
       [] OTHER -> FALSE
