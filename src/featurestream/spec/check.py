@@ -13,6 +13,7 @@ from featurestream.spec.tlc import Simulation, ToolMissing, run_tlc, spec_dir
 
 CI_CONFIG = "LeaseQueue.cfg"
 WINDOW_CONFIG = "LeaseQueueWindow.cfg"
+KEEP_CONFIG = "LeaseQueueKeep.cfg"
 DEEP_CONFIG = "LeaseQueueDeep.cfg"
 SIM_CONFIG = "LeaseQueueSim.cfg"
 
@@ -24,6 +25,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     which.add_argument("--deep", action="store_true", help="the larger nightly model (spec/LeaseQueueDeep.cfg)")
     which.add_argument(
         "--window", action="store_true", help="the dedup-window eviction model (spec/LeaseQueueWindow.cfg)"
+    )
+    which.add_argument(
+        "--keep", action="store_true", help="the dead-letter repair model: requeue, purge (spec/LeaseQueueKeep.cfg)"
     )
     parser.add_argument(
         "--simulate",
@@ -48,6 +52,8 @@ def run(args: argparse.Namespace) -> int:
             config = spec_dir() / DEEP_CONFIG
         elif args.window:
             config = spec_dir() / WINDOW_CONFIG
+        elif args.keep:
+            config = spec_dir() / KEEP_CONFIG
         else:
             config = spec_dir() / (SIM_CONFIG if args.simulate else CI_CONFIG)
         simulate = (
