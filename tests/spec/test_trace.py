@@ -22,7 +22,7 @@ from featurestream.spec.trace import (
     validate_trace,
     validate_traces,
 )
-from featurestream.testing import FakeClock
+from featurestream.testing import FakeClock, FaultyStore
 from stateful.defects import NoDedupQueue, NoDeliveryLimitQueue, RetainIgnoringStore, UnretainingScrubStore
 
 pytestmark = pytest.mark.timeout(600)
@@ -276,3 +276,39 @@ def test_wrapped_store_records_the_calls_that_took_effect_and_forwards_the_rest(
     assert recorder.events[-1] == ("Resident", {"samples": [], "resident_bytes": 0})
     with pytest.raises(TypeError, match="FeatureStore"):
         recorder.wrap(object())  # type: ignore[arg-type]
+
+
+def test_a_dead_letter_repair_trace_of_the_real_queue_is_admitted(tlc_available: None) -> None:
+    """keep_dead_letter_bytes: a kept dead letter requeued and acked, another purged (its scrub fails once and is
+    retried by the next queue call); the store wrapped, residency observed throughout. (Every dead letter fits
+    the cap: the spec does not model it.)"""
+    size = put_sample(LocalFeatureStore(), "probe").estimated_bytes
+    clock, recorder = FakeClock(1000.0), TraceRecorder()
+    faulty = FaultyStore(LocalFeatureStore())
+    store = recorder.wrap(faulty)
+    queue = SampleRefQueue(
+        store, VisibilityTimeout(VT), max_deliveries=1, clock=clock, tracer=recorder, keep_dead_letter_bytes=2 * size
+    )
+    for sample_id in ("k0", "k1"):
+        queue.put(put_sample(store, sample_id))
+    for _ in range(2):
+        lease = queue.acquire()
+        assert lease is not None
+        queue.fail(lease)  # max_deliveries 1: dead, its bytes kept
+    recorder.observe_residency(store)
+    assert queue.requeue_dead_letters(["k0"]) == ["k0"]
+    again = queue.acquire()
+    assert again is not None and again.ref.sample_id == "k0" and again.redelivery_count == 0
+    queue.ack(again)
+    faulty.arm("scrub")
+    assert queue.purge_dead_letters() == ["k1"]
+    recorder.observe_residency(store)
+    assert queue.acquire(timeout=0) is None  # a later queue call retries the owed scrub
+    recorder.observe_residency(store)
+    assert not any(store.is_resident(s) for s in ("k0", "k1"))
+    actions = [action for action, _ in recorder.events]
+    assert actions.count("RequeueDeadLetter") == 1 and actions.count("PurgeDeadLetter") == 1
+    assert "ScrubRetried" in actions
+    constants = TraceConstants(1, sample_bytes=size, visibility_timeout=VT, keep_dead_letters=True)
+    result = validate_trace(recorder.events, constants)
+    assert result.admitted, result.explain()
