@@ -174,3 +174,21 @@ def test_oldest_lease_age_follows_the_queue_clock() -> None:
     assert queue.oldest_lease_age() == 1.5
     queue.ack(second)  # type: ignore[arg-type]
     assert queue.oldest_lease_age() is None
+
+
+def test_a_kept_dead_letter_the_dedup_window_forgot_is_not_re_put() -> None:
+    # Found by the spec's keep model: a re-put accepted here let a later purge scrub a pending sample's bytes.
+    store, queue, _, _ = make_queue(max_deliveries=1, dedup_window=1, keep_dead_letter_bytes=1 << 30)
+    queue.put(put_sample(store, "a"))
+    dead = queue.acquire(poll_interval=0)
+    assert dead is not None
+    queue.fail(dead)
+    queue.put(put_sample(store, "b"))
+    acked = queue.acquire(poll_interval=0)
+    assert acked is not None
+    queue.ack(acked)  # the window of one now remembers only b
+    with pytest.raises(ValueError, match="'a' is a dead letter whose bytes are kept"):
+        queue.put(dead.ref)
+    assert store.is_resident("a") and queue.pending_count() == 0
+    assert queue.purge_dead_letters(["a"]) == ["a"]
+    assert not store.is_resident("a") and queue.acquire(poll_interval=0) is None

@@ -122,3 +122,19 @@ def test_settings_include_kept_bytes(make: Factory, store: LocalFeatureStore) ->
     make(store, keep_dead_letter_bytes=100)
     with pytest.raises(ValueError, match=r"keep_dead_letter_bytes=100; this instance asks for .*=0"):
         make(store)
+
+
+@pytest.mark.parametrize("batched", [False, True], ids=["put", "put_many"])
+def test_a_kept_dead_letter_the_dedup_window_forgot_is_not_re_put(
+    make: Factory, store: LocalFeatureStore, batched: bool
+) -> None:
+    # Found by the spec's keep model: a re-put accepted here let a later purge scrub a pending sample's bytes.
+    queue = make(store, dedup_window=1, keep_dead_letter_bytes=1 << 30)
+    (ref,) = kill(queue, store, 0)
+    queue.put(store.put("b", sample_tensors(1)))
+    queue.ack(queue.acquire(timeout=0))  # the window of one now remembers only b
+    with pytest.raises(ValueError, match="'s0' is a dead letter whose bytes are kept"):
+        queue.put_many([ref]) if batched else queue.put(ref)
+    assert store.is_resident("s0") and queue.pending_count() == 0  # the refused put left the kept retain alone
+    assert queue.purge_dead_letters(["s0"]) == ["s0"]
+    assert not store.is_resident("s0") and queue.acquire(timeout=0) is None

@@ -612,6 +612,8 @@ class SampleRefQueue:
                 f"sample {sample_id!r} was already {outcome}; re-puts of settled samples are refused "
                 "(discard the duplicate from the store)"
             )
+        if sample_id in self._kept:
+            raise ValueError(kept_dead_letter_error(sample_id))
         owed = self._owed.get(sample_id) if self._owed else None
         if owed is not None and owed[0] == "scrub":
             raise ValueError(
@@ -868,3 +870,11 @@ def store_error(exc: Exception, doing: str) -> Exception:
         return type(exc)(*args)
     except Exception:
         return RuntimeError(*args[-1:])
+
+
+def kept_dead_letter_error(sample_id: str) -> str:
+    """Why a put of a dead letter's id whose bytes are kept is refused (both backends)."""
+    return (
+        f"sample {sample_id!r} is a dead letter whose bytes are kept (keep_dead_letter_bytes); "
+        "requeue_dead_letters or purge_dead_letters it instead of re-putting"
+    )

@@ -79,6 +79,7 @@ from featurestream.core.queue import (
     LeaseLost,
     QueueStats,
     Tracer,
+    kept_dead_letter_error,
     store_error,
 )
 from featurestream.core.reaper import start_reaper
@@ -729,7 +730,8 @@ class RedisSampleRefQueue:
         if status == "busy":
             self._owe("unretain", ref)
             return False
-        self._refuse(status, ref, held=bool(int(rest[0])) if status == "closed" else status == "held", outcome=rest)
+        held = bool(int(rest[0])) if status == "closed" else status in ("held", "kept")
+        self._refuse(status, ref, held=held, outcome=rest)
 
     def _put_batch_locked(self, batch: list[SampleRef]) -> None:
         if any(self._known(ref.sample_id) for ref in batch):
@@ -776,6 +778,8 @@ class RedisSampleRefQueue:
             raise RuntimeError(f"cannot put sample {ref.sample_id!r}: the queue is closed")
         if status == "held":
             raise ValueError(f"sample {ref.sample_id!r} is already present: it is already queued; ids must be unique")
+        if status == "kept":
+            raise ValueError(kept_dead_letter_error(ref.sample_id))
         raise ValueError(
             f"sample {ref.sample_id!r} was already {_text(outcome[0])}; re-puts of settled samples are refused "
             "(discard the duplicate from the store)"

@@ -221,8 +221,9 @@ end
 
 -- Why a put with put token ``token`` cannot add a sample whose ``refs`` and ``done`` values are ``held`` and
 -- ``done`` (false when absent): nil (it can), 'again' (this very put took effect already: a retry after a lost
--- reply), 'held' (queued by another put), or 'dedup' and the outcome.
-local function put_verdict(held, done, token)
+-- reply), 'held' (queued by another put), 'dedup' and the outcome, or 'kept' (a dead letter whose bytes are
+-- kept for a requeue, after the dedup window forgot it: its bytes are not the put's to enqueue).
+local function put_verdict(sid, held, done, token)
   if held then
     if split_held(held) == token then
       return 'again'
@@ -235,6 +236,9 @@ local function put_verdict(held, done, token)
       return 'again'
     end
     return 'dedup', outcome
+  end
+  if redis.call('HEXISTS', K_KEPT, sid) == 1 then
+    return 'kept'
   end
   return nil
 end

@@ -9,7 +9,7 @@ if not is_open() then
   return {'closed', events, held and 1 or 0}
 end
 local done = not held and redis.call('HGET', K_DONE, sid)
-local why, outcome = put_verdict(held, done, token)
+local why, outcome = put_verdict(sid, held, done, token)
 if why == 'again' then
   return {'ok', events}
 end

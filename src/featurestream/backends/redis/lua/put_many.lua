@@ -22,13 +22,13 @@ end
 local done = redis.call('HMGET', K_DONE, unpack(sids))
 local fresh = {}
 for j, sid in ipairs(sids) do
-  local why, outcome = put_verdict(held[j], done[j], base .. j)
+  local why, outcome = put_verdict(sid, held[j], done[j], base .. j)
   if why == 'dedup' then
     refuse_dedup(sid)
     return {'dedup', events, sid, outcome, held_flags()}
   end
-  if why == 'held' then
-    return {'held', events, sid, '', held_flags()}
+  if why == 'held' or why == 'kept' then
+    return {why, events, sid, '', held_flags()}
   end
   if why == nil then
     fresh[#fresh + 1] = {sid, ARGV[2 * j + 2], base .. j}
