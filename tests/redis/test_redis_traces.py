@@ -21,6 +21,7 @@ from featurestream.spec.tlc import ToolMissing, find_jar, find_java
 from featurestream.spec.trace import TraceConstants, TraceRecorder, validate_traces
 from featurestream.testing import (
     MachineConfig,
+    describe_rejections,
     duplicate_delivery_trace,
     make_queue_machine,
     record_machine_traces,
@@ -153,5 +154,5 @@ def test_redis_traces_are_admitted_by_the_spec_and_a_defect_trace_is_not(redis_s
     )
     verdicts = validate_traces(traces, constants)
     rejected = [n for n, verdict in enumerate(verdicts) if not verdict.admitted]
-    assert rejected == [len(traces) - 1], [verdicts[n].explain() for n in rejected]
+    assert rejected == [len(traces) - 1], describe_rejections(traces, verdicts)
     assert verdicts[-1].stuck_at is not None and verdicts[-1].stuck_at["action"] == "Put"

@@ -12,7 +12,13 @@ import pytest
 from featurestream import LocalFeatureStore
 from featurestream.spec.tlc import ToolMissing, find_jar, find_java
 from featurestream.spec.trace import TraceConstants, validate_traces
-from featurestream.testing import MachineConfig, duplicate_delivery_trace, make_queue_machine, record_machine_traces
+from featurestream.testing import (
+    MachineConfig,
+    describe_rejections,
+    duplicate_delivery_trace,
+    make_queue_machine,
+    record_machine_traces,
+)
 
 from . import stress
 from .defects import NoDedupQueue
@@ -54,5 +60,5 @@ def test_traces_of_machine_runs_and_threads_are_admitted_and_a_defect_trace_is_n
     )
     verdicts = validate_traces(traces, constants)
     rejected = [n for n, verdict in enumerate(verdicts) if not verdict.admitted]
-    assert rejected == [len(traces) - 1], [verdicts[n].explain() for n in rejected]
+    assert rejected == [len(traces) - 1], describe_rejections(traces, verdicts)
     assert verdicts[-1].stuck_at is not None and verdicts[-1].stuck_at["action"] == "Put"

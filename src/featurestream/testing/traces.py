@@ -5,6 +5,7 @@ from __future__ import annotations
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 
+from featurestream.spec.trace import TraceResult
 from featurestream.testing.machine import QueueMachine
 
 Trace = list[tuple[str, dict[str, object]]]
@@ -51,3 +52,19 @@ def duplicate_delivery_trace(machine: type[QueueMachine]) -> Trace:
     state.do_put("s0", blocking=False)
     assert state.do_acquire("c1") is not None, "the re-put sample was not delivered again"
     return list(state.trace.events)
+
+
+def describe_rejections(traces: list[Trace], verdicts: list[TraceResult], context: int = 8) -> str:
+    """Each rejected trace's verdict and, in full, the events up to the one no spec action matched.
+
+    For assertion messages: a rejection found once in a random run must be diagnosable from the log alone.
+    """
+    parts = []
+    for n, verdict in enumerate(verdicts):
+        if verdict.admitted:
+            continue
+        at = verdict.stuck_at.get("index") if verdict.stuck_at else None
+        parts.append(f"trace {n}: {verdict.explain()}")
+        if isinstance(at, int):
+            parts.extend(f"  event {i}: {traces[n][i]!r}" for i in range(max(0, at - context), at + 1))
+    return "\n".join(parts)
