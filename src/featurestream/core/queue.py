@@ -29,11 +29,13 @@ __all__ = [
     "DEFAULT_MAX_DELIVERIES",
     "DeadLetter",
     "Lease",
+    "QUEUE_STATS_GAUGES",
     "LeaseLost",
     "QueueStats",
     "SampleRefQueue",
     "VisibilityTimeout",
     "_lease_id_counter",
+    "kept_dead_letter_error",
     "store_error",
     "_next_lease_id",
 ]
@@ -75,9 +77,13 @@ class QueueStats:
     store_errors: int = 0
     requeued: int = 0
     purged: int = 0
-    pending: int = 0
-    outstanding: int = 0
-    scrub_backlog: int = 0
+    # Gauges: the current value, not a count since construction (marked so readers need not list them).
+    pending: int = dataclasses.field(default=0, metadata={"gauge": True})
+    outstanding: int = dataclasses.field(default=0, metadata={"gauge": True})
+    scrub_backlog: int = dataclasses.field(default=0, metadata={"gauge": True})
+
+
+QUEUE_STATS_GAUGES: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(QueueStats) if f.metadata.get("gauge"))
 
 
 class _Record:

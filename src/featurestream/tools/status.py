@@ -36,17 +36,15 @@ from typing import Any
 
 from featurestream.core.checks import check_count
 from featurestream.core.protocol import LeaseQueue
-from featurestream.core.queue import QueueStats
+from featurestream.core.queue import QUEUE_STATS_GAUGES, QueueStats
 
 __all__ = ["COUNTERS", "GAUGES", "SCHEMA", "StatusWatcher", "snapshot"]
 
 SCHEMA = 1
-# The gauges of QueueStats -> their top-level snapshot keys; every other field is a cumulative counter.
-# (QueueStats does not mark its gauges, so a new gauge must be added here or it is reported as a counter.)
-_GAUGE_KEYS = {"pending": "pending", "outstanding": "leased", "scrub_backlog": "scrub_backlog"}
-_FIELDS = tuple(f.name for f in dataclasses.fields(QueueStats))
-_GAUGE_FIELDS = tuple((name, _GAUGE_KEYS[name]) for name in _FIELDS if name in _GAUGE_KEYS)
-COUNTERS: tuple[str, ...] = tuple(name for name in _FIELDS if name not in _GAUGE_KEYS)
+# QueueStats' gauges -> their top-level snapshot keys (``outstanding`` reads as ``leased`` to an operator);
+# every other field is a cumulative counter.
+_GAUGE_FIELDS = tuple((name, "leased" if name == "outstanding" else name) for name in QUEUE_STATS_GAUGES)
+COUNTERS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(QueueStats) if f.name not in QUEUE_STATS_GAUGES)
 GAUGES: tuple[str, ...] = tuple(key for _, key in _GAUGE_FIELDS)
 DEFAULT_NEWEST_DEAD_LETTERS = 5
 
