@@ -793,7 +793,7 @@ class SampleRefQueue:
     def _pay_owed(self) -> None:
         """Retry owed scrubs/unretains (``backlog.pay_owed``); once drained with nothing owed, stop the reaper."""
         pay_owed(self._store, self._owed, self._store_fault, self._paid)
-        if self._lifecycle.state == "drained" and not self._owed:
+        if self._reaper_finished():
             self._reaper_stop.set()
 
     def _paid(self, sample_id: str, call: str) -> None:
@@ -832,16 +832,8 @@ class SampleRefQueue:
         """The producer rule: flowing, or the queue holds nothing (then waiting could never end)."""
         return self._backpressure.state == "flowing" or not self._held
 
-    def _trace(self, action: str, **fields: object) -> None:
-        """Pass one event to the tracer as given (backends that keep their state elsewhere call this)."""
-        if self._tracer is not None:
-            self._tracer(action, fields)
-
     def _trace_state(self, action: str, **fields: object) -> None:
-        """Trace ``action`` with the state it left: ``pending``/``outstanding`` counts and the clock ``now``.
-
-        ``_update_backpressure`` calls this; a backend whose pending/leased state lives elsewhere overrides it.
-        """
+        """Trace ``action`` with the state it left: ``pending``/``outstanding`` counts and the clock ``now``."""
         if self._tracer is not None:
             state = {"pending": len(self._pending), "outstanding": len(self._live), "now": self._clock()}
             self._tracer(action, {**fields, **state})
@@ -853,8 +845,6 @@ class SampleRefQueue:
         if record is not None:
             fields = {"sample_id": record.ref.sample_id, "n": record.redelivery_count, **fields}
         self._trace_state(action, **fields)
-
-    # -- around the lock ----------------------------------------------------------
 
 
 def store_error(exc: Exception, doing: str) -> Exception:
