@@ -355,17 +355,26 @@ local function stale(op, key, live)
   emit(live and 'forged' or 'stale', op, key)
 end
 
+-- The stale leases of a batch that came before one of its live ones: {lease key, held} each.
+local function stale_each(op, before)
+  for _, item in ipairs(before) do
+    stale(op, item[1], item[2])
+  end
+end
+
 -- Settle a batch of leases, ARGV[2:] = (lease key, token, sample id) per lease, each on its own: 'ok',
 -- 'again' (this very lease settled so already: a retry after a lost reply), or 'stale'. The live ones are
 -- dropped together (``counter``); ``settle(live)`` finishes them, ``live`` being a list of
--- {sample id, lease key, token, redelivery count, put token}. Returns the statuses, in order.
+-- {sample id, lease key, token, redelivery count, put token, the stale leases just before it}: each live
+-- lease's settle first rejects those, so the events follow the batch's order item by item, as the calls one
+-- at a time would. Returns the statuses, in order.
 local function settle_batch(op, counter, outcome, settle)
   local keys = {}
   for i = 2, #ARGS, 3 do
     keys[#keys + 1] = ARGS[i]
   end
   local records = redis.call('HMGET', K_LEASES, unpack(keys))
-  local statuses, live, live_keys, entries = {}, {}, {}, {}
+  local statuses, live, live_keys, entries, before = {}, {}, {}, {}, {}
   for j, key in ipairs(keys) do
     local token, sid = ARGS[3 * j], ARGS[3 * j + 1]
     local entry, tok, n, put_token, live_sid
@@ -375,14 +384,14 @@ local function settle_batch(op, counter, outcome, settle)
     -- the client sends each lease of a batch once with its token (a repeated one without), so keys differ
     if entry and token ~= '' and tok == token then
       statuses[j] = 'ok'
-      live[#live + 1] = {live_sid, key, token, tonumber(n), put_token}
+      live[#live + 1] = {live_sid, key, token, tonumber(n), put_token, before}
+      before = {}
       live_keys[#live_keys + 1] = key
       entries[#entries + 1] = entry
     elseif settled_by(sid, outcome, key, token) then
       statuses[j] = 'again'
     else
-      -- a stale lease's event goes before the settles of its batch; each is its own step
-      stale(op, key, records[j] ~= false)
+      before[#before + 1] = {key, records[j] ~= false}
       statuses[j] = 'stale'
     end
   end
@@ -390,12 +399,14 @@ local function settle_batch(op, counter, outcome, settle)
     drop_leases(live_keys, entries, counter)
     settle(live)
   end
+  stale_each(op, before)
   return statuses
 end
 
 local function ack_live(live)
   local items = {}
   for i, lease in ipairs(live) do
+    stale_each('ack', lease[6])
     emit('ack', lease[1], lease[2])
     items[i] = {lease[1], lease[2], lease[3], lease[5]}
   end
@@ -404,6 +415,7 @@ end
 
 local function fail_live(live)
   for _, lease in ipairs(live) do
+    stale_each('fail', lease[6])
     emit('fail', lease[1], lease[2])
     redeliver(lease[1], lease[4], 'failed', lease[2], lease[3], lease[5])
   end
