@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from featurestream import LocalFeatureStore
+from featurestream import LocalFeatureStore, SampleRefQueue
 from featurestream import VisibilityTimeout as VT
 from featurestream.core.refs import SampleRef
 from featurestream.testing import sample_tensors
@@ -138,3 +138,28 @@ def test_a_kept_dead_letter_the_dedup_window_forgot_is_not_re_put(
     assert store.is_resident("s0") and queue.pending_count() == 0  # the refused put left the kept retain alone
     assert queue.purge_dead_letters(["s0"]) == ["s0"]
     assert not store.is_resident("s0") and queue.acquire(timeout=0) is None
+
+
+@pytest.mark.parametrize("backend", ["in-process", "redis"])
+def test_a_requeued_id_settled_again_is_remembered_a_full_window_from_its_latest_settle(
+    make: Factory, store: LocalFeatureStore, backend: str
+) -> None:
+    # The one way an id is settled again while the window still holds it: a requeued kept dead letter. Its old
+    # record must go at the requeue, else the window evicts the id at its first settle's position (and Redis's
+    # done_order, holding the id twice, would drop the newer record when the older entry leaves).
+    settings: dict[str, Any] = {"max_deliveries": 1, "dedup_window": 2, "keep_dead_letter_bytes": 1 << 30}
+    queue: Any = SampleRefQueue(store, VT(10.0), **settings) if backend == "in-process" else make(store, **settings)
+
+    def settle(sample_id: str, index: int) -> None:
+        queue.put(store.put(sample_id, sample_tensors(index)))
+        queue.ack(queue.acquire(timeout=0))
+
+    kill(queue, store, 0)  # window [s0]
+    settle("b", 1)  # [s0, b]
+    assert queue.requeue_dead_letters(["s0"]) == ["s0"]  # [b]
+    queue.ack(queue.acquire(timeout=0))  # [b, s0]
+    settle("c", 2)  # [s0, c]
+    with pytest.raises(ValueError, match="'s0' was already acked"):
+        queue.put(store.put("s0", sample_tensors(0)))
+    queue.put(store.put("b", sample_tensors(1)))  # b left the window: a new incarnation
+    assert queue.stats().dedup_refused == 1
