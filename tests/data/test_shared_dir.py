@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,11 @@ from .helpers import assert_is_sample, eagle3_sample, put_eagle3
 
 
 def files(directory: Path) -> list[str]:
+    """The directory's files, once every removed sample is unlinked (the background deleter's promise)."""
+    deadline = time.monotonic() + 10
+    while any(name.startswith(shared_dir.SCRUBBED_PREFIX) for name in os.listdir(directory)):
+        assert time.monotonic() < deadline, f"removed samples never unlinked: {sorted(os.listdir(directory))}"
+        time.sleep(0.005)
     return sorted(os.listdir(directory))
 
 

@@ -6,6 +6,12 @@ Files and what they mean (``<id>`` is the sample id):
   atomically: written to ``.<id>.<random>.tmp`` in the same directory, then
   hard-linked to its final name (so a concurrent writer of the same id is
   refused instead of clobbered) and the temporary name unlinked.
+- ``.scrubbed-<random>`` — a sample on its way out. Freeing a large file's
+  pages takes milliseconds, so its removal is split: the file is renamed
+  here at once (its name is gone: no ``get`` finds it) and unlinked on a
+  background thread (``featurestream.stores.deleter``). ``close`` waits for
+  those unlinks; a new instance on the directory unlinks any left by a
+  process that died before finishing them.
 - ``<id>.retained`` — an empty marker: a queue holds the sample. The queue's
   process creates it on ``retain`` (before the sample can be leased) and
   removes it on ``scrub`` (after the data file). A store instance releasing
@@ -34,11 +40,13 @@ import logging
 import os
 import struct
 import tempfile
+import uuid
 from collections.abc import Mapping
 
 import torch
 
 from featurestream.core.refs import SampleRef
+from featurestream.stores.deleter import BackgroundDeleter
 from featurestream.stores.ledger import (
     DEFAULT_HIGH_WATERMARK,
     DEFAULT_LOW_WATERMARK,
@@ -54,6 +62,7 @@ logger = logging.getLogger(__name__)
 
 DATA_SUFFIX = ".safetensors"
 RETAINED_SUFFIX = ".retained"
+SCRUBBED_PREFIX = ".scrubbed-"
 
 _DTYPES: dict[str, torch.dtype] = {
     "F64": torch.float64,
@@ -212,6 +221,7 @@ class SharedDirFeatureStore(LedgerFeatureStore):
     ) -> None:
         self.directory = os.path.abspath(os.fspath(directory))
         self._unlink_later: dict[str, None] = {}  # paths whose unlink failed, retried by scrub/gc/close
+        self._deleter = BackgroundDeleter(self._unlink_failed)
         super().__init__(
             f"file://{self.directory}",
             max_samples=max_samples,
@@ -225,6 +235,9 @@ class SharedDirFeatureStore(LedgerFeatureStore):
             raise NotADirectoryError(
                 errno.ENOTDIR, f"cannot use {self.directory} as a store directory: it is not a directory"
             ) from None
+        for name in os.listdir(self.directory):
+            if name.startswith(SCRUBBED_PREFIX):  # left by a process that died before unlinking it
+                self._deleter.submit(os.path.join(self.directory, name))
 
     # -- paths ------------------------------------------------------------
     def _check_sample_id(self, sample_id: object) -> None:
@@ -303,24 +316,36 @@ class SharedDirFeatureStore(LedgerFeatureStore):
 
     def _drop(self, sample_id: str) -> None:
         # Data first, marker second: whoever still sees the marker finds the data gone or keeps it.
-        self._unlink(self.data_path(sample_id))
+        self._unlink(self.data_path(sample_id), data=True)
         self._unlink(self._marker_path(sample_id))
 
     def _drop_released(self, sample_id: str) -> None:
         if os.path.exists(self._marker_path(sample_id)):
             return  # a queue (maybe in another process) holds it; its scrub will unlink the file
-        self._unlink(self.data_path(sample_id))
+        self._unlink(self.data_path(sample_id), data=True)
 
-    def _unlink(self, path: str) -> None:
+    def _remove_data(self, path: str) -> None:
+        """Take a data file out of the directory now; the background deleter frees its bytes."""
+        out = os.path.join(self.directory, f"{SCRUBBED_PREFIX}{uuid.uuid4().hex}")
+        os.rename(path, out)
+        self._deleter.submit(out)
+
+    def _unlink(self, path: str, *, data: bool = False) -> None:
         try:
-            os.unlink(path)
+            if data:
+                self._remove_data(path)
+            else:
+                os.unlink(path)
         except FileNotFoundError:
             pass
         except OSError as exc:
-            # A leftover file is never forgotten: it is retried on the next scrub, gc and close.
-            logger.warning("could not unlink %s (%s); retrying it later", path, exc)
-            with self._lock:
-                self._unlink_later[path] = None
+            self._unlink_failed(path, exc)
+
+    def _unlink_failed(self, path: str, exc: OSError) -> None:
+        # A leftover file is never forgotten: it is retried on the next scrub, gc and close.
+        logger.warning("could not unlink %s (%s); retrying it later", path, exc)
+        with self._lock:
+            self._unlink_later[path] = None
 
     def _retry_unlinks(self) -> int:
         """Unlink again every path whose unlink failed before; return how many are gone now.
@@ -345,8 +370,12 @@ class SharedDirFeatureStore(LedgerFeatureStore):
         return super().gc() + self._retry_unlinks()
 
     def close(self) -> None:
-        """Unlink every sample this instance wrote (idempotent), retrying unlinks that failed before."""
+        """Unlink every sample this instance wrote (idempotent), retrying unlinks that failed before.
+
+        Returns once every file this instance removed is unlinked, those of earlier scrubs included.
+        """
         super().close()
+        self._deleter.flush()
         self._retry_unlinks()
 
     # -- queue hooks --------------------------------------------------------
@@ -370,17 +399,18 @@ class SharedDirFeatureStore(LedgerFeatureStore):
             self._unlink(self._marker_path(ref.sample_id))
 
     def scrub(self, ref: SampleRef) -> None:
-        """The queue is done with ``ref``: unlink its file and marker, whichever instance wrote them.
+        """The queue is done with ``ref``: remove its file and marker, whichever instance wrote them.
 
-        The data file goes first, while the sample is still in this instance's bookkeeping: when that
-        unlink fails (EPERM, EIO ...) the ``OSError`` propagates and the sample stays resident and counted
-        by ``health``, so the queue's retry of ``scrub`` finds it again.
+        The data file goes first, while the sample is still in this instance's bookkeeping: when moving
+        it out of the directory fails (EPERM, EIO ...) the ``OSError`` propagates and the sample stays
+        resident and counted by ``health``, so the queue's retry of ``scrub`` finds it again. Once moved
+        out, its name is gone; the bytes are unlinked in the background (``close`` waits for them).
         """
         if self._path_ok(ref):
             self._retry_unlinks()
             path = self.data_path(ref.sample_id)
             try:
-                os.unlink(path)
+                self._remove_data(path)
             except FileNotFoundError:
                 pass
             except OSError as exc:
