@@ -118,3 +118,21 @@ def test_a_forked_child_scrubs_with_its_own_deleter(tmp_path: Path) -> None:
     assert os.waitstatus_to_exitcode(status) == 0
     store.close()
     assert os.listdir(tmp_path) == []
+
+
+def test_the_worker_outlives_an_error_hook_that_raises(tmp_path: Path) -> None:
+    def broken_hook(path: str, exc: OSError) -> None:
+        raise RuntimeError("the hook itself fails")
+
+    removed = tmp_path / "removed"
+    removed.mkdir()  # unlink of a directory raises IsADirectoryError: the hook runs, and raises
+    unlinked = tmp_path / "file"
+    unlinked.write_bytes(b"x")
+    background = deleter.BackgroundDeleter(broken_hook)
+    background.submit(str(removed))
+    background.submit(str(unlinked))
+    flushing = threading.Thread(target=background.flush, daemon=True)
+    flushing.start()
+    flushing.join(timeout=10)
+    assert not flushing.is_alive(), "flush hangs: the worker died with the hook's error"
+    assert not unlinked.exists()

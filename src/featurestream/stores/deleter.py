@@ -12,6 +12,7 @@ then, so a process that never closes its store leaks nothing either.
 from __future__ import annotations
 
 import atexit
+import logging
 import os
 import threading
 import weakref
@@ -19,6 +20,8 @@ from collections import deque
 from collections.abc import Callable
 
 __all__ = ["IDLE_SECONDS", "BackgroundDeleter"]
+
+logger = logging.getLogger(__name__)
 
 IDLE_SECONDS = 1.0
 
@@ -76,7 +79,10 @@ class BackgroundDeleter:
                     return
                 path = self._pending.popleft()
                 self._busy = True
-            self._unlink(path)
+            try:
+                self._unlink(path)
+            except Exception:  # the worker must outlive a failing error hook, or flush would wait forever
+                logger.exception("unlinking %s failed", path)
 
     def _unlink(self, path: str) -> None:
         try:
