@@ -106,6 +106,7 @@ CONSTANTS: dict[str, str | int] = {
     "RETIRED_MAXLEN": RETIRED_MAXLEN,
     "TRIM_EVERY": TRIM_EVERY,
     "INSTANCE_CHARS": INSTANCE_CHARS,
+    "MAX_BATCH": MAX_BATCH,
 }
 
 FUNCTIONS = ("init", "put", "put_many", "acquire", "ack", "fail", "extend", "reclaim", "close", "requeue", "purge")

@@ -5,7 +5,7 @@ local entry, _, _, sid = live_lease(key, token)
 if entry then
   local deadline = clock() + extra
   redis.call('ZADD', K_DEADLINES, fmt(deadline), key)
-  redis.call('HINCRBY', K_STATS, 'extended', 1)
+  redis.call('HINCRBY', K_STATS, 'extended', '1')
   emit('extend', sid, key)
   return {'ok', events, fmt(deadline), fmt(clock())}
 end

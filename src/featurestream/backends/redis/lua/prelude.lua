@@ -5,9 +5,22 @@
 -- Events only a tracer needs are sent when the caller traces; the client acts on the others.
 local NEEDED = {dead = true, kept = true, retired = true, drain = true}
 
+-- Counts as command arguments, formatted once: Lua formats a number argument with sprintf on every call.
+local COUNTS = {}
+for i = 0, MAX_BATCH do
+  COUNTS[i] = i .. ''
+end
+
+-- ``n`` as a command argument (a string: the same command, without a sprintf per call for the common counts).
+local function count_arg(n)
+  return COUNTS[n] or n
+end
+
 local K_STREAM, K_REFS, K_LEASES, K_DEADLINES, K_DONE, K_DONE_ORDER, K_DEAD, K_META, K_STATS, K_WAKE, K_RETIRED
 local K_KEPT, PREFIX
 local ARGS, CLOCK, now, MAX_DELIVERIES, DEDUP_WINDOW, CURSOR, TRACE, events
+-- the header's settings as text, and their numbers: parsed again only when a call sends other text
+local SETTINGS_TEXT
 
 local function begin(keys, argv)
   local P = keys[1]
@@ -19,9 +32,13 @@ local function begin(keys, argv)
     K_STATS, K_WAKE, K_RETIRED, K_KEPT = P .. 'stats', P .. 'wake', P .. 'retired', P .. 'kept'
     PREFIX = P
   end
-  CLOCK, MAX_DELIVERIES, DEDUP_WINDOW, CURSOR, TRACE = string.match(
-    argv[1], '^([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)$')
-  MAX_DELIVERIES, DEDUP_WINDOW, TRACE = tonumber(MAX_DELIVERIES), tonumber(DEDUP_WINDOW), TRACE == '1'
+  local settings, max_deliveries, dedup_window
+  CLOCK, settings, max_deliveries, dedup_window, CURSOR, TRACE = string.match(
+    argv[1], '^([^\t]*)\t(([^\t]*)\t([^\t]*))\t([^\t]*)\t([^\t]*)$')
+  if settings ~= SETTINGS_TEXT or not settings then
+    SETTINGS_TEXT, MAX_DELIVERIES, DEDUP_WINDOW = settings, tonumber(max_deliveries), tonumber(dedup_window)
+  end
+  TRACE = TRACE == '1'
   now = nil
   events = {}
 end
@@ -72,12 +89,12 @@ local function feed()
     return
   end
   if cursor == '$' then
-    local last = redis.call('XREVRANGE', K_RETIRED, '+', '-', 'COUNT', 1)
+    local last = redis.call('XREVRANGE', K_RETIRED, '+', '-', 'COUNT', '1')
     emit('retired', '', last[1] and last[1][1] or '0-0')
     return
   end
   -- an entry holds the ids of one call's settles: s, id, s, id ...
-  for _, entry in ipairs(redis.call('XRANGE', K_RETIRED, '(' .. cursor, '+', 'COUNT', FEED_LIMIT)) do
+  for _, entry in ipairs(redis.call('XRANGE', K_RETIRED, '(' .. cursor, '+', 'COUNT', count_arg(FEED_LIMIT))) do
     local fields = entry[2]
     for j = 2, #fields, 2 do
       emit('retired', fields[j], entry[1])
@@ -111,7 +128,7 @@ local function after_retire()
   if redis.call('HLEN', K_REFS) ~= 0 then
     return
   end
-  redis.call('XTRIM', K_STREAM, 'MAXLEN', 0)
+  redis.call('XTRIM', K_STREAM, 'MAXLEN', '0')
   if redis.call('HGET', K_META, 'state') == 'draining' then
     redis.call('HSET', K_META, 'state', 'drained')
     emit('drain', '', '')
@@ -157,20 +174,21 @@ local function retire(items, outcome, kept)
     redis.call('HSET', K_DONE, unpack(done))
     local over = redis.call('RPUSH', K_DONE_ORDER, unpack(sids)) - DEDUP_WINDOW
     if over > 0 then
-      redis.call('HDEL', K_DONE, unpack(redis.call('LPOP', K_DONE_ORDER, over)))
+      redis.call('HDEL', K_DONE, unpack(redis.call('LPOP', K_DONE_ORDER, count_arg(over))))
     end
   end
   after_retire()
 end
 
+-- ``n``: the lease's redelivery count, as its lease record holds it (text)
 local function redeliver(sid, n, reason, key, token, put_token)
-  local deliveries = n + 1
+  local deliveries = tonumber(n) + 1
   if deliveries >= MAX_DELIVERIES then
     local why = reason .. ' ' .. deliveries .. ' times (max_deliveries=' .. MAX_DELIVERIES .. ')'
     local _, ref = split_held(redis.call('HGET', K_REFS, sid))
     local letter = '{"ref":' .. ref .. ',"reason":"' .. why .. '","deliveries":' .. deliveries .. '}'
     redis.call('RPUSH', K_DEAD, letter)
-    redis.call('HINCRBY', K_STATS, 'dead_lettered', 1)
+    redis.call('HINCRBY', K_STATS, 'dead_lettered', '1')
     -- keep_dead_letter_bytes: the sample stays retained (for a requeue) while the kept bytes fit the cap
     local cap = tonumber(redis.call('HGET', K_META, 'keep_bytes') or '0')
     local size = tonumber(string.match(ref, '"estimated_bytes":(%d+)'))
@@ -182,7 +200,7 @@ local function redeliver(sid, n, reason, key, token, put_token)
     emit(kept and 'kept' or 'dead', sid, letter)
     retire({{sid, key, token, put_token}}, 'dead-lettered', kept)
   else
-    redis.call('XADD', K_STREAM, '*', 's', sid, 'n', deliveries)
+    redis.call('XADD', K_STREAM, '*', 's', sid, 'n', count_arg(deliveries))
   end
 end
 
@@ -192,7 +210,7 @@ local function drop_leases(keys, entries, counter)
   redis.call('HDEL', K_LEASES, unpack(keys))
   redis.call('ZREM', K_DEADLINES, unpack(keys))
   redis.call('XACK', K_STREAM, GROUP, unpack(entries))
-  local total = redis.call('HINCRBY', K_STATS, counter, #keys)
+  local total = redis.call('HINCRBY', K_STATS, counter, count_arg(#keys))
   if math.floor(total / TRIM_EVERY) ~= math.floor((total - #keys) / TRIM_EVERY) then
     trim_stream()
   end
@@ -200,17 +218,17 @@ end
 
 local function reap()
   -- Most calls find nothing due: look at the earliest deadline before asking for the due range.
-  local first = redis.call('ZRANGE', K_DEADLINES, 0, 0, 'WITHSCORES')
+  local first = redis.call('ZRANGE', K_DEADLINES, '0', '0', 'WITHSCORES')
   if not first[2] or tonumber(first[2]) > clock() then
     return 0
   end
-  local due = redis.call('ZRANGEBYSCORE', K_DEADLINES, '-inf', fmt(clock()), 'LIMIT', 0, REAP_LIMIT)
+  local due = redis.call('ZRANGEBYSCORE', K_DEADLINES, '-inf', fmt(clock()), 'LIMIT', '0', count_arg(REAP_LIMIT))
   for _, key in ipairs(due) do
     local entry, _, n, put_token, sid = parse_lease(redis.call('HGET', K_LEASES, key))
     drop_leases({key}, {entry}, 'reclaimed')
     emit('reclaim', sid, key)
     -- no token in the dedup record: a late fail of this lease is stale, not a retry of a settle
-    redeliver(sid, tonumber(n), 'expired', key, '', put_token)
+    redeliver(sid, n, 'expired', key, '', put_token)
   end
   return #due
 end
@@ -244,7 +262,7 @@ local function put_verdict(sid, held, done, token)
 end
 
 local function refuse_dedup(sid)
-  redis.call('HINCRBY', K_STATS, 'dedup_refused', 1)
+  redis.call('HINCRBY', K_STATS, 'dedup_refused', '1')
   emit('dedup', sid, '')
 end
 
@@ -260,7 +278,7 @@ local function put_new(fresh)
     redis.call('XADD', K_STREAM, '*', 's', item[1], 'n', '0')
     emit('put', item[1], '')
   end
-  redis.call('HINCRBY', K_STATS, 'put', #fresh)
+  redis.call('HINCRBY', K_STATS, 'put', count_arg(#fresh))
 end
 
 -- Lease up to ``count`` entries to the caller; lease i gets token ``base .. i``. Appends
@@ -268,7 +286,7 @@ end
 local function lease_entries(count, vt, base, reply)
   local leased = 0
   while leased < count do
-    local got = redis.call('XREADGROUP', 'GROUP', GROUP, GROUP, 'COUNT', count - leased, 'STREAMS', K_STREAM, '>')
+    local got = redis.call('XREADGROUP', 'GROUP', GROUP, GROUP, 'COUNT', count_arg(count - leased), 'STREAMS', K_STREAM, '>')
     if not got then
       break
     end
@@ -288,7 +306,7 @@ local function lease_entries(count, vt, base, reply)
       end
     end
     if #taken > 0 then
-      local last = redis.call('HINCRBY', K_STATS, 'leased', #taken)
+      local last = redis.call('HINCRBY', K_STATS, 'leased', count_arg(#taken))
       local deadline = fmt(clock() + vt)
       local records, scores = {}, {}
       for j, i in ipairs(taken) do
@@ -297,7 +315,7 @@ local function lease_entries(count, vt, base, reply)
         local put_token, ref = split_held(held[i])
         local key = string.format('%016d', last - #taken + j)
         records[2 * j - 1] = key
-        records[2 * j] = id .. '\t' .. base .. (leased + j) .. '\t' .. n .. '\t' .. put_token .. '\t' .. sid
+        records[2 * j] = id .. '\t' .. base .. count_arg(leased + j) .. '\t' .. n .. '\t' .. put_token .. '\t' .. sid
         scores[2 * j - 1] = deadline
         scores[2 * j] = key
         emit('lease', sid, key)
@@ -319,9 +337,9 @@ local function empty_reply()
   if redis.call('HGET', K_META, 'state') == 'drained' then
     return {'drained', events}
   end
-  local last = redis.call('XREVRANGE', K_STREAM, '+', '-', 'COUNT', 1)
-  local wake = redis.call('XREVRANGE', K_WAKE, '+', '-', 'COUNT', 1)
-  local first = redis.call('ZRANGE', K_DEADLINES, 0, 0, 'WITHSCORES')
+  local last = redis.call('XREVRANGE', K_STREAM, '+', '-', 'COUNT', '1')
+  local wake = redis.call('XREVRANGE', K_WAKE, '+', '-', 'COUNT', '1')
+  local first = redis.call('ZRANGE', K_DEADLINES, '0', '0', 'WITHSCORES')
   local until_deadline = ''
   if first[2] then
     until_deadline = fmt(tonumber(first[2]) - clock())
@@ -351,7 +369,7 @@ end
 
 -- A rejected ack/fail/extend; ``live``: the lease key is live, so the caller presented a copy of it (forged).
 local function stale(op, key, live)
-  redis.call('HINCRBY', K_STATS, 'stale_rejected', 1)
+  redis.call('HINCRBY', K_STATS, 'stale_rejected', '1')
   emit(live and 'forged' or 'stale', op, key)
 end
 
@@ -365,7 +383,7 @@ end
 -- Settle a batch of leases, ARGV[2:] = (lease key, token, sample id) per lease, each on its own: 'ok',
 -- 'again' (this very lease settled so already: a retry after a lost reply), or 'stale'. The live ones are
 -- dropped together (``counter``); ``settle(live)`` finishes them, ``live`` being a list of
--- {sample id, lease key, token, redelivery count, put token, the stale leases just before it}: each live
+-- {sample id, lease key, token, redelivery count (text), put token, the stale leases just before it}: each live
 -- lease's settle first rejects those, so the events follow the batch's order item by item, as the calls one
 -- at a time would. Returns the statuses, in order.
 local function settle_batch(op, counter, outcome, settle)
@@ -384,7 +402,7 @@ local function settle_batch(op, counter, outcome, settle)
     -- the client sends each lease of a batch once with its token (a repeated one without), so keys differ
     if entry and token ~= '' and tok == token then
       statuses[j] = 'ok'
-      live[#live + 1] = {live_sid, key, token, tonumber(n), put_token, before}
+      live[#live + 1] = {live_sid, key, token, n, put_token, before}
       before = {}
       live_keys[#live_keys + 1] = key
       entries[#entries + 1] = entry

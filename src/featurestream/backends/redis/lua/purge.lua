@@ -21,5 +21,5 @@ keep_letters(letters, chosen)
 if #released > 0 then
   publish(released)
 end
-redis.call('HINCRBY', K_STATS, 'purged', #purged)
+redis.call('HINCRBY', K_STATS, 'purged', count_arg(#purged))
 return {'ok', events, purged, released_refs}

@@ -36,5 +36,5 @@ for i, letter in ipairs(letters) do
   end
 end
 keep_letters(letters, chosen)
-redis.call('HINCRBY', K_STATS, 'requeued', #requeued)
+redis.call('HINCRBY', K_STATS, 'requeued', count_arg(#requeued))
 return {'ok', events, requeued}
