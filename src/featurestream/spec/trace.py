@@ -43,6 +43,14 @@ event says the token was ``forged`` (a copy of a live lease object). A
 ``Resident`` observation (``TraceRecorder.observe_residency``) demands the
 store's resident set -- and, with a wrapped store, its resident bytes -- equal
 the spec's. Batch calls are traced as their per-item events, one step each.
+
+Concurrency. A wrapped store records its calls when it makes them, from any
+thread; the queue's events are recorded under its lock, but a Pause, Resume or
+a put reporting ``resident_bytes`` was decided on a ``health()`` read earlier in
+its operation, and a settle changes the store only at its scrub, later in it.
+So TLC may take such a Pause/Resume/Put before the store calls recorded between
+the operation's previous event and it, and the store calls recorded between a
+settle and its scrub before the settle (``_linearize``); nothing else moves.
 """
 
 from __future__ import annotations
@@ -261,6 +269,7 @@ class _Step:
     resident_bytes: int = UNKNOWN
     now: int = UNKNOWN
     deadline: int = UNKNOWN
+    ahead: tuple[int, ...] = ()  # later steps (1-based) that may be taken before this one: see _linearize
     source: Mapping[str, object] | None = None
 
 
@@ -422,7 +431,45 @@ def _steps(trace: Sequence[Event], sample_bytes: int, clock: _Clock) -> list[_St
             steps.append(_Step(_fault_step(str(fields.get("call", "")), index in scrub_faults), sample, **values))
         else:
             steps.append(_Step(action, sample, consumer, **values))
-    return steps
+    return _linearize(steps)
+
+
+def _linearize(steps: list[_Step]) -> list[_Step]:
+    """Mark the later steps that may have taken effect before a step: the order a concurrent trace leaves open.
+
+    The store events of a wrapped store (``_BYSTANDERS``) are recorded when the store acted; the
+    queue's events when the queue traced them, under its lock. Two of the queue's events took
+    effect at another moment than the one they were recorded at:
+
+    - a Pause, Resume, or a Put that reports ``resident_bytes``, decided on the store's
+      ``health()`` read earlier in the same locked operation: store calls of other threads
+      recorded just before it (after the operation's previous event) may have come after that
+      read -- the step may be taken before any of them;
+    - a settle (Ack, Fail, Reclaim, PurgeDeadLetter) whose scrub follows in the same operation
+      changes the store only at that scrub: store calls recorded between the two came before
+      it -- they may be taken before the settle.
+
+    TLC picks the order that matches; every other order stays the recorded one.
+    """
+    ahead: list[list[int]] = [[] for _ in steps]
+    for index, step in enumerate(steps):
+        if step.action in (events.PAUSE, events.RESUME) or (step.action == events.PUT and step.resident_bytes >= 0):
+            before = index - 1
+            while before >= 0 and steps[before].action in _BYSTANDERS:
+                ahead[before].append(index + 1)
+                before -= 1
+        elif step.action in (events.ACK, events.FAIL, events.RECLAIM, events.PURGE_DEAD_LETTER):
+            later, passed = index + 1, []
+            while later < len(steps) and (
+                steps[later].action in _BYSTANDERS
+                or (steps[later].action == events.DEAD_LETTER and steps[later].sample == step.sample)
+            ):
+                if steps[later].action in _BYSTANDERS:
+                    passed.append(later + 1)
+                later += 1
+            if later < len(steps) and steps[later].action == STORE_SCRUB and steps[later].sample == step.sample:
+                ahead[index] = passed
+    return [dataclasses.replace(step, ahead=tuple(a)) if a else step for step, a in zip(steps, ahead, strict=True)]
 
 
 def _tla_string(value: str) -> str:
@@ -435,7 +482,7 @@ def _record(step: _Step) -> str:
         f'[a |-> "{step.action}", s |-> {_tla_string(step.sample)}, l |-> {step.lease}, '
         f"o |-> {_tla_string(step.outcome)}, f |-> {'TRUE' if step.flag else 'FALSE'}, obs |-> {{{observed}}}, "
         f"n |-> {step.n}, pend |-> {step.pending}, out |-> {step.outstanding}, rb |-> {step.resident_bytes}, "
-        f"now |-> {step.now}, dl |-> {step.deadline}]"
+        f"now |-> {step.now}, dl |-> {step.deadline}, ah |-> {{{', '.join(map(str, step.ahead))}}}]"
     )
 
 
@@ -452,8 +499,10 @@ Log == <<
 >>
 Exact == <<{exact}>>  \\* per trace: does it show the store's writes (TraceRecorder.wrap)?
 
-VARIABLES tr, i, clock, dl  \\* clock: the queue's clock; dl[l]: lease l's deadline (Unknown until traced)
-traceVars == <<tr, i, clock, dl>>
+(* clock: the queue's clock; dl[l]: lease l's deadline (Unknown until traced); done: the events ahead of *)
+(* the cursor already taken (see Ahead).                                                                *)
+VARIABLES tr, i, clock, dl, done
+traceVars == <<tr, i, clock, dl, done>>
 VisibilityTicks == <<{visibility}>>[tr]  \\* trace tr's visibility timeout in its ticks; Unknown: not checked
 
 Known(x) == x # Unknown
@@ -537,12 +586,20 @@ Time(e) ==
               /\\ UNCHANGED dl
           [] OTHER -> UNCHANGED dl
 
-TraceInit == tr \\in 1..Len(Log) /\\ i = 1 /\\ clock = Unknown /\\ dl = [l \\in TraceConsumers |-> Unknown] /\\ Init
-TraceStep == i <= Len(Log[tr]) /\\ LET e == Log[tr][i] IN
-                Match(e) /\\ Values(e) /\\ Time(e) /\\ i' = i + 1 /\\ UNCHANGED tr
+TraceInit == /\\ tr \\in 1..Len(Log) /\\ i = 1 /\\ clock = Unknown /\\ dl = [l \\in TraceConsumers |-> Unknown]
+             /\\ done = {{}} /\\ Init
+Take(e) == Match(e) /\\ Values(e) /\\ Time(e)
+(* The event at the cursor -- or, taken already, skipped. *)
+TraceStep == i <= Len(Log[tr]) /\\ i' = i + 1 /\\ done' = done \\ {{i}} /\\ UNCHANGED tr /\\
+             IF i \\in done THEN UNCHANGED <<vars, clock, dl>> ELSE Take(Log[tr][i])
+(* An event that may have taken effect before the cursor's (its field ah, from _linearize): the first of them *)
+(* not taken yet.                                                                                            *)
+Ahead == i <= Len(Log[tr]) /\\ i \\notin done /\\ UNCHANGED <<tr, i>> /\\
+         LET later == Log[tr][i].ah \\ done IN
+         \\E j \\in later : (\\A k \\in later : j <= k) /\\ Take(Log[tr][j]) /\\ done' = done \\cup {{j}}
 (* The end of a validation, consumed or stuck: an explicit terminal step, so TLC runs with deadlock checking. *)
-TraceHalt == (i > Len(Log[tr]) \\/ ~ENABLED TraceStep) /\\ UNCHANGED <<vars, traceVars>>
-TraceNext == TraceStep \\/ TraceHalt
+TraceHalt == (i > Len(Log[tr]) \\/ ~ENABLED (TraceStep \\/ Ahead)) /\\ UNCHANGED <<vars, traceVars>>
+TraceNext == TraceStep \\/ Ahead \\/ TraceHalt
 TraceSpec == TraceInit /\\ [][TraceNext]_<<vars, traceVars>>
 
 (* The verdicts, printed rather than raised as violations (a violation would print the whole behaviour): *)
@@ -550,7 +607,7 @@ TraceSpec == TraceInit /\\ [][TraceNext]_<<vars, traceVars>>
 (* A stuck report says which part failed: the action itself, the values it reports, or its timing. *)
 TraceReport ==
     /\\ i > Len(Log[tr]) => PrintT(<<"matched", tr>>)
-    /\\ i <= Len(Log[tr]) /\\ ~ENABLED TraceStep =>
+    /\\ i <= Len(Log[tr]) /\\ ~ENABLED (TraceStep \\/ Ahead) =>
           LET e == Log[tr][i] IN
           PrintT(<<"stuck", tr, i, ENABLED Match(e), ENABLED (Match(e) /\\ Values(e)), ENABLED (Match(e) /\\ Time(e))>>)
 ====
