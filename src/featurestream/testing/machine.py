@@ -153,8 +153,10 @@ class QueueMachine(QueueInvariants, RuleBasedStateMachine):
         cfg = self.config
         self.clock = FakeClock()
         self.trace = TraceRecorder()
-        self.inner = self.make_store()  # the kit's own observations go here, never through the faults
-        self.store = FaultyStore(self.inner)
+        self.inner = self.make_store()  # the kit's own observations go here, never through the faults or the trace
+        # The store calls that reach the store are traced (StorePut ...): trace validation then knows every
+        # resident byte, also of samples stored but not yet put, which backpressure counts.
+        self.store = FaultyStore(self.trace.wrap(self.inner))
         self.callback_mode = "record"
         self.dead_seen: list[str] = []
         self.pause_seen: list[StoreHealth] = []
