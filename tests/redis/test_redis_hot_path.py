@@ -151,3 +151,23 @@ def test_disconnect_closes_the_instances_connections(
     assert len(redis_client.client_list()) > before
     queue.disconnect()
     assert len(redis_client.client_list()) == before
+
+
+def test_the_hot_path_packs_each_request_exactly_as_redis_py_does(redis_server: Any) -> None:
+    from redis.utils import HIREDIS_AVAILABLE
+
+    from featurestream.backends.redis import functions
+    from featurestream.backends.redis.link import Link
+
+    client = redis.Redis.from_url(redis_server.url)
+    try:
+        link = Link(client, "pack", functions.LIBRARY, 1.0)
+        conn = link._conn
+        assert conn is not None
+        if HIREDIS_AVAILABLE:
+            assert link._pack is not Link._pack_command, "hiredis is installed: the hot path packs with it directly"
+        args = ("FCALL", "fs_x_put", 1, link.prefix, "\t3\t10\t$\t", "sample-é\t1", b'{"v":1}\x00', "", 0, 123456)
+        assert b"".join(link._pack(conn, *args)) == b"".join(conn.pack_command(*args))
+        link.close()
+    finally:
+        client.close()

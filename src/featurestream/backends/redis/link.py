@@ -11,6 +11,10 @@ hooks) costs about as much client CPU as the rest of a call, and every call of a
 reply. Any other client shape (a pool with a client-side cache, a single-connection client, a pool subclass
 such as Sentinel's), a call while another thread holds that connection, and every retry take redis-py's
 ordinary path.
+
+Where redis-py packs requests with hiredis (installed: its ``HiredisRespSerializer``), the hot path hands the
+arguments to ``hiredis.pack_command`` itself: the same bytes, without redis-py's per-call wrapper around it
+(about 2 us of client CPU per call, a third of the packing).
 """
 
 from __future__ import annotations
@@ -24,6 +28,12 @@ from typing import Any
 
 import redis
 from featurestream.backends.redis import functions
+
+try:
+    import hiredis
+    from redis.connection import HiredisRespSerializer
+except ImportError:  # pragma: no cover - hiredis is optional; redis-py packs in Python then
+    hiredis = None
 
 __all__ = ["RETRYABLE", "Link"]
 
@@ -55,6 +65,11 @@ class Link:
         if type(client) is redis.Redis and client.connection is None and type(pool) is redis.ConnectionPool:
             if getattr(pool, "cache", None) is None:
                 self._conn = pool.connection_class(**pool.connection_kwargs)
+        # what packs the hot path's requests: the connection's own packer, or hiredis directly where that is
+        # what the connection's packer calls (the arguments are str, int and bytes: it passes them unchanged)
+        self._pack: Callable[..., list[bytes]] = self._pack_command
+        if hiredis is not None and type(getattr(self._conn, "_command_packer", None)) is HiredisRespSerializer:
+            self._pack = _hiredis_pack
         self._conn_lock = threading.Lock()
         self._pid = os.getpid()  # a forked child shares the socket: it must not use the connection
         self.load()
@@ -100,7 +115,7 @@ class Link:
     ) -> Any:
         """One ``FCALL`` request and its reply on ``conn`` (connected on first use, and again after an error)."""
         try:
-            conn.send_packed_command(conn.pack_command("FCALL", function, 1, self.prefix, header, *args))
+            conn.send_packed_command(self._pack(conn, "FCALL", function, 1, self.prefix, header, *args))
             return conn.read_response()
         except redis.ResponseError:
             raise  # an error reply was read whole: the connection is in step
@@ -108,6 +123,10 @@ class Link:
             # anything else may leave a reply unread (an interrupt between the write and the read): start afresh
             conn.disconnect()
             raise
+
+    @staticmethod
+    def _pack_command(conn: redis.connection.AbstractConnection, *args: Arg) -> list[bytes]:
+        return conn.pack_command(*args)
 
     def retrying(self, call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Call ``call``, retrying with backoff while Redis is unreachable, for up to ``reconnect_timeout``.
@@ -148,3 +167,7 @@ class Link:
         # A server restarted without persistence, or FUNCTION FLUSHed: load the library again.
         self.load()
         return self.redis.fcall(function, 1, self.prefix, header(script), *args)
+
+
+def _hiredis_pack(_: redis.connection.AbstractConnection, *args: Arg) -> list[bytes]:
+    return [hiredis.pack_command(args)]
