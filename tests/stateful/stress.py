@@ -7,7 +7,7 @@ import random
 import threading
 
 from featurestream import LocalFeatureStore, SampleRefQueue, VisibilityTimeout
-from featurestream.spec.trace import TraceRecorder
+from featurestream.spec.trace import TracedStore, TraceRecorder
 from featurestream.testing import sample_tensors
 
 TOKENS = 2  # every sample 80 bytes (one size, as trace validation needs)
@@ -19,20 +19,20 @@ JOIN_TIMEOUT = 30.0
 @dataclasses.dataclass
 class StressRun:
     queue: SampleRefQueue
-    store: LocalFeatureStore
+    store: TracedStore
     recorder: TraceRecorder
     sample_ids: list[str]
     errors: list[BaseException]
     hung: list[str]
 
 
-def _producer(queue: SampleRefQueue, store: LocalFeatureStore, ids: list[str], stop: threading.Event) -> None:
+def _producer(queue: SampleRefQueue, store: TracedStore, ids: list[str], stop: threading.Event) -> None:
     for sample_id in ids:
         ref = store.put(sample_id, sample_tensors(0, TOKENS))
         queue.put_blocks_until_below(ref, poll_interval=0.01, abort_when=stop.is_set)
 
 
-def _consumer(queue: SampleRefQueue, store: LocalFeatureStore, seed: int, stop: threading.Event) -> None:
+def _consumer(queue: SampleRefQueue, store: TracedStore, seed: int, stop: threading.Event) -> None:
     rng = random.Random(seed)
     while not stop.is_set():
         lease = queue.acquire(timeout=0.05)
@@ -80,7 +80,10 @@ def run_stress(
     ``watermarks`` are the queue's (high, low) in bytes.
     """
     recorder = TraceRecorder()
-    store = LocalFeatureStore(max_samples=10_000, max_bytes=None, high_watermark_bytes=None, low_watermark_bytes=None)
+    # Wrapped: its puts are traced, so trace validation knows the bytes producers hold before they put.
+    store = recorder.wrap(
+        LocalFeatureStore(max_samples=10_000, max_bytes=None, high_watermark_bytes=None, low_watermark_bytes=None)
+    )
     queue = SampleRefQueue(
         store,
         VisibilityTimeout(VISIBILITY),

