@@ -296,15 +296,16 @@ def test_the_shared_dir_store_retries_an_unlink_that_failed(
     queue = SampleRefQueue(store)
     ref, lease = leased(store, queue)
     path = store.data_path("s0")
-    real_unlink = os.unlink
+    real_rename = os.rename
     failing = {"on": True}
 
-    def unlink(target: str, *args: object, **kwargs: object) -> None:
-        if failing["on"] and os.fspath(target) == path:
-            raise PermissionError(errno.EPERM, "Operation not permitted", target)
-        real_unlink(target, *args, **kwargs)  # type: ignore[arg-type]
+    # The store takes a data file out of the directory by renaming it (the unlink follows in the background).
+    def rename(source: str, *args: object, **kwargs: object) -> None:
+        if failing["on"] and os.fspath(source) == path:
+            raise PermissionError(errno.EPERM, "Operation not permitted", source)
+        real_rename(source, *args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(os, "unlink", unlink)
+    monkeypatch.setattr(os, "rename", rename)
     queue.ack(lease)
     assert os.path.exists(path) and store.is_resident("s0")
     assert store.health().resident_bytes == ref.estimated_bytes  # still counted until it is really gone
@@ -321,16 +322,16 @@ def test_the_shared_dir_store_retries_a_failed_release_unlink_on_gc(
     put_sample(store, "s0")
     path = store.data_path("s0")
     _, handle = store.get(put_sample(store, "s1"))
-    real_unlink = os.unlink
+    real_rename = os.rename
     failing = {"on": True}
 
-    def unlink(target: str, *args: object, **kwargs: object) -> None:
-        if failing["on"] and os.fspath(target) == store.data_path("s1"):
-            raise OSError(errno.EIO, "Input/output error", target)
-        real_unlink(target, *args, **kwargs)  # type: ignore[arg-type]
+    def rename(source: str, *args: object, **kwargs: object) -> None:
+        if failing["on"] and os.fspath(source) == store.data_path("s1"):
+            raise OSError(errno.EIO, "Input/output error", source)
+        real_rename(source, *args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(os, "unlink", unlink)
-    store.release(handle)  # the last handle: the file should go, but its unlink fails
+    monkeypatch.setattr(os, "rename", rename)
+    store.release(handle)  # the last handle: the file should go, but taking it out of the directory fails
     assert os.path.exists(store.data_path("s1"))
     failing["on"] = False
     assert store.gc() >= 1
