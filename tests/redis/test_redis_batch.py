@@ -116,7 +116,7 @@ def test_put_many_is_all_or_nothing(make: Factory, store: LocalFeatureStore) -> 
     assert queue.stats().put == 3
 
 
-def test_a_batch_is_traced_as_its_items(make: Factory, store: LocalFeatureStore) -> None:
+def test_a_batch_is_traced_as_its_items_each_with_the_state_it_left(make: Factory, store: LocalFeatureStore) -> None:
     trace: list[tuple[str, dict[str, object]]] = []
     queue = make(store, tracer=lambda action, fields: trace.append((action, fields)), max_deliveries=1)
     queue.put_many(refs(store, 2))
@@ -124,15 +124,22 @@ def test_a_batch_is_traced_as_its_items(make: Factory, store: LocalFeatureStore)
     queue.ack_many(leases[:1])
     queue.fail_many(leases[1:])
     ids = [lease.lease_id for lease in leases]
-    assert trace == [
-        (events.PUT, {"sample_id": "s0"}),
-        (events.PUT, {"sample_id": "s1"}),
-        (events.ACQUIRE, {"sample_id": "s0", "lease_id": ids[0]}),
-        (events.ACQUIRE, {"sample_id": "s1", "lease_id": ids[1]}),
-        (events.ACK, {"sample_id": "s0", "lease_id": ids[0]}),
-        (events.FAIL, {"sample_id": "s1", "lease_id": ids[1]}),
-        (events.DEAD_LETTER, {"sample_id": "s1"}),
+    # (action, sample, lease, redelivery count n, pending, outstanding): as one call per item would trace them
+    assert [
+        (action, f["sample_id"], f.get("lease_id"), f["n"], f["pending"], f["outstanding"]) for action, f in trace
+    ] == [
+        (events.PUT, "s0", None, 0, 1, 0),
+        (events.PUT, "s1", None, 0, 2, 0),
+        (events.ACQUIRE, "s0", ids[0], 0, 1, 1),
+        (events.ACQUIRE, "s1", ids[1], 0, 0, 2),
+        (events.ACK, "s0", ids[0], 0, 0, 1),
+        (events.FAIL, "s1", ids[1], 0, 0, 0),
+        (events.DEAD_LETTER, "s1", None, 0, 0, 0),
     ]
+    # The server's clock: one now per call, never going back; a lease's deadline is its call's now + 10 s.
+    nows = [fields["now"] for _, fields in trace]
+    assert nows == sorted(nows) and nows[0] == nows[1] and nows[2] == nows[3]
+    assert [f["deadline"] for a, f in trace if a == events.ACQUIRE] == [nows[2] + 10.0] * 2
 
 
 @pytest.mark.parametrize("backend", ["in-process", "redis"])

@@ -70,7 +70,14 @@ def test_kept_bytes_are_retained_up_to_the_cap_and_requeue_delivers_again(
     assert not store.is_resident("s0") and queue.stats().acked == 1
     with pytest.raises(ValueError, match="already acked"):
         queue.put(store.put("s0", sample_tensors(0)))  # acked: exactly once holds for the requeued id
-    assert (REQUEUE_EVENT, {"sample_id": "s0"}) in trace
+    # Traced with the state each left (the server's clock: now not compared): s0 kept, s1 scrubbed; the requeue
+    # puts s0 back with a fresh budget (n 0) into an otherwise empty queue.
+    untimed = [(action, {k: v for k, v in f.items() if k != "now"}) for action, f in trace]
+    assert [(f["sample_id"], f["kept"]) for action, f in untimed if action == "DeadLetter"] == [
+        ("s0", True),
+        ("s1", False),
+    ]
+    assert (REQUEUE_EVENT, {"sample_id": "s0", "n": 0, "pending": 1, "outstanding": 0}) in untimed
 
 
 def test_purge_releases_kept_bytes(make: Factory, redis_server: Any, queue_name: str) -> None:
@@ -88,7 +95,10 @@ def test_purge_releases_kept_bytes(make: Factory, redis_server: Any, queue_name:
     assert producer_store.is_resident("s0") and not producer_store.is_resident("s1")
     trace: list[tuple[str, dict[str, object]]] = []
     other = make(consumer_store, keep_dead_letter_bytes=10**9, tracer=lambda a, f: trace.append((a, f)))
-    assert other.purge_dead_letters() == ["s0"] and trace == [(PURGE_EVENT, {"sample_id": "s0"})]
+    assert other.purge_dead_letters() == ["s0"]
+    assert [(action, f["sample_id"], f["pending"], f["outstanding"]) for action, f in trace] == [
+        (PURGE_EVENT, "s0", 0, 0)
+    ]
     producer.reclaim_expired()
     assert producer_store.health().sample_count == 0
 

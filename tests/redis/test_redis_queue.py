@@ -13,6 +13,7 @@ import pytest
 from featurestream import DeadLetter, Lease, LeaseLost, LocalFeatureStore, SampleRefQueue, StoreHealth
 from featurestream import VisibilityTimeout as VT
 from featurestream.core.protocol import LeaseQueue
+from featurestream.spec.trace import TraceRecorder
 from featurestream.testing import FakeClock, sample_tensors
 
 redis = pytest.importorskip("redis", reason="redis-py is missing: pip install 'featurestream[redis]'")
@@ -394,10 +395,16 @@ def test_blocked_put_aborts_and_refuses_once_closed(make: Factory, store: LocalF
         queue.put_blocks_until_below(ref, poll_interval=0.001)
 
 
-def test_tracer_sees_the_spec_actions_in_order(make: Factory, store: LocalFeatureStore, clock: FakeClock) -> None:
-    trace: list[tuple[str, dict[str, object]]] = []
-    queue = make(store, max_deliveries=2, tracer=lambda action, fields: trace.append((action, fields)))
-    put(store, queue, 0)
+Trace = list[tuple[str, dict[str, object]]]
+
+
+def _traced_lifecycle(make: Callable[..., LeaseQueue], store: LocalFeatureStore, clock: FakeClock) -> Trace:
+    """Extend, reclaim, a stale ack, a fail into the dead letters, then batches, a close and the drain, on the
+    queue ``make(store, max_deliveries=2, tracer=...)`` (visibility timeout 10 s); return its trace with lease
+    ids numbered by first appearance."""
+    recorder = TraceRecorder()
+    queue = make(store, max_deliveries=2, tracer=recorder)
+    queue.put(store.put("s0", sample_tensors(0)))
     lease = queue.acquire(timeout=0)
     queue.extend(lease, 1.0)  # type: ignore[arg-type]
     clock.advance(1.0)
@@ -405,20 +412,69 @@ def test_tracer_sees_the_spec_actions_in_order(make: Factory, store: LocalFeatur
     again = queue.acquire(timeout=0)
     queue.ack(lease)  # type: ignore[arg-type]
     queue.fail(again)  # type: ignore[arg-type]
+    clock.advance(0.5)
+    queue.put_many([store.put(f"s{i}", sample_tensors(i)) for i in (1, 2, 3)])
+    batch = queue.acquire_many(3, timeout=0)
+    queue.ack_many(batch[:2])
+    queue.fail_many(batch[2:])
     queue.close()
-    first, second = lease.lease_id, again.lease_id  # type: ignore[union-attr]
+    queue.ack(queue.acquire(timeout=0))  # type: ignore[arg-type]
+    trace = recorder.events
+    renamed: dict[object, int] = {}
+    for _, fields in trace:
+        if fields.get("lease_id") is not None:
+            fields["lease_id"] = renamed.setdefault(fields["lease_id"], len(renamed) + 1)
+    return trace
+
+
+def test_tracer_sees_the_spec_actions_in_order_with_the_state_each_left(
+    make: Factory, store: LocalFeatureStore, clock: FakeClock
+) -> None:
+    trace = _traced_lifecycle(make, store, clock)
+
+    def state(pending: int, outstanding: int, now: float, **fields: object) -> dict[str, object]:
+        return {**fields, "pending": pending, "outstanding": outstanding, "now": now}
+
     assert trace == [
-        ("Put", {"sample_id": "s0"}),
-        ("Acquire", {"sample_id": "s0", "lease_id": first}),
-        ("Extend", {"sample_id": "s0", "lease_id": first}),
-        ("Reclaim", {"sample_id": "s0", "lease_id": first}),
-        ("Acquire", {"sample_id": "s0", "lease_id": second}),
-        ("StaleRejected", {"op": "ack", "lease_id": first, "forged": False}),
-        ("Fail", {"sample_id": "s0", "lease_id": second}),
-        ("DeadLetter", {"sample_id": "s0"}),
-        ("Close", {}),
-        ("Drain", {}),
+        ("Put", state(1, 0, 1000.0, sample_id="s0", n=0)),
+        ("Acquire", state(0, 1, 1000.0, sample_id="s0", lease_id=1, n=0, deadline=1010.0)),
+        ("Extend", state(0, 1, 1000.0, sample_id="s0", lease_id=1, n=0, deadline=1001.0)),
+        ("Reclaim", state(1, 0, 1001.0, sample_id="s0", lease_id=1, n=0, deadline=1001.0)),
+        ("Acquire", state(0, 1, 1001.0, sample_id="s0", lease_id=2, n=1, deadline=1011.0)),
+        ("StaleRejected", state(0, 1, 1001.0, op="ack", lease_id=1, forged=False)),
+        ("Fail", state(0, 0, 1001.0, sample_id="s0", lease_id=2, n=1)),
+        ("DeadLetter", state(0, 0, 1001.0, sample_id="s0", n=1, kept=False)),
+        # a batch call's events: each reports the state its item left
+        *(("Put", state(k, 0, 1001.5, sample_id=f"s{k}", n=0)) for k in (1, 2, 3)),
+        *(
+            ("Acquire", state(3 - k, k, 1001.5, sample_id=f"s{k}", lease_id=k + 2, n=0, deadline=1011.5))
+            for k in (1, 2, 3)
+        ),
+        *(("Ack", state(0, 3 - k, 1001.5, sample_id=f"s{k}", lease_id=k + 2, n=0)) for k in (1, 2)),
+        ("Fail", state(1, 0, 1001.5, sample_id="s3", lease_id=5, n=0)),
+        ("Close", state(1, 0, 1001.5)),
+        ("Acquire", state(0, 1, 1001.5, sample_id="s3", lease_id=6, n=1, deadline=1011.5)),
+        ("Ack", state(0, 0, 1001.5, sample_id="s3", lease_id=6, n=1)),
+        ("Drain", state(0, 0, 1001.5)),
     ]
+
+
+def test_traced_events_carry_the_in_process_queues_fields_and_values(
+    make: Factory, store: LocalFeatureStore, clock: FakeClock
+) -> None:
+    redis_trace = _traced_lifecycle(make, store, clock)
+    local_clock = FakeClock(1000.0)
+    local_trace = _traced_lifecycle(
+        lambda local_store, **hooks: SampleRefQueue(local_store, VT(10.0), clock=local_clock, **hooks),
+        LocalFeatureStore(max_samples=64),
+        local_clock,
+    )
+    # The one difference: the in-process queue also names a stale lease's sample and redelivery count, read from
+    # the lease object presented; the Redis server identifies it by its lease id alone.
+    for action, fields in local_trace:
+        if action == "StaleRejected":
+            del fields["sample_id"], fields["n"]
+    assert redis_trace == local_trace
 
 
 def test_reaper_thread_reclaims_for_a_queue_nobody_polls(redis_server: Any, queue_name: str) -> None:

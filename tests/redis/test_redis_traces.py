@@ -1,10 +1,16 @@
-"""Trace validation of the Redis backend: TLC admits what RedisSampleRefQueue did, and rejects a seeded defect.
+"""Trace validation of the Redis backend: TLC admits what RedisSampleRefQueue did -- names and values -- and
+rejects seeded defects.
 
 One instance's tracer follows the server's order (every script runs under the
-instance lock), so its trace is a behaviour the spec must admit. All traces go
-to one TLC run: Hypothesis runs of the stateful machine, a run with real
-threads against a real clock, and a duplicate-delivery trace from a copy of
-the backend whose put script forgets the dedup window (the only one rejected).
+instance lock), so its trace is a behaviour the spec must admit. Its events
+carry the state each left, computed by the server function that acted
+(redelivery count ``n``, ``pending``, ``outstanding``, the call's clock ``now``
+and a lease's ``deadline``), and TLC checks every one against the spec's next
+state and the lease deadlines. Two TLC runs (one per visibility timeout):
+Hypothesis runs of the stateful machine (fake clock) with a duplicate-delivery
+trace from a copy of the backend whose puts forget the dedup window; and a run
+with real threads against the server's clock with copies of it whose values
+were tampered with. The defect and the tampered copies are the only ones rejected.
 """
 
 from __future__ import annotations
@@ -12,11 +18,13 @@ from __future__ import annotations
 import random
 import threading
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
 
 from featurestream import LocalFeatureStore, VisibilityTimeout
+from featurestream.core import events
 from featurestream.spec.tlc import ToolMissing, find_jar, find_java
 from featurestream.spec.trace import TraceConstants, TraceRecorder, validate_traces
 from featurestream.testing import (
@@ -37,16 +45,33 @@ SAMPLE_BYTES = 40 * TOKENS  # sample_tensors(_, 2): the trace module models one 
 # Watermarks out of reach, as in the in-process trace test: the trace module learns a sample's bytes at its Put.
 CONFIG = MachineConfig(samples=6, sample_tokens=TOKENS, high_watermark_bytes=10_000, low_watermark_bytes=9_000)
 RUNS = 15
+THREADED_VT = 0.05  # short leases, so the threaded run reclaims
 Trace = list[tuple[str, dict[str, object]]]
+# The events a server function reports, each with the state it left; n where it concerns a lease (or its sample).
+SERVER_EVENTS = {
+    events.PUT, events.ACQUIRE, events.ACK, events.FAIL, events.RECLAIM, events.EXTEND, events.DEAD_LETTER,
+    events.DEDUP_REFUSED, events.STALE_REJECTED, events.CLOSE, events.DRAIN,
+}  # fmt: skip
+WITH_N = {events.PUT, events.ACQUIRE, events.ACK, events.FAIL, events.RECLAIM, events.EXTEND, events.DEAD_LETTER}
+WITH_DEADLINE = {events.ACQUIRE, events.RECLAIM, events.EXTEND}
 
 
 class _NoDedupQueue(RedisSampleRefQueue):
-    """Seeded defect C on the server: puts never consult the dedup window."""
+    """Seeded defect C on the server: puts never consult the dedup window.
 
-    _LOOKUP = "  if done then\n    local outcome, _, _, put_token = parse_done(done)\n"
-    assert functions.PRELUDE.count(_LOOKUP) == 1
-    _FORGETFUL = _LOOKUP.replace("if done", "if false")
-    _library = functions.Library(functions.SCRIPTS, functions.PRELUDE.replace(_LOOKUP, _FORGETFUL))
+    The prelude's ``put_verdict`` -- a local every put function calls as an upvalue -- is redefined after the
+    prelude to find no dedup record, whatever its body says. An edit cannot leave the defect silently unseeded:
+    a prelude without that local fails to load (Redis refuses a library reading an unknown global), and
+    ``duplicate_delivery_trace`` raises when the re-put is still refused.
+    """
+
+    _FORGETFUL = """
+local consult_window = put_verdict
+put_verdict = function(sid, held, _, token)
+  return consult_window(sid, held, false, token)
+end
+"""
+    _library = functions.Library(functions.SCRIPTS, functions.PRELUDE + _FORGETFUL)
 
 
 def _factory(client: redis.Redis, queue_class: type[RedisSampleRefQueue] = RedisSampleRefQueue) -> Any:
@@ -67,7 +92,7 @@ def _threaded_trace(url: str) -> Trace:
     recorder = TraceRecorder()
     store = LocalFeatureStore(max_samples=1000, max_bytes=None, high_watermark_bytes=None, low_watermark_bytes=None)
     queue = RedisSampleRefQueue(
-        store, VisibilityTimeout(0.05), url=url, name=f"threads-{uuid.uuid4().hex}",
+        store, VisibilityTimeout(THREADED_VT), url=url, name=f"threads-{uuid.uuid4().hex}",
         max_deliveries=CONFIG.max_deliveries, reaper_interval=0.01, tracer=recorder,
     )  # fmt: skip
     errors: list[BaseException] = []
@@ -126,7 +151,36 @@ def _threaded_trace(url: str) -> Trace:
     return list(recorder.events)
 
 
-def test_redis_traces_are_admitted_by_the_spec_and_a_defect_trace_is_not(redis_server: Any) -> None:
+def _assert_values_traced(traces: Sequence[Trace]) -> None:
+    """Every event a server function reported carries its state: TLC then checks values, not just names."""
+    for trace in traces:
+        for action, fields in trace:
+            if action in SERVER_EVENTS:
+                assert {"pending", "outstanding", "now"} <= fields.keys(), (action, fields)
+                assert action not in WITH_N or "n" in fields, (action, fields)
+                assert action not in WITH_DEADLINE or "deadline" in fields, (action, fields)
+
+
+def _tampered(trace: Trace, action: str, **changes: Any) -> tuple[Trace, int]:
+    """``trace`` with the fields of its first ``action`` event in its second half changed (each by a function
+    of the traced value), and that event's index."""
+    index = next(n for n, (name, _) in enumerate(trace) if name == action and n >= len(trace) // 2)
+    fields = trace[index][1]
+    changed = {**fields, **{name: change(fields[name]) for name, change in changes.items()}}
+    return [*trace[:index], (action, changed), *trace[index + 1 :]], index
+
+
+def _constants(visibility_timeout: float) -> TraceConstants:
+    return TraceConstants(
+        max_deliveries=CONFIG.max_deliveries,
+        sample_bytes=SAMPLE_BYTES,
+        high_watermark=CONFIG.high_watermark_bytes,
+        low_watermark=CONFIG.low_watermark_bytes,
+        visibility_timeout=visibility_timeout,
+    )
+
+
+def test_redis_traces_are_admitted_by_the_spec_and_defects_are_not(redis_server: Any) -> None:
     try:
         find_java()
         find_jar()
@@ -136,23 +190,31 @@ def test_redis_traces_are_admitted_by_the_spec_and_a_defect_trace_is_not(redis_s
     try:
         machine_traces = _machine_traces(client)
         assert sum(len(t) for t in machine_traces) > 10 * RUNS, "the machine runs did almost nothing"
-        traces = [
-            *machine_traces,
-            _threaded_trace(redis_server.url),
-            duplicate_delivery_trace(
-                make_queue_machine(LocalFeatureStore, _factory(client, _NoDedupQueue), config=CONFIG)
-            ),
-        ]
+        defect = duplicate_delivery_trace(
+            make_queue_machine(LocalFeatureStore, _factory(client, _NoDedupQueue), config=CONFIG)
+        )
     finally:
         client.close()
-    assert {"Reclaim", "StaleRejected", "Fail", "Ack"} <= {action for action, _ in traces[-2]}
-    constants = TraceConstants(
-        max_deliveries=CONFIG.max_deliveries,
-        sample_bytes=SAMPLE_BYTES,
-        high_watermark=CONFIG.high_watermark_bytes,
-        low_watermark=CONFIG.low_watermark_bytes,
-    )
-    verdicts = validate_traces(traces, constants)
+    threaded = _threaded_trace(redis_server.url)
+    assert {"Reclaim", "StaleRejected", "Fail", "Ack"} <= {action for action, _ in threaded}
+    _assert_values_traced([*machine_traces, threaded])
+
+    traces = [*machine_traces, defect]
+    verdicts = validate_traces(traces, _constants(CONFIG.visibility_timeout))
     rejected = [n for n, verdict in enumerate(verdicts) if not verdict.admitted]
     assert rejected == [len(traces) - 1], describe_rejections(traces, verdicts)
     assert verdicts[-1].stuck_at is not None and verdicts[-1].stuck_at["action"] == "Put"
+
+    # Seeded wrong values, each in a copy of the threaded trace: TLC must stop at that very event, for the reason
+    # named (as TraceResult.why words it).
+    tampered = {
+        "pending/outstanding/resident_bytes": _tampered(threaded, events.ACK, pending=lambda pending: pending + 1),
+        "does not allow": _tampered(threaded, events.ACQUIRE, n=lambda n: n + 1),
+        "now/deadline": _tampered(threaded, events.RECLAIM, deadline=lambda deadline: deadline + 1.0),
+    }
+    traces = [threaded, *(trace for trace, _ in tampered.values())]
+    verdicts = validate_traces(traces, _constants(THREADED_VT))
+    assert verdicts[0].admitted, describe_rejections(traces, verdicts)
+    for (why, (_, index)), verdict in zip(tampered.items(), verdicts[1:], strict=True):
+        assert not verdict.admitted and verdict.stuck_at is not None, why
+        assert (verdict.stuck_at["index"], why in verdict.why) == (index, True), verdict.explain()

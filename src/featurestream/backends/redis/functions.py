@@ -33,9 +33,9 @@ KEYS, which would cost more to send than most calls cost to run):
 8. ``meta``      hash: ``state`` (open/draining/drained), fixed config (``max_deliveries``,
                  ``dedup_window``, ``keep_bytes``), ``kept_bytes``.
 9. ``stats``     hash of the ``QueueStats`` counters, plus ``requeued`` and ``purged``. ``leased``
-                 doubles as the lease id sequence; the ``pending`` gauge is derived (put + failed
-                 + reclaimed + requeued - dead_lettered - leased: every stream entry is a put, a
-                 redelivery or a requeue).
+                 doubles as the lease id sequence; the ``pending`` gauge is derived (``PENDING_TERMS``:
+                 put + failed + reclaimed + requeued - dead_lettered - leased: every stream entry is a
+                 put, a redelivery or a requeue).
 10. ``wake``     stream a close or drain appends to, so blocked ``acquire`` calls wake.
 11. ``retired``  stream of settled sample ids (capped): a producing instance reads
                  it to scrub, in its own store, the samples it put that another
@@ -60,10 +60,16 @@ due leases (at most ``REAP_LIMIT``), as every in-process queue operation does.
 Functions return ``{status, events, ...}`` (``ack`` and ``fail``, which take a
 batch of leases, ``{statuses, events}``) where ``events`` is a flat list of
 ``kind, a, b`` triples the client turns into tracer calls, scrubs and
-dead-letter callbacks. ``kind`` uses the lease/lifecycle machines' trigger
-names (``lease``, ``extend``, ``ack``, ``fail``, ``reclaim``, ``close``,
-``drain``) plus ``put``, ``dead`` (``kept``: a dead letter whose bytes stay), ``dedup``, ``stale``,
-``forged`` (a stale lease naming a live one: a copy), ``requeue``, ``purge`` and ``retired`` (not traced).
+dead-letter callbacks; a traced call's events are quadruples, the fourth
+being the state the event left, computed in the same atomic call: ``{n,
+pending, leased, now, deadline}`` (the lease's redelivery count, the counts
+after the event, the call's clock, a lease's deadline; ``''`` where none). An
+untraced call reads nothing for them and gets only the events it acts on.
+``kind`` uses the lease/lifecycle machines' trigger names (``lease``,
+``extend``, ``ack``, ``fail``, ``reclaim``, ``close``, ``drain``) plus
+``put``, ``dead`` (``kept``: a dead letter whose bytes stay), ``dedup``,
+``stale``, ``forged`` (a stale lease naming a live one: a copy),
+``requeue``, ``purge`` and ``retired`` (not traced).
 """
 
 from __future__ import annotations
@@ -96,9 +102,14 @@ TRIM_EVERY = 1000  # settles between bulk trims of ``stream``
 # sample settled by the instance that put it is left off the ``retired`` feed (that instance scrubs it itself).
 INSTANCE_CHARS = 16
 MAX_BATCH = 1000  # most items one batch call takes (the Lua unpacks a batch into one command's arguments)
+# The ``pending`` gauge from the ``stats`` counters: each counter's sign (every stream entry is a put, a redelivery
+# or a requeue; leases and dead letters take entries out). ``stats()`` and traced calls both derive it so.
+PENDING_TERMS: dict[str, int] = {
+    "put": 1, "failed": 1, "reclaimed": 1, "requeued": 1, "dead_lettered": -1, "leased": -1,
+}  # fmt: skip
 
 # The one definition of every constant the Lua uses: prepended to the prelude as ``local NAME = value``.
-CONSTANTS: dict[str, str | int] = {
+CONSTANTS: dict[str, str | int | dict[str, int]] = {
     "GROUP": GROUP,
     "LAYOUT": LAYOUT,
     "REAP_LIMIT": REAP_LIMIT,
@@ -107,6 +118,7 @@ CONSTANTS: dict[str, str | int] = {
     "TRIM_EVERY": TRIM_EVERY,
     "INSTANCE_CHARS": INSTANCE_CHARS,
     "MAX_BATCH": MAX_BATCH,
+    "PENDING_TERMS": PENDING_TERMS,
 }
 
 FUNCTIONS = ("init", "put", "put_many", "acquire", "ack", "fail", "extend", "reclaim", "close", "requeue", "purge")
@@ -117,12 +129,18 @@ def _lua(name: str) -> str:
     return resources.files(__package__).joinpath("lua", f"{name}.lua").read_text(encoding="utf-8")
 
 
-def _literal(value: str | int) -> str:
+def _literal(value: str | int | dict[str, int]) -> str:
+    if isinstance(value, dict):  # a table of names (Lua identifiers) -> ints
+        return "{" + ", ".join(f"{_name(name)} = {_literal(number)}" for name, number in value.items()) + "}"
     if isinstance(value, int):
         return str(value)
+    return f"'{_name(value)}'"
+
+
+def _name(value: str) -> str:
     if not value.replace("_", "").isalnum():
-        raise ValueError(f"Lua string constants must be alphanumeric, got {value!r}")
-    return f"'{value}'"
+        raise ValueError(f"Lua string constants and table keys must be alphanumeric, got {value!r}")
+    return value
 
 
 PRELUDE = "".join(f"local {name} = {_literal(value)}\n" for name, value in CONSTANTS.items()) + _lua("prelude")

@@ -152,11 +152,22 @@ def _batch(name: str, items: Iterable[Any]) -> list[Any]:
 
 
 def _pending(counters: dict[Any, Any]) -> int:
-    """The pending gauge from the counters: every stream entry is a put, a redelivery or a requeue, minus those
-    leased."""
+    """The pending gauge from the counters (``functions.PENDING_TERMS``, as traced calls derive it on the server)."""
     values = {_text(k): int(v) for k, v in counters.items()}
-    redelivered = values.get("failed", 0) + values.get("reclaimed", 0) - values.get("dead_lettered", 0)
-    return values.get("put", 0) + redelivered + values.get("requeued", 0) - values.get("leased", 0)
+    return sum(sign * values.get(name, 0) for name, sign in functions.PENDING_TERMS.items())
+
+
+def _values(raw: list[Any]) -> dict[str, object]:
+    """A traced event's state (the fourth item of a traced call's events, see ``functions``), as the in-process
+    queue traces it: ``n`` (when the event concerns a lease or its sample), ``pending``, ``outstanding``, the
+    call's clock ``now`` and a lease's ``deadline`` (when it has one), in seconds of the queue's clock."""
+    n, pending, outstanding, now, deadline = raw
+    values: dict[str, object] = {"pending": int(pending), "outstanding": int(outstanding), "now": float(now)}
+    if n not in (b"", ""):
+        values["n"] = int(n)
+    if deadline:
+        values["deadline"] = float(deadline)
+    return values
 
 
 def _settings(values: dict[str, int]) -> str:
@@ -267,6 +278,8 @@ class RedisSampleRefQueue:
         # The header's fixed middle and end (see _header; the feed cursor goes between them).
         self._settings = f"\t{max_deliveries}\t{dedup_window}\t"
         self._trace_flag = "\t1" if tracer is not None else "\t"
+        # A traced call's events carry their state as a fourth item (see functions).
+        self._event_width = 4 if tracer is not None else 3
         self._issued: weakref.WeakValueDictionary[int, RedisLease] = weakref.WeakValueDictionary()
         # Samples this instance put and has not seen settled; their settles elsewhere arrive on the feed.
         self._mine: dict[str, SampleRef] = {}
@@ -919,31 +932,34 @@ class RedisSampleRefQueue:
         inside ``self._op`` (lock held), so one instance's trace follows the server's order. A store fault while
         scrubbing is owed, never raised: it belongs to a sample, not to this caller.
         """
-        for index in range(0, len(reply_events), 3):
+        width = self._event_width
+        for index in range(0, len(reply_events), width):
             kind, first, second = (_text(v) for v in reply_events[index : index + 3])
             action = _ACTIONS.get(kind, kind)
+            values = _values(reply_events[index + 3]) if width == 4 and kind != "retired" else {}
             if kind in ("lease", "extend", "ack", "fail", "reclaim"):
-                self._trace(action, sample_id=first, lease_id=int(second))
+                self._trace(action, sample_id=first, lease_id=int(second), **values)
                 if kind == "ack" and acked and second in acked:
                     self._scrub(acked.pop(second))
             elif kind in ("put", "dedup", "requeue", "purge"):
-                self._trace(action, sample_id=first)
+                self._trace(action, sample_id=first, **values)
             elif kind in ("stale", "forged"):  # forged: a copy of a live lease, not the object acquire returned
-                self._trace(action, op=first, lease_id=int(second) if second else None, forged=kind == "forged")
+                lease_id = int(second) if second else None
+                self._trace(action, op=first, lease_id=lease_id, forged=kind == "forged", **values)
             elif kind == "retired":
                 self._feed_cursor = second
                 mine = self._mine.get(first)
                 if mine is not None:
                     self._scrub(mine)
             elif kind in ("dead", "kept"):
-                self._trace(action, sample_id=first)
+                self._trace(action, sample_id=first, kept=kind == "kept", **values)
                 dead = dead_letter_from_json(second)
                 if self._on_dead_letter is not None:
                     self._outbox.append((self._on_dead_letter, dead))
                 if kind == "dead":  # a kept one stays retained (and in _mine) until requeued and settled, or purged
                     self._scrub(dead.ref)
             else:  # close, drain
-                self._trace(action)
+                self._trace(action, **values)
 
     def _scrub(self, ref: SampleRef) -> None:
         if self.dedup_window:

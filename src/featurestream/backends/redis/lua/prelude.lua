@@ -19,8 +19,25 @@ end
 local K_STREAM, K_REFS, K_LEASES, K_DEADLINES, K_DONE, K_DONE_ORDER, K_DEAD, K_META, K_STATS, K_WAKE, K_RETIRED
 local K_KEPT, PREFIX
 local ARGS, CLOCK, now, MAX_DELIVERIES, DEDUP_WINDOW, CURSOR, TRACE, events
+-- Traced calls only: the queue's pending and leased counts as this call's events so far left them (see emit).
+local traced_pending, traced_leased
 -- the header's settings as text, and their numbers: parsed again only when a call sends other text
 local SETTINGS_TEXT
+
+-- The pending and leased counts as a traced call begins: read once, then each event applies its own change.
+-- Pending is derived from the counters as stats() derives it (PENDING_TERMS: counter -> sign).
+local function read_counts()
+  local fields, signs = {}, {}
+  for name, sign in pairs(PENDING_TERMS) do
+    fields[#fields + 1] = name
+    signs[#signs + 1] = sign
+  end
+  traced_pending = 0
+  for i, value in ipairs(redis.call('HMGET', K_STATS, unpack(fields))) do
+    traced_pending = traced_pending + signs[i] * (tonumber(value) or 0)
+  end
+  traced_leased = redis.call('HLEN', K_LEASES)
+end
 
 local function begin(keys, argv)
   local P = keys[1]
@@ -41,6 +58,9 @@ local function begin(keys, argv)
   TRACE = TRACE == '1'
   now = nil
   events = {}
+  if TRACE then
+    read_counts()
+  end
 end
 
 -- This call's time in seconds: the caller's clock, or the server's TIME (read once, and only when needed:
@@ -57,16 +77,27 @@ local function clock()
   return now
 end
 
-local function emit(kind, a, b)
-  if TRACE or NEEDED[kind] then
+local function fmt(x)
+  return string.format('%.17g', x)
+end
+
+-- Report event ``kind`` (arguments ``a``, ``b``) to the client. A traced call's events also carry the state they
+-- left, computed here, atomically with the change: ``n`` (the lease's redelivery count), the pending and leased
+-- counts after the event's own changes ``pending_change`` and ``leased_change`` (so each event of a batch reports
+-- the state its item left, as one call per item would), the call's clock and ``deadline`` (a lease's).
+local function emit(kind, a, b, n, pending_change, leased_change, deadline)
+  if TRACE then
+    traced_pending = traced_pending + (pending_change or 0)
+    traced_leased = traced_leased + (leased_change or 0)
+    events[#events + 1] = kind
+    events[#events + 1] = a
+    events[#events + 1] = b
+    events[#events + 1] = {n or '', traced_pending, traced_leased, fmt(clock()), deadline or ''}
+  elseif NEEDED[kind] then
     events[#events + 1] = kind
     events[#events + 1] = a
     events[#events + 1] = b
   end
-end
-
-local function fmt(x)
-  return string.format('%.17g', x)
 end
 
 -- The put token and the ref JSON of a held sample's ``refs`` value.
@@ -180,11 +211,15 @@ local function retire(items, outcome, kept)
   after_retire()
 end
 
--- ``n``: the lease's redelivery count, as its lease record holds it (text)
-local function redeliver(sid, n, reason, key, token, put_token)
+local REASONS = {fail = 'failed', reclaim = 'expired'}
+
+-- Finish the fail or reclaim (event ``kind``) of lease ``key`` of sample ``sid``: the sample goes to the tail as
+-- a new entry, or is dead once its deliveries are spent. ``n``: the lease's redelivery count, as its lease record
+-- holds it (text); ``deadline``: a reclaimed lease's (traced).
+local function redeliver(kind, sid, n, key, token, put_token, deadline)
   local deliveries = tonumber(n) + 1
   if deliveries >= MAX_DELIVERIES then
-    local why = reason .. ' ' .. deliveries .. ' times (max_deliveries=' .. MAX_DELIVERIES .. ')'
+    local why = REASONS[kind] .. ' ' .. deliveries .. ' times (max_deliveries=' .. MAX_DELIVERIES .. ')'
     local _, ref = split_held(redis.call('HGET', K_REFS, sid))
     local letter = '{"ref":' .. ref .. ',"reason":"' .. why .. '","deliveries":' .. deliveries .. '}'
     redis.call('RPUSH', K_DEAD, letter)
@@ -197,10 +232,12 @@ local function redeliver(sid, n, reason, key, token, put_token)
       redis.call('HSET', K_KEPT, sid, size)
       redis.call('HINCRBY', K_META, 'kept_bytes', size)
     end
-    emit(kept and 'kept' or 'dead', sid, letter)
+    emit(kind, sid, key, n, 0, -1, deadline)
+    emit(kept and 'kept' or 'dead', sid, letter, n)
     retire({{sid, key, token, put_token}}, 'dead-lettered', kept)
   else
     redis.call('XADD', K_STREAM, '*', 's', sid, 'n', count_arg(deliveries))
+    emit(kind, sid, key, n, 1, -1, deadline)
   end
 end
 
@@ -222,15 +259,16 @@ local function reap()
   if not first[2] or tonumber(first[2]) > clock() then
     return 0
   end
-  local due = redis.call('ZRANGEBYSCORE', K_DEADLINES, '-inf', fmt(clock()), 'LIMIT', '0', count_arg(REAP_LIMIT))
-  for _, key in ipairs(due) do
+  local due = redis.call(
+    'ZRANGEBYSCORE', K_DEADLINES, '-inf', fmt(clock()), 'WITHSCORES', 'LIMIT', '0', count_arg(REAP_LIMIT))
+  for i = 1, #due, 2 do
+    local key = due[i]
     local entry, _, n, put_token, sid = parse_lease(redis.call('HGET', K_LEASES, key))
     drop_leases({key}, {entry}, 'reclaimed')
-    emit('reclaim', sid, key)
     -- no token in the dedup record: a late fail of this lease is stale, not a retry of a settle
-    redeliver(sid, n, 'expired', key, '', put_token)
+    redeliver('reclaim', sid, n, key, '', put_token, due[i + 1])
   end
-  return #due
+  return #due / 2
 end
 
 local function is_open()
@@ -276,7 +314,7 @@ local function put_new(fresh)
   redis.call('HSET', K_REFS, unpack(refs))
   for _, item in ipairs(fresh) do
     redis.call('XADD', K_STREAM, '*', 's', item[1], 'n', '0')
-    emit('put', item[1], '')
+    emit('put', item[1], '', '0', 1)
   end
   redis.call('HINCRBY', K_STATS, 'put', count_arg(#fresh))
 end
@@ -318,7 +356,7 @@ local function lease_entries(count, vt, base, reply)
         records[2 * j] = id .. '\t' .. base .. count_arg(leased + j) .. '\t' .. n .. '\t' .. put_token .. '\t' .. sid
         scores[2 * j - 1] = deadline
         scores[2 * j] = key
-        emit('lease', sid, key)
+        emit('lease', sid, key, n, -1, 1, deadline)
         -- the client knows the deadline: its clock (or the now it sent) plus vt
         reply[#reply + 1] = key
         reply[#reply + 1] = n
@@ -425,7 +463,7 @@ local function ack_live(live)
   local items = {}
   for i, lease in ipairs(live) do
     stale_each('ack', lease[6])
-    emit('ack', lease[1], lease[2])
+    emit('ack', lease[1], lease[2], lease[4], 0, -1)
     items[i] = {lease[1], lease[2], lease[3], lease[5]}
   end
   retire(items, 'acked')
@@ -434,8 +472,7 @@ end
 local function fail_live(live)
   for _, lease in ipairs(live) do
     stale_each('fail', lease[6])
-    emit('fail', lease[1], lease[2])
-    redeliver(lease[1], lease[4], 'failed', lease[2], lease[3], lease[5])
+    redeliver('fail', lease[1], lease[4], lease[2], lease[3], lease[5])
   end
 end
 

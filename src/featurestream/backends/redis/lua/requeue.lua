@@ -31,7 +31,7 @@ for i, letter in ipairs(letters) do
     -- 'r': a requeue's put token names no instance, so whoever settles the sample publishes it (see own_settle)
     redis.call('HSET', K_REFS, sid, 'r' .. ARGS[2] .. i .. '\t' .. letter_ref(letter))
     redis.call('XADD', K_STREAM, '*', 's', sid, 'n', '0')
-    emit('requeue', sid, '')
+    emit('requeue', sid, '', '0', 1)
     requeued[#requeued + 1] = sid
   end
 end
