@@ -116,6 +116,22 @@ def test_status_json_has_the_snapshot_keys(
     assert [d["sample_id"] for d in snapshot["dead_letters"]["newest"]] == ["b"]
 
 
+def test_status_reads_only_the_newest_dead_letters(
+    cli: Run, producer: Callable[..., RedisSampleRefQueue], redis_server: Any, queue_name: str
+) -> None:
+    queue = producer(max_deliveries=1)
+    put(queue, "a", "b", "c")
+    for sample_id in ("a", "b", "c"):
+        kill(queue, sample_id)
+    # An old letter that would not decode: status lists the newest two without reading it.
+    with redis.Redis.from_url(redis_server.url) as client:
+        client.lset(f"featurestream:{{{queue_name}}}:dead", 0, b"not a dead letter")
+    status, out, _ = cli("status", args=("--json", "--dead-letters", "2"))
+    assert status == 0
+    dead = json.loads(out)["dead_letters"]
+    assert dead["count"] == 3 and [d["sample_id"] for d in dead["newest"]] == ["c", "b"]
+
+
 def test_status_watch_refreshes_with_rates(cli: Run, producer: Callable[..., RedisSampleRefQueue]) -> None:
     put(producer(), "a")
     status, out, _ = cli("status", args=("--json", "--watch", "0.01", "--count", "3"))

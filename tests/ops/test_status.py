@@ -81,6 +81,25 @@ def test_dead_letter_count_follows_requeue_and_purge() -> None:
     assert snapshot(queue, newest_dead_letters=0)["dead_letters"] == {"count": 1, "newest": []}
 
 
+def test_snapshot_reads_only_the_newest_dead_letters(monkeypatch: pytest.MonkeyPatch) -> None:
+    store, queue, _ = make_queue(max_deliveries=1)
+    put(store, queue, "a", "b", "c")
+    for _ in range(3):
+        lease = queue.acquire(timeout=0)
+        assert lease is not None
+        queue.fail(lease)
+    assert [d.ref.sample_id for d in queue.dead_letters(newest=2)] == ["b", "c"]  # oldest first
+    assert queue.dead_letters(newest=5) == queue.dead_letters() and queue.dead_letters(newest=0) == []
+    with pytest.raises(ValueError, match="newest must be an int >= 0, got -1"):
+        queue.dead_letters(newest=-1)
+    asked: list[int | None] = []
+    read = queue.dead_letters
+    monkeypatch.setattr(queue, "dead_letters", lambda newest=None: asked.append(newest) or read(newest))
+    assert [d["sample_id"] for d in snapshot(queue, newest_dead_letters=2)["dead_letters"]["newest"]] == ["c", "b"]
+    snapshot(queue, newest_dead_letters=0)
+    assert asked == [2]  # only the newest two were read; none for a snapshot that lists none
+
+
 def test_oldest_lease_age_follows_the_oldest_live_lease() -> None:
     store, queue, clock = make_queue()
     put(store, queue, "a", "b")

@@ -49,6 +49,28 @@ def test_without_kept_bytes_requeue_is_refused_and_purge_drops(make: Factory, st
         queue.purge_dead_letters("s0")
 
 
+def test_dead_letters_reads_only_the_newest_asked_for(
+    make: Factory, store: LocalFeatureStore, redis_client: Any, queue_name: str
+) -> None:
+    queue = make(store)
+    kill(queue, store, 0, 1, 2)
+
+    def ids(letters: list[Any]) -> list[str]:
+        return [letter.ref.sample_id for letter in letters]
+
+    assert ids(queue.dead_letters(newest=2)) == ["s1", "s2"]  # oldest first, as dead_letters() lists them
+    assert ids(queue.dead_letters(newest=5)) == ids(queue.dead_letters()) == ["s0", "s1", "s2"]
+    assert queue.dead_letters(newest=0) == []
+    # The older letters are not even read: one that would not decode goes unnoticed.
+    redis_client.lset(f"featurestream:{{{queue_name}}}:dead", 0, b"not a dead letter")
+    assert ids(queue.dead_letters(newest=2)) == ["s1", "s2"]
+    with pytest.raises(ValueError):
+        queue.dead_letters()
+    for bad in (-1, True, 1.5):
+        with pytest.raises(ValueError, match=f"newest must be an int >= 0, got {bad!r}"):
+            queue.dead_letters(newest=bad)  # type: ignore[arg-type]
+
+
 def test_kept_bytes_are_retained_up_to_the_cap_and_requeue_delivers_again(
     make: Factory, store: LocalFeatureStore
 ) -> None:

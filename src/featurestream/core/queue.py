@@ -489,10 +489,15 @@ class SampleRefQueue:
         with observing(self):
             return len(self._live)
 
-    def dead_letters(self) -> list[DeadLetter]:
-        """Samples whose deliveries were spent, oldest first."""
+    def dead_letters(self, newest: int | None = None) -> list[DeadLetter]:
+        """Samples whose deliveries were spent, oldest first; only the ``newest`` ones when it is given.
+
+        ``ValueError`` naming a ``newest`` that is no int >= 0.
+        """
+        check_count("newest", newest, allow_none=True)
         with observing(self):
-            return list(self._dead)
+            first = 0 if newest is None else max(len(self._dead) - newest, 0)
+            return self._dead[first:]
 
     def requeue_dead_letters(self, sample_ids: Iterable[str] | None = None) -> list[str]:
         """Send the dead letters ``sample_ids`` (``None``: all) back to the tail with a fresh delivery budget.

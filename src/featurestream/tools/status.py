@@ -22,8 +22,9 @@ since its previous snapshot. The keys (``docs/operations.md`` is the reference):
 Keys are only ever added, never renamed or removed (``SCHEMA`` names this version).
 The counters and the two gauges come from one consistent ``stats()``; the
 lifecycle, the lease age and the newest dead letters are each read by a call of
-their own, so under traffic they may be a few events apart. Only the newest dead
-letters cost O(dead letters) to read: ``newest_dead_letters=0`` skips them.
+their own, so under traffic they may be a few events apart. Only the newest
+``newest_dead_letters`` dead letters are read (``dead_letters(newest=...)``), so
+a snapshot costs O(that), however many dead letters the queue holds.
 """
 
 from __future__ import annotations
@@ -54,8 +55,8 @@ def snapshot(
 ) -> dict[str, Any]:
     """One status snapshot of ``queue`` (``rates`` and ``interval_s`` are ``None``: see ``StatusWatcher``).
 
-    ``newest_dead_letters`` caps the dead-letter reasons listed (the count is
-    always exact; 0 skips the listing, which costs O(dead letters)).
+    ``newest_dead_letters`` caps the dead-letter reasons listed, and read (the
+    count is always exact; 0 skips the listing).
     ``backpressure=False`` reports the backpressure state as ``None``: pass it
     for a handle that produces nothing (an operator's view of a shared queue),
     whose own state says nothing about the producers.
@@ -65,7 +66,7 @@ def snapshot(
     stats = queue.stats()
     # Every dead letter enters the list once (dead_lettered) and leaves it once (requeued or purged): the
     # consistent counters give the count without listing them.
-    newest = queue.dead_letters()[::-1][:newest_dead_letters] if newest_dead_letters else []
+    newest = queue.dead_letters(newest=newest_dead_letters)[::-1] if newest_dead_letters else []
     return {
         "schema": SCHEMA,
         "lifecycle": queue.lifecycle_state,

@@ -26,10 +26,11 @@ API (every method thread-safe; each state change one server call, one round trip
 - operators: ``RedisSampleRefQueue.open(url, name)`` -> a handle with no feature store (``LookupError``
   when no such queue; it never puts or leases), ``stats()`` (a ``QueueStats``), ``pending_count()``,
   ``outstanding_count()``, ``lifecycle_state``, ``oldest_lease_age()`` -> seconds | None,
-  ``dead_letters()`` (oldest first), ``requeue_dead_letters(ids=None)`` / ``purge_dead_letters(ids=None)``
-  -> the ids acted on (``None``: all; one atomic call, all or nothing: ``LookupError`` for an id that is
-  no dead letter, ``ValueError`` for a requeue whose bytes were not kept -- see ``keep_dead_letter_bytes``),
-  ``reclaim_expired()``, ``close()``, ``disconnect()``.
+  ``dead_letters(newest=None)`` (oldest first; ``newest=N`` reads only the newest N),
+  ``requeue_dead_letters(ids=None)`` / ``purge_dead_letters(ids=None)`` -> the ids acted on (``None``: all;
+  one atomic call, all or nothing: ``LookupError`` for an id that is no dead letter, ``ValueError`` for a
+  requeue whose bytes were not kept -- see ``keep_dead_letter_bytes``), ``reclaim_expired()``, ``close()``,
+  ``disconnect()``.
 
 Each process binds the queue to its own store instance: the putting process
 ``retain``s, and whichever process settles a sample (the acker, or the
@@ -528,10 +529,17 @@ class RedisSampleRefQueue:
         with observing(self):
             return int(self._retrying(self._redis.hlen, self._key["leases"]))
 
-    def dead_letters(self) -> list[DeadLetter]:
-        """Samples whose deliveries were spent, oldest first."""
+    def dead_letters(self, newest: int | None = None) -> list[DeadLetter]:
+        """Samples whose deliveries were spent, oldest first; only the ``newest`` ones when it is given.
+
+        ``newest`` reads (and decodes) just those: O(newest), not O(dead letters). ``ValueError`` naming a
+        ``newest`` that is no int >= 0.
+        """
+        check_count("newest", newest, allow_none=True)
+        if newest == 0:  # LRANGE -0 -1 would be every letter
+            return []
         with observing(self):
-            letters = self._retrying(self._redis.lrange, self._key["dead"], 0, -1)
+            letters = self._retrying(self._redis.lrange, self._key["dead"], -newest if newest else 0, -1)
         return [dead_letter_from_json(raw) for raw in letters]
 
     def requeue_dead_letters(self, sample_ids: Iterable[str] | None = None) -> list[str]:
