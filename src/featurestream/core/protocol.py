@@ -79,7 +79,8 @@ class LeaseQueue(Protocol):
 
     def outstanding_count(self) -> int: ...
 
-    def dead_letters(self) -> list[DeadLetter]: ...
+    def dead_letters(self, newest: int | None = None) -> list[DeadLetter]:
+        """Dead letters, oldest first; only the newest ``newest`` when given."""
 
     def requeue_dead_letters(self, sample_ids: Iterable[str] | None = None) -> list[str]:
         """Send kept dead letters (``None``: all) back with a fresh delivery budget: all or nothing."""
