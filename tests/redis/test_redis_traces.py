@@ -42,8 +42,9 @@ from featurestream.backends.redis.queue import RedisSampleRefQueue  # noqa: E402
 
 TOKENS = 2
 SAMPLE_BYTES = 40 * TOKENS  # sample_tensors(_, 2): the trace module models one sample size
-# Watermarks out of reach, as in the in-process trace test: the trace module learns a sample's bytes at its Put.
-CONFIG = MachineConfig(samples=6, sample_tokens=TOKENS, high_watermark_bytes=10_000, low_watermark_bytes=9_000)
+# The kit's watermarks (high 200 B, low 80 B): the runs pause producers, and the kit traces its store's calls,
+# so the trace module knows the bytes behind each Pause.
+CONFIG = MachineConfig(samples=6, sample_tokens=TOKENS)
 RUNS = 15
 THREADED_VT = 0.05  # short leases, so the threaded run reclaims
 Trace = list[tuple[str, dict[str, object]]]
@@ -190,6 +191,7 @@ def test_redis_traces_are_admitted_by_the_spec_and_defects_are_not(redis_server:
     try:
         machine_traces = _machine_traces(client)
         assert sum(len(t) for t in machine_traces) > 10 * RUNS, "the machine runs did almost nothing"
+        assert any(action == events.PAUSE for trace in machine_traces for action, _ in trace), "no run paused"
         defect = duplicate_delivery_trace(
             make_queue_machine(LocalFeatureStore, _factory(client, _NoDedupQueue), config=CONFIG)
         )
