@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import importlib
+import re
 import tempfile
 
 import pytest
 
 from featurestream import LocalFeatureStore
+from featurestream.core import events
 from featurestream.testing import MachineConfig, make_queue_machine
 
 TestLocalStoreMachine = make_queue_machine(LocalFeatureStore, name="LocalStoreMachine").TestCase
@@ -30,3 +32,31 @@ def test_shared_dir_store_machine() -> None:
 
     with root:
         make_queue_machine(store, name="SharedDirStoreMachine").TestCase("runTest").runTest()
+
+
+def test_a_rounds_hysteresis_step_is_judged_on_the_residency_its_health_read_returned() -> None:
+    """A round pauses on bytes an owed scrub still holds; the kit's own ``stats()`` then pays the scrub.
+
+    The pause was right (and the next round resumes): the kit must not judge it on the residency after
+    its own observation, as it once did (a false inv08/inv12 violation, found by a derandomized run).
+    """
+    state = make_queue_machine(LocalFeatureStore, config=MachineConfig(max_deliveries=1))()
+    try:
+        state.do_arm_fault("retain", until_cleared=False)
+        state.do_put("s0", blocking=False)  # refused: s0 stays stored, 40 B
+        state.do_put("s2", blocking=False)
+        lease = state.do_acquire("c1")
+        assert lease is not None
+        state.do_put("s3", blocking=False)
+        state.do_ack(lease)
+        assert state.do_acquire_many("c1", 1)
+        state.do_arm_fault("scrub", until_cleared=False)
+        state.do_advance_clock(MachineConfig().visibility_timeout)
+        # The round reaps s3 into the dead letters, its scrub fails (owed: 40 + 160 B resident) and it pauses.
+        state.do_put("s3", blocking=True)
+        for name in sorted(dir(state)):
+            if re.fullmatch(r"inv\d\d_\w+", name):
+                getattr(state, name)()
+        assert [a for a, _ in state.trace.events if a in (events.PAUSE, events.RESUME)] == ["Pause", "Resume"]
+    finally:
+        state.teardown()

@@ -32,8 +32,10 @@ class FaultyStore(FeatureStore):
     happen. ``arm(call, times=1)`` makes the next ``times`` calls of ``call`` raise
     (``times=UNTIL_CLEARED``: every call until ``clear``); ``clear()`` disarms
     everything. ``raised`` counts the faults raised per call, and ``log`` lists
-    ``(call, sample_id, ok)`` for every ref-taking call, so a test can tell
-    which scrubs went through. Thread-safe.
+    ``(call, sample_id, ok)`` for every call (``sample_id`` ``None`` for
+    ``health``/``gc``), so a test can tell which scrubs went through and what
+    came before a ``health`` read; ``last_health`` is what the last successful
+    ``health()`` returned (what its caller acted on). Thread-safe.
     """
 
     def __init__(self, inner: FeatureStore) -> None:
@@ -45,6 +47,7 @@ class FaultyStore(FeatureStore):
         self._armed: dict[str, int | None] = {}
         self.raised: collections.Counter[str] = collections.Counter()
         self.log: list[tuple[str, str | None, bool]] = []
+        self.last_health: StoreHealth | None = None
 
     # -- arming -------------------------------------------------------------
     def arm(self, call: str, times: int | None = 1) -> None:
@@ -113,7 +116,10 @@ class FaultyStore(FeatureStore):
 
     def health(self) -> StoreHealth:
         self._enter("health", None)
-        return self.inner.health()
+        health = self.inner.health()
+        with self._lock:
+            self.last_health = health
+        return health
 
     def gc(self) -> int:
         self._enter("gc", None)

@@ -273,10 +273,13 @@ class QueueMachine(QueueInvariants, RuleBasedStateMachine):
             if helper.is_alive():
                 self._note("inv15_callbacks", "a callback calling the queue back blocked: it runs under the lock")
 
-    def _sync_store(self) -> None:
-        """Account for the store calls made since last time: which scrubs (unretains) failed or went through."""
+    def _sync_store(self, upto: int | None = None) -> None:
+        """Account for the store calls made since last time (before log position ``upto``, default: all of them).
+
+        Which scrubs (unretains) failed or went through; the mirror's residency follows.
+        """
         log = self.store.log
-        seen, self._log_seen = self._log_seen, len(log)
+        seen, self._log_seen = self._log_seen, max(self._log_seen, len(log) if upto is None else upto)
         for call, sample_id, ok in log[seen : self._log_seen]:
             owed = {"scrub": self.owed, "unretain": self.owed_unretain}.get(call)
             if owed is not None and sample_id is not None:
@@ -452,12 +455,16 @@ class QueueMachine(QueueInvariants, RuleBasedStateMachine):
             self._note("inv13_producer_progress", f"a round of put_blocks_until_below({sample_id!r}) hung")
             return False
         held = self._held_count()  # what the round saw after reaping (its own sample is not counted yet)
-        self._sync_store()
+        # The round decided on its health() read; the kit's own calls since (stats() ...) may have paid an owed
+        # scrub that read counted. So the spec judges the residency of the store calls up to that read.
+        reads = [n for n in range(log_at, len(self.store.log)) if self.store.log[n][0] == "health"]
+        self._sync_store(upto=reads[-1] + 1 if reads else None)
         bp_after = self.queue.backpressure_state
         if bp_after != bp_before:
             spec = self.mirror.update_backpressure()
             if spec != ("Pause" if bp_after == "paused" else "Resume"):
                 self._note("inv12_agrees_with_spec_mirror", f"backpressure {bp_before} -> {bp_after}, the spec: {spec}")
+        self._sync_store()
         self._observe_backpressure(bp_before, pauses_before)
         outcome = producer.put.outcome
         if outcome is None:
@@ -487,8 +494,10 @@ class QueueMachine(QueueInvariants, RuleBasedStateMachine):
         return False
 
     def _observe_backpressure(self, before: str, pauses_before: int) -> None:
+        """Check a round's hysteresis step against the residency its ``health()`` read returned."""
         after = self.queue.backpressure_state
-        resident = self.inner.health().resident_bytes
+        read = self.store.last_health
+        resident = self.inner.health().resident_bytes if read is None else read.resident_bytes
         high, low = self.config.high_watermark_bytes, self.config.low_watermark_bytes
         name = "inv08_backpressure_hysteresis"
         if after not in ("flowing", "paused"):
