@@ -3,7 +3,7 @@
 The budget is the CI profile's (200 examples of 40 steps, derandomized); shrinking is skipped
 because only the verdict and the invariant's name are asserted here. The
 control (the same machine finding nothing in the real queue and store) is
-``test_machine_local.TestLocalStoreMachine``.
+``test_machine_local.test_local_store_machine``.
 """
 
 from __future__ import annotations

@@ -129,6 +129,7 @@ class _Consumer:
 class _Producer:
     put: BlockedPut
     was: str  # the sample's status when the put started
+    waited: bool = False  # a round of it found the queue paused and waited
 
 
 class QueueMachine(QueueInvariants, RuleBasedStateMachine):
@@ -188,6 +189,7 @@ class QueueMachine(QueueInvariants, RuleBasedStateMachine):
         self.pending: collections.deque[str] = collections.deque()
         self.consumers = {c: _Consumer() for c in cfg.consumer_ids}
         self.producers: dict[str, _Producer] = {}
+        self.woken_puts = 0  # blocked puts that waited, were woken and enqueued: how far a run got, for coverage checks
         self.closed = False
         self.finished = False
         self.owed: set[str] = set()  # settled samples whose scrub raised and has not gone through since
@@ -477,9 +479,12 @@ class QueueMachine(QueueInvariants, RuleBasedStateMachine):
                     f"put_blocks_until_below({sample_id!r}) waits although it could go on: closed={self.closed}, "
                     f"backpressure {bp_after}, {held} samples pending or leased",
                 )
+            producer.waited = True
             return False
         del self.producers[sample_id]
         accepted = outcome == "enqueued"
+        if accepted and producer.waited:
+            self.woken_puts += 1
         if accepted and bp_after == "paused" and held > 0:
             self._note(
                 "inv08_backpressure_hysteresis",
@@ -743,6 +748,41 @@ class QueueMachine(QueueInvariants, RuleBasedStateMachine):
         state.handles = {}
         self.mirror.crash(consumer)
 
+    def do_drain(self, consumer: str) -> None:
+        """Consumers work the queue empty while producers are blocked (Release, Ack, Acquire, Reclaim).
+
+        Every consumer releases its handles and acks the leases it holds; then ``consumer`` leases
+        and acks the pending samples one at a time, and when only leases of crashed consumers are
+        left, time passes by the visibility timeout and the reaper takes them back. It stops once no
+        put is blocked or the queue holds nothing. The queue wakes blocked producers on every
+        settle, so after each ack or reclaim every blocked put takes its rounds (``do_wake``):
+        residency falls through the hysteresis band a sample at a time, and a producer resumes
+        (or, paused with nothing left in the queue, enqueues) as soon as the queue lets it; a woken
+        producer's sample is drained in turn while others are still blocked. ``wake_producer``
+        covers the other schedules, a producer that runs its round only later.
+        """
+        for name in sorted(self.consumers):
+            for handle in list(self.consumers[name].handles.values()):
+                self.do_release(handle)
+            for lease in list(self.consumers[name].leases):
+                self.do_ack(lease)
+                self._wake_blocked()
+        # A bound, even for a broken queue: each round settles a delivery or moves the clock on.
+        for _ in range(2 * self.config.samples * (self.config.max_deliveries + 1)):
+            if not self.producers or not self._held_count():
+                return
+            lease = self.do_acquire(consumer)
+            if lease is None:
+                self.do_advance_clock(self.config.visibility_timeout)
+                self.do_reclaim()
+            else:
+                self.do_ack(lease)
+            self._wake_blocked()
+
+    def _wake_blocked(self) -> None:
+        for sample_id in sorted(self.producers):
+            self.do_wake(sample_id)
+
     def do_advance_clock(self, seconds: float) -> None:
         """Time passes (or jumps); leases past their deadline are reclaimed by the next call that reaps.
 
@@ -769,8 +809,7 @@ class QueueMachine(QueueInvariants, RuleBasedStateMachine):
         self.queue.close()
         self.mirror.close()
         self.closed = True
-        for sample_id in sorted(self.producers):
-            self.do_wake(sample_id)
+        self._wake_blocked()
         self.do_put(self.config.sample_ids[0], blocking=False)
 
     def do_arm_fault(self, call: str, until_cleared: bool) -> None:

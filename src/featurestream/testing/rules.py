@@ -126,6 +126,11 @@ def make_queue_machine(
         def crash(self, consumer: str) -> None:
             self.do_crash(consumer)
 
+        @precondition(lambda self: self.producers and self._held_count())
+        @rule(consumer=consumers)
+        def drain(self, consumer: str) -> None:
+            self.do_drain(consumer)
+
         @precondition(lambda self: self.queue.outstanding_count())
         @rule(seconds=steps)
         def advance_clock(self, seconds: float) -> None:
