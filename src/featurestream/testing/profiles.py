@@ -48,4 +48,3 @@ def register_profiles() -> str | None:
         settings.load_profile(wanted)
         return wanted
     return None
-
