@@ -19,7 +19,7 @@ import weakref
 from collections import deque
 from collections.abc import Callable
 
-__all__ = ["IDLE_SECONDS", "BackgroundDeleter"]
+__all__ = ["IDLE_SECONDS", "BackgroundDeleter", "remove_reporting"]
 
 logger = logging.getLogger(__name__)
 
@@ -85,12 +85,20 @@ class BackgroundDeleter:
                 logger.exception("unlinking %s failed", path)
 
     def _unlink(self, path: str) -> None:
-        try:
-            os.unlink(path)
-        except FileNotFoundError:
-            pass
-        except OSError as exc:
-            self._on_error(path, exc)
+        remove_reporting(path, self._on_error)
+
+
+def remove_reporting(
+    path: str, on_error: Callable[[str, OSError], None], remove: Callable[[str], None] | None = None
+) -> None:
+    """``remove(path)`` (default ``os.unlink``); a missing file counts as removed, any other ``OSError`` goes to
+    ``on_error(path, exc)``."""
+    try:
+        (remove or os.unlink)(path)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        on_error(path, exc)
 
 
 @atexit.register

@@ -46,7 +46,7 @@ from collections.abc import Mapping
 import torch
 
 from featurestream.core.refs import SampleRef
-from featurestream.stores.deleter import BackgroundDeleter
+from featurestream.stores.deleter import BackgroundDeleter, remove_reporting
 from featurestream.stores.ledger import (
     DEFAULT_HIGH_WATERMARK,
     DEFAULT_LOW_WATERMARK,
@@ -331,15 +331,7 @@ class SharedDirFeatureStore(LedgerFeatureStore):
         self._deleter.submit(out)
 
     def _unlink(self, path: str, *, data: bool = False) -> None:
-        try:
-            if data:
-                self._remove_data(path)
-            else:
-                os.unlink(path)
-        except FileNotFoundError:
-            pass
-        except OSError as exc:
-            self._unlink_failed(path, exc)
+        remove_reporting(path, self._unlink_failed, self._remove_data if data else None)
 
     def _unlink_failed(self, path: str, exc: OSError) -> None:
         # A leftover file is never forgotten: it is retried on the next scrub, gc and close.
