@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -148,6 +149,23 @@ def test_an_operator_handle_reads_status_and_never_produces(
         operator.disconnect()
     queue.ack(lease)  # type: ignore[arg-type]
     assert queue.oldest_lease_age() is None
+
+
+def test_oldest_lease_age_is_the_oldest_live_lease_by_the_server_clock(redis_server: Any, queue_name: str) -> None:
+    store = LocalFeatureStore()
+    queue = RedisSampleRefQueue(store, url=redis_server.url, name=queue_name)
+    queue.put_many([store.put(f"s{i}", sample_tensors(i)) for i in range(2)])
+    first = queue.acquire(timeout=0)
+    time.sleep(0.3)
+    second = queue.acquire(timeout=0)
+    older = queue.oldest_lease_age()
+    assert older is not None and 0.3 <= older < 30
+    queue.ack(first)  # type: ignore[arg-type]
+    younger = queue.oldest_lease_age()
+    assert younger is not None and younger < older - 0.2
+    queue.ack(second)  # type: ignore[arg-type]
+    assert queue.oldest_lease_age() is None
+    queue.disconnect()
 
 
 def test_settings_include_kept_bytes(make: Factory, store: LocalFeatureStore) -> None:

@@ -103,6 +103,6 @@ def test_sigkilled_consumer_and_restarted_redis_lose_and_duplicate_nothing(durab
     assert sorted(os.listdir(shared)) == [], "sample or marker files left in the shared directory"
     client = redis.Redis.from_url(durable_redis.url)
     prefix = f"featurestream:{{{name}}}:"
-    assert client.hlen(prefix + "refs") == client.hlen(prefix + "leases") == client.xlen(prefix + "stream") == 0
+    assert client.hlen(prefix + "refs") == client.hlen(prefix + "leases") == client.llen(prefix + "pending") == 0
     client.close()
     observer.disconnect()

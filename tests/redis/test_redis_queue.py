@@ -319,6 +319,52 @@ def test_blocked_acquire_wakes_on_a_put_from_another_instance(redis_server: Any,
     assert time.monotonic() < got[0].deadline <= time.monotonic() + 30.0
 
 
+def test_a_blocked_acquire_wakes_on_a_redelivery_under_an_injected_clock(
+    make: Factory, store: LocalFeatureStore
+) -> None:
+    """A fail in another instance makes a sample pending again: it wakes the waiter, whose clock is a fake one
+    (the wait is registered in server time all the same)."""
+    holder, waiter_queue = make(store), make(store)
+    put(store, holder, 0)
+    lease = holder.acquire(timeout=0)
+    got: list[Any] = []
+    waiter = threading.Thread(target=lambda: got.append(waiter_queue.acquire(timeout=60)))
+    started = time.monotonic()
+    waiter.start()
+    while not holder._redis.hget(holder._key["meta"], "waiting"):  # registered: it is (about to be) blocked
+        time.sleep(0.01)
+    holder.fail(lease)  # type: ignore[arg-type]
+    waiter.join(timeout=60)
+    assert got[0] is not None and got[0].ref.sample_id == "s0" and got[0].redelivery_count == 1
+    assert time.monotonic() - started < 30
+
+
+def test_puts_append_to_wake_only_while_a_consumer_waits(redis_server: Any, queue_name: str) -> None:
+    """With nobody waiting, a put writes nothing to the wake stream (the cost a one-by-one loop would pay);
+    an acquire that will block registers its wait, and puts wake it until that wait ends."""
+    store = LocalFeatureStore()
+    queue = RedisSampleRefQueue(store, url=redis_server.url, name=queue_name)
+    wake = queue._key["wake"]
+    put(store, queue, 0)
+    queue.ack(queue.acquire(timeout=0))  # type: ignore[arg-type]
+    assert queue._redis.xlen(wake) == 0 and queue._redis.hget(queue._key["meta"], "waiting") is None
+    got: list[Any] = []
+    waiter = threading.Thread(target=lambda: got.append(queue.acquire(timeout=0.5)))
+    waiter.start()
+    while not queue._redis.hget(queue._key["meta"], "waiting"):
+        time.sleep(0.005)
+    registered = time.monotonic()
+    put(store, queue, 1)
+    waiter.join(timeout=30)
+    assert queue._redis.xlen(wake) == 1 and got[0] is not None and got[0].ref.sample_id == "s1"
+    queue.ack(got[0])
+    queue._redis.delete(wake)
+    time.sleep(max(0.0, registered + 0.6 - time.monotonic()))  # the registered wait is over
+    put(store, queue, 2)
+    assert queue._redis.xlen(wake) == 0
+    queue.disconnect()
+
+
 def test_close_and_drain_wake_blocked_acquires(redis_server: Any, queue_name: str) -> None:
     store = LocalFeatureStore()
     owner = RedisSampleRefQueue(store, url=redis_server.url, name=queue_name)
@@ -500,7 +546,7 @@ def test_settled_samples_leave_nothing_behind_in_redis(
         lease = queue.acquire(timeout=0)
         (queue.ack if i % 2 else queue.fail)(lease)  # type: ignore[arg-type, operator]
     prefix = f"featurestream:{{{queue_name}}}:"
-    assert redis_client.xlen(prefix + "stream") == 0
+    assert redis_client.llen(prefix + "pending") == 0
     for key in ("refs", "leases"):
         assert redis_client.hlen(prefix + key) == 0
     assert redis_client.zcard(prefix + "deadlines") == 0

@@ -1,1 +1,1 @@
-"""The Redis backend: ``RedisSampleRefQueue`` over Redis Streams, its server-side functions and wire format."""
+"""The Redis backend: ``RedisSampleRefQueue``, its server-side functions (Lua) and its wire format."""

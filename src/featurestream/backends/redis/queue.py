@@ -1,4 +1,4 @@
-"""``RedisSampleRefQueue``: the lease / ack / fail queue with its state in Redis Streams.
+"""``RedisSampleRefQueue``: the lease / ack / fail queue with its state in Redis.
 
 Producers and consumers in different processes or on different machines
 share one queue by naming the same Redis server and queue ``name``. It
@@ -7,7 +7,7 @@ implements ``featurestream.core.protocol.LeaseQueue`` with the in-process
 a server-side Lua function (Redis 7.0+; see
 ``featurestream.backends.redis.functions`` for the library and the key layout):
 
-- a delivery attempt is a stream entry read through a consumer group; a
+- a delivery attempt is an entry of a Redis list (FIFO); a
   failed or reclaimed sample is appended to the tail as a new entry with
   ``redelivery_count + 1``, or dead-lettered once ``max_deliveries`` is spent;
 - a lease carries a secret token; ack / fail / extend succeed only when the
@@ -401,8 +401,9 @@ class RedisSampleRefQueue:
     def acquire(self, poll_interval: float = 0.05, *, timeout: float | None = None) -> RedisLease | None:
         """Lease the next ref, waiting up to ``timeout`` (default ``poll_interval``) seconds.
 
-        The wait is server-side (``XREAD BLOCK`` on the delivery and wake
-        streams), so a put, fail, reclaim, close or drain in any process wakes
+        The wait is server-side (``XREAD BLOCK`` on the wake stream, which
+        every call that makes a sample pending appends to while a consumer
+        waits), so a put, fail, reclaim, close or drain in any process wakes
         it at once; it is also cut short at the next lease deadline to reap it.
         Returns ``None`` when the wait ends empty-handed; ``is_closed`` tells a
         transient empty poll from a closed, drained queue (which returns at once).
@@ -595,10 +596,21 @@ class RedisSampleRefQueue:
     def oldest_lease_age(self) -> float | None:
         """Seconds since the oldest live lease was issued (by the Redis server's clock), ``None`` when none is out.
 
-        Read from the consumer group's pending entries: each live lease is one, leased in stream order.
+        Read from the live lease records (each holds the server's ``TIME`` when it was leased): O(live leases).
         """
-        oldest = self._retrying(self._redis.xpending_range, self._key["stream"], functions.GROUP, "-", "+", 1)
-        return oldest[0]["time_since_delivered"] / 1000 if oldest else None
+
+        def read() -> tuple[list[bytes], list[bytes]]:
+            with self._redis.pipeline(transaction=True) as pipe:
+                pipe.hvals(self._key["leases"])
+                pipe.time()
+                records, (seconds, micros) = pipe.execute()
+            return records, seconds + micros / 1e6
+
+        records, server_now = self._retrying(read)
+        if not records:
+            return None
+        issued = min(float(record.split(b"\t", 1)[0]) for record in records)
+        return max(0.0, server_now - issued)
 
     @classmethod
     def open(cls, url: str, name: str, *, reconnect_timeout: float = 30.0) -> RedisSampleRefQueue:
@@ -839,10 +851,13 @@ class RedisSampleRefQueue:
         """Up to ``n`` leases from one server call, waiting server-side up to ``wait`` seconds for the first."""
         self._require_store()
         give_up = time.monotonic() + wait
+        remaining = wait
         while True:
             base = self._token()
             with self._op:
-                status, reply_events, *rest = self._run("acquire", repr(float(self._vt.seconds)), base, n)
+                # the server registers this wait, so a put (in any process) while it lasts wakes it
+                vt = repr(float(self._vt.seconds))
+                status, reply_events, *rest = self._run("acquire", vt, base, n, repr(float(remaining)))
                 self._apply(reply_events)
                 status = _text(status)
                 if status == "ok":
@@ -852,17 +867,14 @@ class RedisSampleRefQueue:
             remaining = give_up - time.monotonic()
             if remaining <= 0:
                 return []
-            last_entry, last_wake, until_deadline = (_text(v) for v in rest)
+            last_wake, until_deadline = (_text(v) for v in rest)
+            block = remaining
             if until_deadline:
-                remaining = min(remaining, max(float(until_deadline), 0.0))
+                block = min(block, max(float(until_deadline), 0.0))
             # BLOCK 0 would mean forever: wait at least a millisecond.
-            block_ms = max(1, math.ceil(remaining * 1000))
-            self._retrying(
-                self._redis.xread,
-                {self._key["stream"]: last_entry, self._key["wake"]: last_wake},
-                count=1,
-                block=block_ms,
-            )
+            block_ms = max(1, math.ceil(block * 1000))
+            self._retrying(self._redis.xread, {self._key["wake"]: last_wake}, count=1, block=block_ms)
+            remaining = max(0.0, give_up - time.monotonic())
 
     def _issue(self, reply: list[Any], base: str) -> list[RedisLease]:
         """Leases from the server's ``key, n, ref`` triples; lease i (from 1) has token ``base + str(i)``."""

@@ -1,5 +1,5 @@
 if is_open() then
-  redis.call('HSET', K_META, 'state', 'draining')
+  set_state('draining')
   emit('close', '', '')
   after_retire()
   redis.call('XADD', K_WAKE, 'MAXLEN', '1', '*', 'wake', 'close')

@@ -1,8 +1,8 @@
 -- ARGV: lease key, token, seconds
 reap()
 local key, token, extra = ARGV[2], ARGV[3], tonumber(ARGV[4])
-local entry, n, _, sid = live_lease(key, token)
-if entry then
+local live, n, _, sid = live_lease(key, token)
+if live then
   local deadline = fmt(clock() + extra)
   redis.call('ZADD', K_DEADLINES, deadline, key)
   redis.call('HINCRBY', K_STATS, 'extended', '1')

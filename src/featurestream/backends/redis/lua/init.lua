@@ -5,10 +5,6 @@ redis.call('HSETNX', K_META, 'layout', LAYOUT)
 redis.call('HSETNX', K_META, 'max_deliveries', MAX_DELIVERIES)
 redis.call('HSETNX', K_META, 'dedup_window', DEDUP_WINDOW)
 redis.call('HSETNX', K_META, 'keep_bytes', ARGV[2])
-local ok, err = pcall(redis.call, 'XGROUP', 'CREATE', K_STREAM, GROUP, '$', 'MKSTREAM')
-if not ok and not string.find(tostring(err), 'BUSYGROUP') then
-  error(err)
-end
 local config = redis.call('HMGET', K_META, 'layout', 'max_deliveries', 'dedup_window', 'keep_bytes')
 local last = redis.call('XREVRANGE', K_RETIRED, '+', '-', 'COUNT', 1)
 config[5] = last[1] and last[1][1] or '0-0'

@@ -1,5 +1,5 @@
--- Helpers shared by every function of the library, defined once when it loads. The constants (GROUP,
--- LAYOUT, REAP_LIMIT, ...) are prepended by featurestream.backends.redis.functions, their one definition.
+-- Helpers shared by every function of the library, defined once when it loads. The constants (LAYOUT,
+-- REAP_LIMIT, ...) are prepended by featurestream.backends.redis.functions, their one definition.
 -- Per-call state lives in these upvalues: a function call runs atomically, so no two calls see each other's.
 
 -- Events only a tracer needs are sent when the caller traces; the client acts on the others.
@@ -16,9 +16,12 @@ local function count_arg(n)
   return COUNTS[n] or n
 end
 
-local K_STREAM, K_REFS, K_LEASES, K_DEADLINES, K_DONE, K_DONE_ORDER, K_DEAD, K_META, K_STATS, K_WAKE, K_RETIRED
+local K_PENDING, K_REFS, K_LEASES, K_DEADLINES, K_DONE, K_DONE_ORDER, K_DEAD, K_META, K_STATS, K_WAKE, K_RETIRED
 local K_KEPT, PREFIX
 local ARGS, CLOCK, now, MAX_DELIVERIES, DEDUP_WINDOW, CURSOR, TRACE, events
+-- This call's read of ``meta`` (read_meta): the lifecycle state, until when (server seconds) a consumer may be
+-- blocked waiting for a delivery, and keep_dead_letter_bytes. ``woken``: this call woke the waiters already.
+local STATE, WAITING, KEEP_BYTES, woken
 -- Traced calls only: the queue's pending and leased counts as this call's events so far left them (see emit).
 local traced_pending, traced_leased
 -- the header's settings as text, and their numbers: parsed again only when a call sends other text
@@ -44,7 +47,7 @@ local function begin(keys, argv)
   ARGS = argv
   -- the key names of the last queue called stay valid (one queue's calls usually follow each other)
   if P ~= PREFIX then
-    K_STREAM, K_REFS, K_LEASES, K_DEADLINES = P .. 'stream', P .. 'refs', P .. 'leases', P .. 'deadlines'
+    K_PENDING, K_REFS, K_LEASES, K_DEADLINES = P .. 'pending', P .. 'refs', P .. 'leases', P .. 'deadlines'
     K_DONE, K_DONE_ORDER, K_DEAD, K_META = P .. 'done', P .. 'done_order', P .. 'dead', P .. 'meta'
     K_STATS, K_WAKE, K_RETIRED, K_KEPT = P .. 'stats', P .. 'wake', P .. 'retired', P .. 'kept'
     PREFIX = P
@@ -57,6 +60,8 @@ local function begin(keys, argv)
   end
   TRACE = TRACE == '1'
   now = nil
+  STATE = nil
+  woken = false
   events = {}
   if TRACE then
     read_counts()
@@ -75,6 +80,53 @@ local function clock()
     end
   end
   return now
+end
+
+-- The server's TIME in seconds, whatever clock the caller sent: consumers block (XREAD BLOCK) in real time.
+local function server_now()
+  if CLOCK == '' then
+    return clock()
+  end
+  local t = redis.call('TIME')
+  return tonumber(t[1]) + tonumber(t[2]) / 1000000
+end
+
+-- Read ``meta``'s state, waiting and keep_bytes once per call (one command for the three).
+local function read_meta()
+  if not STATE then
+    local meta = redis.call('HMGET', K_META, 'state', 'waiting', 'keep_bytes')
+    STATE, WAITING, KEEP_BYTES = meta[1], tonumber(meta[2] or '0'), tonumber(meta[3] or '0')
+  end
+  return STATE
+end
+
+local function set_state(state)
+  redis.call('HSET', K_META, 'state', state)
+  STATE = state
+end
+
+local function is_open()
+  return read_meta() == 'open'
+end
+
+-- A sample became pending: wake the consumers blocked waiting for one (once per call). A consumer that found
+-- nothing to lease registered its wait in ``meta`` ``waiting`` (see register_wait); with none waiting, a put
+-- costs no write to ``wake``.
+local function wake_waiters()
+  if woken then
+    return
+  end
+  woken = true
+  read_meta()
+  if WAITING > 0 and WAITING >= server_now() then
+    redis.call('XADD', K_WAKE, 'MAXLEN', '1', '*', 'wake', 'pending')
+  end
+end
+
+-- Append pending deliveries (``n \t sample id`` each) at the tail and wake the waiting consumers.
+local function enqueue(entries)
+  redis.call('RPUSH', K_PENDING, unpack(entries))
+  wake_waiters()
 end
 
 local function fmt(x)
@@ -133,35 +185,18 @@ local function feed()
   end
 end
 
--- entry, token, n, put token, sample id (the id goes last: it may contain tabs)
+-- issued (the server's TIME when leased), token, n, put token, sample id (the id goes last: it may contain tabs)
 local function parse_lease(rec)
   return string.match(rec, '^([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t(.*)$')
 end
 
--- Drop settled stream entries in bulk: everything before the oldest one still pending or unread.
-local function trim_stream()
-  local oldest = redis.call('XPENDING', K_STREAM, GROUP)[2]
-  if not oldest then
-    for _, group in ipairs(redis.call('XINFO', 'GROUPS', K_STREAM)) do
-      for i = 1, #group, 2 do
-        if group[i] == 'last-delivered-id' then
-          oldest = group[i + 1]
-        end
-      end
-    end
-  end
-  redis.call('XTRIM', K_STREAM, 'MINID', oldest)
-end
-
--- Called after a sample leaves ``refs``: an empty queue keeps no stream entries (all are settled), and a
--- closed one drains.
+-- Called after a sample leaves ``refs``: a closed queue that holds nothing drains.
 local function after_retire()
   if redis.call('HLEN', K_REFS) ~= 0 then
     return
   end
-  redis.call('XTRIM', K_STREAM, 'MAXLEN', '0')
-  if redis.call('HGET', K_META, 'state') == 'draining' then
-    redis.call('HSET', K_META, 'state', 'drained')
+  if read_meta() == 'draining' then
+    set_state('drained')
     emit('drain', '', '')
     redis.call('XADD', K_WAKE, 'MAXLEN', '1', '*', 'wake', 'drain')
   end
@@ -225,7 +260,8 @@ local function redeliver(kind, sid, n, key, token, put_token, deadline)
     redis.call('RPUSH', K_DEAD, letter)
     redis.call('HINCRBY', K_STATS, 'dead_lettered', '1')
     -- keep_dead_letter_bytes: the sample stays retained (for a requeue) while the kept bytes fit the cap
-    local cap = tonumber(redis.call('HGET', K_META, 'keep_bytes') or '0')
+    read_meta()
+    local cap = KEEP_BYTES
     local size = tonumber(string.match(ref, '"estimated_bytes":(%d+)'))
     local kept = cap > 0 and tonumber(redis.call('HGET', K_META, 'kept_bytes') or '0') + size <= cap
     if kept then
@@ -236,21 +272,16 @@ local function redeliver(kind, sid, n, key, token, put_token, deadline)
     emit(kept and 'kept' or 'dead', sid, letter, n)
     retire({{sid, key, token, put_token}}, 'dead-lettered', kept)
   else
-    redis.call('XADD', K_STREAM, '*', 's', sid, 'n', count_arg(deliveries))
+    enqueue({deliveries .. '\t' .. sid})
     emit(kind, sid, key, n, 1, -1, deadline)
   end
 end
 
--- Remove live leases (their keys and stream entries) and count their settles under ``counter``; every
--- TRIM_EVERY settles, trim the stream.
-local function drop_leases(keys, entries, counter)
+-- Remove live leases and count their settles under ``counter``.
+local function drop_leases(keys, counter)
   redis.call('HDEL', K_LEASES, unpack(keys))
   redis.call('ZREM', K_DEADLINES, unpack(keys))
-  redis.call('XACK', K_STREAM, GROUP, unpack(entries))
-  local total = redis.call('HINCRBY', K_STATS, counter, count_arg(#keys))
-  if math.floor(total / TRIM_EVERY) ~= math.floor((total - #keys) / TRIM_EVERY) then
-    trim_stream()
-  end
+  redis.call('HINCRBY', K_STATS, counter, count_arg(#keys))
 end
 
 local function reap()
@@ -263,16 +294,12 @@ local function reap()
     'ZRANGEBYSCORE', K_DEADLINES, '-inf', fmt(clock()), 'WITHSCORES', 'LIMIT', '0', count_arg(REAP_LIMIT))
   for i = 1, #due, 2 do
     local key = due[i]
-    local entry, _, n, put_token, sid = parse_lease(redis.call('HGET', K_LEASES, key))
-    drop_leases({key}, {entry}, 'reclaimed')
+    local _, _, n, put_token, sid = parse_lease(redis.call('HGET', K_LEASES, key))
+    drop_leases({key}, 'reclaimed')
     -- no token in the dedup record: a late fail of this lease is stale, not a retry of a settle
     redeliver('reclaim', sid, n, key, '', put_token, due[i + 1])
   end
   return #due / 2
-end
-
-local function is_open()
-  return redis.call('HGET', K_META, 'state') == 'open'
 end
 
 -- Why a put with put token ``token`` cannot add a sample whose ``refs`` and ``done`` values are ``held`` and
@@ -293,7 +320,8 @@ local function put_verdict(sid, held, done, token)
     end
     return 'dedup', outcome
   end
-  if redis.call('HEXISTS', K_KEPT, sid) == 1 then
+  read_meta()
+  if KEEP_BYTES > 0 and redis.call('HEXISTS', K_KEPT, sid) == 1 then
     return 'kept'
   end
   return nil
@@ -306,14 +334,15 @@ end
 
 -- Enqueue new samples: ``fresh`` is a list of {sample id, ref JSON, put token}, in order.
 local function put_new(fresh)
-  local refs = {}
+  local refs, entries = {}, {}
   for i, item in ipairs(fresh) do
     refs[2 * i - 1] = item[1]
     refs[2 * i] = item[3] .. '\t' .. item[2]
+    entries[i] = '0\t' .. item[1]
   end
   redis.call('HSET', K_REFS, unpack(refs))
+  enqueue(entries)
   for _, item in ipairs(fresh) do
-    redis.call('XADD', K_STREAM, '*', 's', item[1], 'n', '0')
     emit('put', item[1], '', '0', 1)
   end
   redis.call('HINCRBY', K_STATS, 'put', count_arg(#fresh))
@@ -324,36 +353,35 @@ end
 local function lease_entries(count, vt, base, reply)
   local leased = 0
   while leased < count do
-    local got = redis.call('XREADGROUP', 'GROUP', GROUP, GROUP, 'COUNT', count_arg(count - leased), 'STREAMS', K_STREAM, '>')
+    local got = redis.call('LPOP', K_PENDING, count_arg(count - leased))
     if not got then
       break
     end
-    local entries, sids = got[1][2], {}
-    for i, entry in ipairs(entries) do
-      sids[i] = entry[2][2]
+    local sids, ns = {}, {}
+    for i, entry in ipairs(got) do
+      local tab = string.find(entry, '\t', 1, true)
+      ns[i], sids[i] = string.sub(entry, 1, tab - 1), string.sub(entry, tab + 1)
     end
     local held = redis.call('HMGET', K_REFS, unpack(sids))
     local taken = {}
-    for i, entry in ipairs(entries) do
+    for i = 1, #got do
+      -- an entry whose sample is no longer held is dropped, never leased (defensive: no function leaves one;
+      -- the pending gauge would count it)
       if held[i] then
         taken[#taken + 1] = i
-      else
-        -- an entry whose sample is no longer held is never leased (defensive: no function leaves one; the
-        -- pending gauge would count it)
-        redis.call('XACK', K_STREAM, GROUP, entry[1])
       end
     end
     if #taken > 0 then
       local last = redis.call('HINCRBY', K_STATS, 'leased', count_arg(#taken))
+      local issued = fmt(server_now())
       local deadline = fmt(clock() + vt)
       local records, scores = {}, {}
       for j, i in ipairs(taken) do
-        local id, fields = entries[i][1], entries[i][2]
-        local sid, n = fields[2], fields[4]
+        local sid, n = sids[i], ns[i]
         local put_token, ref = split_held(held[i])
         local key = string.format('%016d', last - #taken + j)
         records[2 * j - 1] = key
-        records[2 * j] = id .. '\t' .. base .. count_arg(leased + j) .. '\t' .. n .. '\t' .. put_token .. '\t' .. sid
+        records[2 * j] = issued .. '\t' .. base .. count_arg(leased + j) .. '\t' .. n .. '\t' .. put_token .. '\t' .. sid
         scores[2 * j - 1] = deadline
         scores[2 * j] = key
         emit('lease', sid, key, n, -1, 1, deadline)
@@ -370,19 +398,26 @@ local function lease_entries(count, vt, base, reply)
   return leased
 end
 
--- Nothing to lease: where the client should block (XREAD after these ids) and for how long at most.
-local function empty_reply()
-  if redis.call('HGET', K_META, 'state') == 'drained' then
+-- Nothing to lease: where the client should block (XREAD on ``wake`` after this id) and for how long at most.
+-- A caller that will block for ``wait`` seconds is registered as waiting until then (server time), so that the
+-- calls that make a sample pending wake it (wake_waiters).
+local function empty_reply(wait)
+  if read_meta() == 'drained' then
     return {'drained', events}
   end
-  local last = redis.call('XREVRANGE', K_STREAM, '+', '-', 'COUNT', '1')
+  if wait > 0 then
+    local until_ = server_now() + wait
+    if until_ > WAITING then
+      redis.call('HSET', K_META, 'waiting', fmt(until_))
+    end
+  end
   local wake = redis.call('XREVRANGE', K_WAKE, '+', '-', 'COUNT', '1')
   local first = redis.call('ZRANGE', K_DEADLINES, '0', '0', 'WITHSCORES')
   local until_deadline = ''
   if first[2] then
     until_deadline = fmt(tonumber(first[2]) - clock())
   end
-  return {'empty', events, last[1] and last[1][1] or '0-0', wake[1] and wake[1][1] or '0-0', until_deadline}
+  return {'empty', events, wake[1] and wake[1][1] or '0-0', until_deadline}
 end
 
 -- the live lease record for (key, token), or nil when it is not live
@@ -391,11 +426,11 @@ local function live_lease(key, token)
   if not rec then
     return nil
   end
-  local entry, tok, n, put_token, sid = parse_lease(rec)
+  local _, tok, n, put_token, sid = parse_lease(rec)
   if tok ~= token or token == '' then
     return nil
   end
-  return entry, tonumber(n), put_token, sid
+  return true, tonumber(n), put_token, sid
 end
 
 -- whether the lease (key, token) was settled with ``outcome`` already (a retry after a lost reply)
@@ -430,20 +465,19 @@ local function settle_batch(op, counter, outcome, settle)
     keys[#keys + 1] = ARGS[i]
   end
   local records = redis.call('HMGET', K_LEASES, unpack(keys))
-  local statuses, live, live_keys, entries, before = {}, {}, {}, {}, {}
+  local statuses, live, live_keys, before = {}, {}, {}, {}
   for j, key in ipairs(keys) do
     local token, sid = ARGS[3 * j], ARGS[3 * j + 1]
-    local entry, tok, n, put_token, live_sid
+    local issued, tok, n, put_token, live_sid
     if records[j] then
-      entry, tok, n, put_token, live_sid = parse_lease(records[j])
+      issued, tok, n, put_token, live_sid = parse_lease(records[j])
     end
     -- the client sends each lease of a batch once with its token (a repeated one without), so keys differ
-    if entry and token ~= '' and tok == token then
+    if issued and token ~= '' and tok == token then
       statuses[j] = 'ok'
       live[#live + 1] = {live_sid, key, token, n, put_token, before}
       before = {}
       live_keys[#live_keys + 1] = key
-      entries[#entries + 1] = entry
     elseif settled_by(sid, outcome, key, token) then
       statuses[j] = 'again'
     else
@@ -452,7 +486,7 @@ local function settle_batch(op, counter, outcome, settle)
     end
   end
   if #live > 0 then
-    drop_leases(live_keys, entries, counter)
+    drop_leases(live_keys, counter)
     settle(live)
   end
   stale_each(op, before)

@@ -2,7 +2,7 @@
 -- nothing) when an id names no dead letter, a letter's bytes were not kept, the id is queued again, or the
 -- queue is drained. Each requeued sample goes to the tail with a fresh delivery budget (n = 0), leaves the
 -- dead letters and the dedup window (it was never acked), and counts under ``requeued``.
-local state = redis.call('HGET', K_META, 'state')
+local state = read_meta()
 local letters = redis.call('LRANGE', K_DEAD, 0, -1)
 local chosen, unknown, sids = chosen_letters(letters, 3)
 if not chosen then
@@ -30,7 +30,7 @@ for i, letter in ipairs(letters) do
     redis.call('LREM', K_DONE_ORDER, 1, sid)
     -- 'r': a requeue's put token names no instance, so whoever settles the sample publishes it (see own_settle)
     redis.call('HSET', K_REFS, sid, 'r' .. ARGS[2] .. i .. '\t' .. letter_ref(letter))
-    redis.call('XADD', K_STREAM, '*', 's', sid, 'n', '0')
+    enqueue({'0\t' .. sid})
     emit('requeue', sid, '', '0', 1)
     requeued[#requeued + 1] = sid
   end
