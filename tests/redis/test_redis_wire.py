@@ -57,9 +57,13 @@ def test_dead_letter_round_trip(ref: SampleRef) -> None:
     assert dead_letter_from_json(dead_letter_to_json(dead)) == dead
 
 
-def _mutated(ref: SampleRef, change: object) -> str:
+def _mutated(ref: SampleRef, change: object, compact: bool = False) -> str:
+    """The ref's JSON changed by ``change``: spaced (the strict path), or written as ``ref_to_json`` writes
+    (no spaces, schema order: the fast path, which must refuse the change too)."""
     obj = json.loads(ref_to_json(ref))
     change(obj)  # type: ignore[operator]
+    if compact:
+        return json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
     return json.dumps(obj)
 
 
@@ -79,11 +83,17 @@ def _mutated(ref: SampleRef, change: object) -> str:
         (lambda o: o["features"].append(dict(o["features"][0])), "repeats feature"),
         (lambda o: o["features"].pop(), "missing required"),
         (lambda o: o.update(store_uri="nowhere"), "store_uri"),
+        (lambda o: o["features"][0].update(shape=[True] * len(o["features"][0]["shape"])), "list of ints"),
+        (lambda o: o["features"][0].update(shape=[1.0] * len(o["features"][0]["shape"])), "list of ints"),
+        (lambda o: o["features"][0].update(key=7), "'key' must be str"),
+        (lambda o: o["features"][0].update(name=None), "'name' must be str"),
+        (lambda o: o.update(features={}), "'features' must be list"),
     ],
 )
-def test_decoding_is_strict(ref: SampleRef, change: object, match: str) -> None:
+@pytest.mark.parametrize("compact", [False, True], ids=["spaced", "compact"])
+def test_decoding_is_strict(ref: SampleRef, change: object, match: str, compact: bool) -> None:
     with pytest.raises(ValueError, match=match):
-        ref_from_json(_mutated(ref, change))
+        ref_from_json(_mutated(ref, change, compact))
 
 
 @pytest.mark.parametrize(

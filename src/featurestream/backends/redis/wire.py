@@ -107,10 +107,11 @@ def ref_from_json(text: str | bytes) -> SampleRef:
     """Decode a ref encoded by ``ref_to_json``; ``ValueError`` for anything outside the schema."""
     if isinstance(text, (str, bytes)):
         # Fast path: a text that is exactly the canonical encoding of the ref it parses to holds no duplicate
-        # key, NaN or stray field (``ref_to_json`` writes none); anything else is parsed strictly.
+        # key, NaN, stray field or value of another type (``ref_to_json`` writes none), so the ref is built
+        # without checking each field first; anything else, or anything the build refuses, is parsed strictly.
         try:
-            ref = _ref_from_obj(json.loads(text), "ref")
-        except (ValueError, TypeError):
+            ref = _ref_from_canonical(json.loads(text))
+        except (ValueError, TypeError, KeyError, AttributeError):
             ref = None
         if ref is not None:
             canonical = ref_to_json(ref)
@@ -210,6 +211,31 @@ def _spec(dtype_name: str, shape: list[Any], where: str) -> FeatureSpec:
         _SPEC_CACHE.clear()
     _SPEC_CACHE[cache_key] = spec
     return spec
+
+
+def _ref_from_canonical(obj: Any) -> SampleRef:
+    """The ref ``obj`` describes, with no check of its own: the caller keeps it only if it re-encodes to the very
+    text ``obj`` was decoded from. ``SampleRef`` and ``FeatureSpec`` still refuse what they always refuse."""
+    features = obj["features"]
+    specs = {}
+    for feature in features:
+        shape = feature["shape"]
+        spec = _SPEC_CACHE.get((feature["dtype"], *shape))
+        # a cached spec under an equal key of other types (1.0, True) re-encodes to other text: no match
+        specs[feature["name"]] = spec if spec is not None else _spec(feature["dtype"], shape, "ref")
+    return SampleRef(
+        sample_id=obj["sample_id"],
+        run_id=obj["run_id"],
+        store_uri=obj["store_uri"],
+        feature_keys={feature["name"]: feature["key"] for feature in features},
+        feature_specs=specs,
+        algorithm=FeatureAlgorithm(obj["algorithm"]),
+        schema_version=obj["schema_version"],
+        num_tokens=obj["num_tokens"],
+        estimated_bytes=obj["estimated_bytes"],
+        target_model_version=obj["target_model_version"],
+        draft_weight_version=obj["draft_weight_version"],
+    )
 
 
 def _ref_from_obj(obj: object, what: str) -> SampleRef:
