@@ -18,4 +18,5 @@ python3 -m venv .venv
 .venv/bin/pip install -q -c constraints/test.txt torch==2.13.0
 .venv/bin/pip install -q -c constraints/test.txt -e ".[test]"
 .venv/bin/ruff check src tests benchmarks
+.venv/bin/ruff format --check src tests benchmarks
 .venv/bin/python -m pytest "$@"

@@ -56,8 +56,8 @@ class TestProducer:
         producer = FeatureProducer(target, store, run_id="r", target_model_version="t1", draft_weight_version="d2")
         input_ids, attention_mask, loss_mask = prompt()
         ref = producer.produce(input_ids=input_ids, attention_mask=attention_mask, loss_mask=loss_mask)
-        assert ref.sample_id == "sample-r-1" and producer.produce(**dict(zip(
-            ("input_ids", "attention_mask", "loss_mask"), prompt(), strict=True))).sample_id == "sample-r-2"
+        second = producer.produce(**dict(zip(("input_ids", "attention_mask", "loss_mask"), prompt(), strict=True)))
+        assert ref.sample_id == "sample-r-1" and second.sample_id == "sample-r-2"
         assert ref.algorithm is FeatureAlgorithm.EAGLE3 and ref.schema_version == 1 and ref.run_id == "r"
         assert (ref.target_model_version, ref.draft_weight_version) == ("t1", "d2")
         assert ref.num_tokens == int(loss_mask.sum()) < int(attention_mask.sum()), "supervised tokens only"

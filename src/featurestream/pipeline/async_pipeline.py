@@ -33,6 +33,7 @@ class PromptSource(Protocol):
 
     def __call__(self) -> Prompt | None: ...
 
+
 _PROMPT_FIELDS = ("input_ids", "attention_mask", "loss_mask", "position_ids", "seq_lens", "doc_remaining")
 
 

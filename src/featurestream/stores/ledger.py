@@ -113,9 +113,7 @@ class LedgerFeatureStore(FeatureStore):
 
     # -- subclass hooks ---------------------------------------------------
     @abc.abstractmethod
-    def _write(
-        self, sample_id: str, ref: SampleRef, tensors: Mapping[str, torch.Tensor], take_ownership: bool
-    ) -> None:
+    def _write(self, sample_id: str, ref: SampleRef, tensors: Mapping[str, torch.Tensor], take_ownership: bool) -> None:
         """Persist the tensors of a newly admitted sample (``take_ownership``: they may be kept as they are)."""
 
     @abc.abstractmethod

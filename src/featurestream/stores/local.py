@@ -50,9 +50,7 @@ class LocalFeatureStore(LedgerFeatureStore):
         self._data: dict[str, dict[str, torch.Tensor]] = {}
         self._data_lock = threading.Lock()
 
-    def _write(
-        self, sample_id: str, ref: SampleRef, tensors: Mapping[str, torch.Tensor], take_ownership: bool
-    ) -> None:
+    def _write(self, sample_id: str, ref: SampleRef, tensors: Mapping[str, torch.Tensor], take_ownership: bool) -> None:
         if take_ownership:
             # A dense tensor outside autograd is kept as it is; ``contiguous`` copies only a strided one.
             kept = {

@@ -268,9 +268,7 @@ class SharedDirFeatureStore(LedgerFeatureStore):
         return type(exc)(exc.errno, f"cannot {action}: {reason}", path)
 
     # -- ledger hooks -----------------------------------------------------
-    def _write(
-        self, sample_id: str, ref: SampleRef, tensors: Mapping[str, torch.Tensor], take_ownership: bool
-    ) -> None:
+    def _write(self, sample_id: str, ref: SampleRef, tensors: Mapping[str, torch.Tensor], take_ownership: bool) -> None:
         final = self.data_path(sample_id)
         # ``contiguous``/``cpu`` copy only when a tensor is strided or on a device; dense CPU ones are written as-is.
         dense = {name: t.detach().cpu().contiguous() for name, t in tensors.items()}
