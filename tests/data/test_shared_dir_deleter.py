@@ -47,6 +47,31 @@ def test_scrub_removes_the_name_at_once_and_unlinks_the_bytes_off_the_calling_th
     assert unlinked_on == ["featurestream-deleter"]
 
 
+def test_scrub_moves_the_data_file_once_and_spares_a_file_written_since(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The ledger's part of scrub drops the marker only: the data file was moved out already, and a second
+    attempt could only take a file another instance wrote under that name since."""
+    store = SharedDirFeatureStore(tmp_path)
+    ref = put_eagle3(store, 1)
+    store.retain(ref)
+    moved: list[str] = []
+    real_rename = os.rename
+
+    def rename_then_rewrite(source: str, target: str) -> None:
+        real_rename(source, target)
+        moved.append(os.path.basename(source))
+        if len(moved) == 1:  # another writer's file under the same name, between the two steps of scrub
+            Path(source).write_bytes(b"another instance's sample")
+
+    monkeypatch.setattr(shared_dir.os, "rename", rename_then_rewrite)
+    store.scrub(ref)
+    assert moved == [os.path.basename(store.data_path("s1"))]
+    assert Path(store.data_path("s1")).read_bytes() == b"another instance's sample"
+    assert not os.path.exists(store._marker_path("s1"))
+    store.close()
+
+
 def test_a_failed_background_unlink_is_retried_by_gc(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     real_unlink = os.unlink
     failures = [OSError(errno.EIO, "I/O error")]

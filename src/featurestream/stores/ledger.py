@@ -124,6 +124,10 @@ class LedgerFeatureStore(FeatureStore):
     def _drop(self, sample_id: str) -> None:
         """Free the bytes of a sample (scrubbed, closed, or released by its last handle)."""
 
+    def _drop_scrubbed(self, sample_id: str) -> None:
+        """Free the bytes of a sample ``scrub`` just forgot; a store whose ``scrub`` freed them first overrides it."""
+        self._drop(sample_id)
+
     def _drop_released(self, sample_id: str) -> None:
         """Free a sample whose last handle here was released and that no queue here retains.
 
@@ -233,7 +237,7 @@ class LedgerFeatureStore(FeatureStore):
                 self._orphan_handles.extend(entry.handles)
                 self._forget(ref.sample_id)
         # A shared store scrubs bytes it never tracked too: the queue's instance may not be the writer.
-        self._drop(ref.sample_id)
+        self._drop_scrubbed(ref.sample_id)
 
     def gc(self) -> int:
         """Forget handles of scrubbed samples that their holders never released."""

@@ -317,6 +317,10 @@ class SharedDirFeatureStore(LedgerFeatureStore):
         self._unlink(self.data_path(sample_id), data=True)
         self._unlink(self._marker_path(sample_id))
 
+    def _drop_scrubbed(self, sample_id: str) -> None:
+        # scrub moved the data file out already (a second attempt could only hit a file written since)
+        self._unlink(self._marker_path(sample_id))
+
     def _drop_released(self, sample_id: str) -> None:
         if os.path.exists(self._marker_path(sample_id)):
             return  # a queue (maybe in another process) holds it; its scrub will unlink the file
