@@ -232,6 +232,21 @@ def test_misconfiguration(
         RedisSampleRefQueue(store, **kwargs)
 
 
+def test_a_queue_of_another_key_layout_is_refused_and_left_as_it_was(
+    redis_server: Any, queue_name: str, store: LocalFeatureStore
+) -> None:
+    """A queue an older version made (layout 2: deliveries in a stream) is named, not read or changed."""
+    meta = f"featurestream:{{{queue_name}}}:meta"
+    client = redis.Redis.from_url(redis_server.url)
+    old = {"state": "open", "layout": "2", "max_deliveries": "5", "dedup_window": "10000", "keep_bytes": "0"}
+    client.hset(meta, mapping=old)
+    with pytest.raises(ValueError, match=r"key layout '2'; this version reads layout '3' \(drain it with"):
+        RedisSampleRefQueue(store, url=redis_server.url, name=queue_name)
+    assert {k.decode(): v.decode() for k, v in client.hgetall(meta).items()} == old
+    assert client.keys(f"featurestream:{{{queue_name}}}:*") == [meta.encode()]
+    client.close()
+
+
 def test_url_and_client_are_exclusive(redis_server: Any, store: LocalFeatureStore) -> None:
     with pytest.raises(ValueError, match="either url or client"):
         RedisSampleRefQueue(store, url=redis_server.url, client=redis.Redis.from_url(redis_server.url))

@@ -295,6 +295,11 @@ class RedisSampleRefQueue:
         self._sent_now: float | None = None
         self._producing = False
         layout, *stored, self._feed_cursor = (_text(v) for v in self._run("init", keep_dead_letter_bytes))
+        if layout != functions.LAYOUT:
+            raise ValueError(
+                f"queue {name!r} on Redis has key layout {layout!r}; this version reads layout {functions.LAYOUT!r} "
+                "(drain it with the featurestream version that created it, or use another name)"
+            )
         asked = {"max_deliveries": max_deliveries, "dedup_window": dedup_window}
         asked["keep_dead_letter_bytes"] = keep_dead_letter_bytes
         found = dict(zip(asked, (int(value) for value in stored), strict=True))
@@ -304,10 +309,6 @@ class RedisSampleRefQueue:
                 f"{_settings(asked)} (use the same settings everywhere, or another name)"
             )
         self.keep_dead_letter_bytes = keep_dead_letter_bytes
-        if layout != functions.LAYOUT:
-            raise ValueError(
-                f"queue {name!r} on Redis has key layout {layout!r}; this version reads layout {functions.LAYOUT!r}"
-            )
         if reaper_interval is not None:
             start_reaper(self, reaper_interval, self._reaper_stop, name="featurestream-redis-reaper")
 
