@@ -201,11 +201,22 @@ def test_redis_traces_are_admitted_by_the_spec_and_defects_are_not(redis_server:
     assert {"Reclaim", "StaleRejected", "Fail", "Ack"} <= {action for action, _ in threaded}
     _assert_values_traced([*machine_traces, threaded])
 
-    traces = [*machine_traces, defect]
+    # A blocked producer's Put reports the residency it was decided on; TLC checks it (a wrong one is refused).
+    decided = [(trace, n) for trace in machine_traces for n, (action, fields) in enumerate(trace)
+               if action == events.PUT and "resident_bytes" in fields]  # fmt: skip
+    assert decided, "no put_blocks_until_below Put reported resident_bytes"
+    trace, index = decided[len(decided) // 2]
+    fields = trace[index][1]
+    wrong_put = [*trace[:index], (events.PUT, {**fields, "resident_bytes": fields["resident_bytes"] + 1000})]
+    wrong_put += trace[index + 1 :]
+
+    traces = [*machine_traces, defect, wrong_put]
     verdicts = validate_traces(traces, _constants(CONFIG.visibility_timeout))
     rejected = [n for n, verdict in enumerate(verdicts) if not verdict.admitted]
-    assert rejected == [len(traces) - 1], describe_rejections(traces, verdicts)
-    assert verdicts[-1].stuck_at is not None and verdicts[-1].stuck_at["action"] == "Put"
+    assert rejected == [len(traces) - 2, len(traces) - 1], describe_rejections(traces, verdicts)
+    assert verdicts[-2].stuck_at is not None and verdicts[-2].stuck_at["action"] == "Put"
+    assert verdicts[-1].stuck_at is not None and verdicts[-1].stuck_at["index"] == index, verdicts[-1].explain()
+    assert "resident_bytes" in verdicts[-1].why, verdicts[-1].explain()
 
     # Seeded wrong values, each in a copy of the threaded trace: TLC must stop at that very event, for the reason
     # named (as TraceResult.why words it).

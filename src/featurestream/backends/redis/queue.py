@@ -374,9 +374,10 @@ class RedisSampleRefQueue:
                 raise RuntimeError(f"put of sample {ref.sample_id!r} aborted: abort_when() returned True")
             with self._op:
                 backpressure = self._backpressure
-                if backpressure.state == "flowing" and not backpressure.should_pause(self._read_health(ref)):
+                health = self._read_health(ref) if backpressure.state == "flowing" else None
+                if health is not None and not backpressure.should_pause(health):
                     # Flowing and staying so: the put function itself reaps and checks the lifecycle.
-                    self._put_locked(ref)
+                    self._put_locked(ref, health=health)
                     return
                 # Like the in-process queue: reap, refuse once closed, and only then move the hysteresis.
                 _, reaped_events, _, state, held = self._run("reclaim")
@@ -391,10 +392,10 @@ class RedisSampleRefQueue:
                     self._outbox.append((callback, health))
                     continue
                 if self._backpressure.state == "flowing":
-                    self._put_locked(ref)
+                    self._put_locked(ref, health=health)
                     return
                 # Paused: an empty queue admits the sample all the same (the server checks, atomically).
-                if not int(held) and self._put_locked(ref, if_idle=True):
+                if not int(held) and self._put_locked(ref, if_idle=True, health=health):
                     return
                 self._not_full.wait(poll_interval)
 
@@ -749,14 +750,17 @@ class RedisSampleRefQueue:
             return set(sample_ids)
         return {sample_id for sample_id, value in zip(sample_ids, found, strict=True) if value is not None}
 
-    def _put_locked(self, ref: SampleRef, *, if_idle: bool = False) -> bool:
-        """Put ``ref``; with ``if_idle`` only into an empty queue (``False``: it was not, nothing changed)."""
+    def _put_locked(self, ref: SampleRef, *, if_idle: bool = False, health: StoreHealth | None = None) -> bool:
+        """Put ``ref``; with ``if_idle`` only into an empty queue (``False``: it was not, nothing changed).
+
+        ``health``: the store read this put was decided on (``put_blocks_until_below``), traced with its Put.
+        """
         if self._known(ref.sample_id):
             self._check_puts([ref])
         self._retain([ref])
         wire = ref_to_json(ref).encode()
         status, reply_events, *rest = self._run("put", ref.sample_id, wire, self._token(), "idle" if if_idle else "")
-        self._apply(reply_events)
+        self._apply(reply_events, put_health=health)
         status = _text(status)
         if status == "ok":
             self._remember(ref, wire)
@@ -946,10 +950,13 @@ class RedisSampleRefQueue:
         return float(_text(deadline))
 
     # -- the server's events, store calls, callbacks -------------------------------
-    def _apply(self, reply_events: list[Any], acked: dict[str, SampleRef] | None = None) -> None:
+    def _apply(
+        self, reply_events: list[Any], acked: dict[str, SampleRef] | None = None, put_health: StoreHealth | None = None
+    ) -> None:
         """Trace the server's events in order, scrub settled samples here, queue the dead-letter callbacks.
 
-        ``acked``: lease key -> ref of this call's acks, scrubbed (and removed) at their "ack" event. Called
+        ``acked``: lease key -> ref of this call's acks, scrubbed (and removed) at their "ack" event;
+        ``put_health``: the store read a put was decided on, whose resident bytes its Put reports. Called
         inside ``self._op`` (lock held), so one instance's trace follows the server's order. A store fault while
         scrubbing is owed, never raised: it belongs to a sample, not to this caller.
         """
@@ -962,6 +969,8 @@ class RedisSampleRefQueue:
                 self._trace(action, sample_id=first, lease_id=int(second), **values)
                 if kind == "ack" and acked and second in acked:
                     self._scrub(acked.pop(second))
+            elif kind == "put" and put_health is not None:
+                self._trace(action, sample_id=first, resident_bytes=put_health.resident_bytes, **values)
             elif kind in ("put", "dedup", "requeue", "purge"):
                 self._trace(action, sample_id=first, **values)
             elif kind in ("stale", "forged"):  # forged: a copy of a live lease, not the object acquire returned
