@@ -171,3 +171,26 @@ def test_the_hot_path_packs_each_request_exactly_as_redis_py_does(redis_server: 
         link.close()
     finally:
         client.close()
+
+
+def test_a_lifecycle_is_three_function_calls_of_at_most_26_commands(make: Factory, store: LocalFeatureStore) -> None:
+    """Put, acquire, ack one by one, nobody waiting: the command budget of layout 3 (INFO commandstats counts the
+    commands a function runs). A deterministic guard for the benchmark's cost: no stream command on the delivery
+    path (XADD, XREADGROUP, XACK, XTRIM: layout 2 ran them) and no write to ``wake``."""
+    queue = make(store)
+    put(store, queue, "warm")
+    queue.ack(queue.acquire(timeout=0))  # type: ignore[arg-type]
+    admin = queue._redis
+    admin.config_resetstat()
+    lifecycles = 20
+    for n in range(lifecycles):
+        put(store, queue, f"s{n}")
+        queue.ack(queue.acquire(timeout=0))  # type: ignore[arg-type]
+    calls = {
+        name.removeprefix("cmdstat_"): entry["calls"]
+        for name, entry in admin.info("commandstats").items()
+        if name not in ("cmdstat_info", "cmdstat_config|resetstat")
+    }
+    assert calls.pop("fcall") == 3 * lifecycles
+    assert not {"xadd", "xreadgroup", "xack", "xtrim"} & calls.keys(), calls
+    assert sum(calls.values()) <= 26 * lifecycles, {name: count / lifecycles for name, count in calls.items()}
