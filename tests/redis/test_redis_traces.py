@@ -210,13 +210,22 @@ def test_redis_traces_are_admitted_by_the_spec_and_defects_are_not(redis_server:
     wrong_put = [*trace[:index], (events.PUT, {**fields, "resident_bytes": fields["resident_bytes"] + 1000})]
     wrong_put += trace[index + 1 :]
 
-    traces = [*machine_traces, defect, wrong_put]
+    # A Pause reports the state its round's reclaim call left, as the in-process queue's does; a wrong one is refused.
+    pauses = [(trace, n) for trace in machine_traces for n, (action, _) in enumerate(trace) if action == events.PAUSE]
+    assert all({"pending", "outstanding", "now"} <= trace[n][1].keys() for trace, n in pauses), "a Pause without state"
+    trace, pause_index = pauses[len(pauses) // 2]
+    fields = trace[pause_index][1]
+    wrong_pause = [*trace[:pause_index], (events.PAUSE, {**fields, "pending": fields["pending"] + 1})]
+    wrong_pause += trace[pause_index + 1 :]
+
+    traces = [*machine_traces, defect, wrong_put, wrong_pause]
     verdicts = validate_traces(traces, _constants(CONFIG.visibility_timeout))
     rejected = [n for n, verdict in enumerate(verdicts) if not verdict.admitted]
-    assert rejected == [len(traces) - 2, len(traces) - 1], describe_rejections(traces, verdicts)
-    assert verdicts[-2].stuck_at is not None and verdicts[-2].stuck_at["action"] == "Put"
-    assert verdicts[-1].stuck_at is not None and verdicts[-1].stuck_at["index"] == index, verdicts[-1].explain()
-    assert "resident_bytes" in verdicts[-1].why, verdicts[-1].explain()
+    assert rejected == [len(traces) - 3, len(traces) - 2, len(traces) - 1], describe_rejections(traces, verdicts)
+    assert verdicts[-3].stuck_at is not None and verdicts[-3].stuck_at["action"] == "Put"
+    for verdict, at in ((verdicts[-2], index), (verdicts[-1], pause_index)):
+        assert verdict.stuck_at is not None and verdict.stuck_at["index"] == at, verdict.explain()
+        assert "pending/outstanding/resident_bytes" in verdict.why, verdict.explain()
 
     # Seeded wrong values, each in a copy of the threaded trace: TLC must stop at that very event, for the reason
     # named (as TraceResult.why words it).
