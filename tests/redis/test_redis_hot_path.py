@@ -101,14 +101,21 @@ def test_calls_survive_the_server_dropping_every_connection(
     assert not store.is_resident("s0")
 
 
-@pytest.mark.parametrize("shape", ["single_connection_client", "shared_client"])
+@pytest.mark.parametrize("shape", ["single_connection_client", "shared_client", "decode_responses"])
 def test_other_client_shapes_work(make: Factory, store: LocalFeatureStore, redis_server: Any, shape: str) -> None:
-    client = redis.Redis.from_url(redis_server.url, single_connection_client=shape == "single_connection_client")
+    client = redis.Redis.from_url(
+        redis_server.url,
+        single_connection_client=shape == "single_connection_client",
+        decode_responses=shape == "decode_responses",
+    )
     try:
         first, second = make(store, client=client), make(store, client=client)
         put(store, first, "s0")
-        second.ack(second.acquire(timeout=0))  # type: ignore[arg-type]
-        assert first.stats().acked == 1 and first.acquire(timeout=0) is None
+        lease = second.acquire(timeout=0)
+        age = second.oldest_lease_age()
+        assert age is not None and 0 <= age < 30
+        second.ack(lease)  # type: ignore[arg-type]
+        assert first.stats().acked == 1 and first.acquire(timeout=0) is None and first.oldest_lease_age() is None
     finally:
         client.close()
 

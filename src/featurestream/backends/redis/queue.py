@@ -601,7 +601,7 @@ class RedisSampleRefQueue:
         Read from the live lease records (each holds the server's ``TIME`` when it was leased): O(live leases).
         """
 
-        def read() -> tuple[list[bytes], list[bytes]]:
+        def read() -> tuple[list[Any], float]:
             with self._redis.pipeline(transaction=True) as pipe:
                 pipe.hvals(self._key["leases"])
                 pipe.time()
@@ -611,7 +611,7 @@ class RedisSampleRefQueue:
         records, server_now = self._retrying(read)
         if not records:
             return None
-        issued = min(float(record.split(b"\t", 1)[0]) for record in records)
+        issued = min(float(_text(record).split("\t", 1)[0]) for record in records)
         return max(0.0, server_now - issued)
 
     @classmethod

@@ -110,7 +110,7 @@ local function is_open()
 end
 
 -- A sample became pending: wake the consumers blocked waiting for one (once per call). A consumer that found
--- nothing to lease registered its wait in ``meta`` ``waiting`` (see register_wait); with none waiting, a put
+-- nothing to lease registered its wait in ``meta`` ``waiting`` (see empty_reply); with none waiting, a put
 -- costs no write to ``wake``.
 local function wake_waiters()
   if woken then
