@@ -223,13 +223,21 @@ def _ref_from_canonical(obj: Any) -> SampleRef:
         spec = _SPEC_CACHE.get((feature["dtype"], *shape))
         # a cached spec under an equal key of other types (1.0, True) re-encodes to other text: no match
         specs[feature["name"]] = spec if spec is not None else _spec(feature["dtype"], shape, "ref")
+    keys = {feature["name"]: feature["key"] for feature in features}
+    return _build_ref(obj, keys, specs, FeatureAlgorithm(obj["algorithm"]))
+
+
+def _build_ref(
+    obj: dict[str, Any], keys: dict[str, str], specs: dict[str, FeatureSpec], algorithm: FeatureAlgorithm
+) -> SampleRef:
+    """``SampleRef`` from a decoded object's scalar fields and its features (the constructor validates it)."""
     return SampleRef(
         sample_id=obj["sample_id"],
         run_id=obj["run_id"],
         store_uri=obj["store_uri"],
-        feature_keys={feature["name"]: feature["key"] for feature in features},
+        feature_keys=keys,
         feature_specs=specs,
-        algorithm=FeatureAlgorithm(obj["algorithm"]),
+        algorithm=algorithm,
         schema_version=obj["schema_version"],
         num_tokens=obj["num_tokens"],
         estimated_bytes=obj["estimated_bytes"],
@@ -261,16 +269,4 @@ def _ref_from_obj(obj: object, what: str) -> SampleRef:
     except ValueError:
         raise ValueError(f"{what} has unknown algorithm {obj['algorithm']!r}") from None
     # Every value is a checked primitive, and SampleRef's constructor validates the rest (no tensor can get in).
-    return SampleRef(
-        sample_id=obj["sample_id"],
-        run_id=obj["run_id"],
-        store_uri=obj["store_uri"],
-        feature_keys=keys,
-        feature_specs=specs,
-        algorithm=algorithm,
-        schema_version=obj["schema_version"],
-        num_tokens=obj["num_tokens"],
-        estimated_bytes=obj["estimated_bytes"],
-        target_model_version=obj["target_model_version"],
-        draft_weight_version=obj["draft_weight_version"],
-    )
+    return _build_ref(obj, keys, specs, algorithm)
