@@ -457,13 +457,14 @@ ClosedRaise(p, fault) ==
     /\ UNCHANGED <<status, queue, deliveries, lease, held, handles, resident, hcount, residentBytes, bp, lifecycle,
                    window, kept, owns>>
 
-(* The producer evicts the sample whose put raised or aborted.  A sample still retained (its *)
-(* unretain is in the backlog) keeps its bytes until the retry unretains it.                  *)
+(* The producer evicts the sample whose put raised or aborted (FeatureProducer.discard -> store.scrub: *)
+(* the bytes go at once, even while a failed unretain of it is in the backlog; that retry then finds   *)
+(* nothing left to do).                                                                                *)
 Discard(p) ==
     LET s == owns[p] IN
     /\ pc[p] = "aborted"
     /\ status' = [status EXCEPT ![s] = "discarded"]
-    /\ IF s \in retained THEN UNCHANGED storeVars ELSE Free(s)
+    /\ Free(s)
     /\ pc' = [pc EXCEPT ![p] = "idle"]
     /\ owns' = [owns EXCEPT ![p] = NoSample]
     /\ UNCHANGED <<queue, deliveries, lease, held, handles, bp, lifecycle, faultVars>>

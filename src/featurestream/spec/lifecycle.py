@@ -45,7 +45,7 @@ RESIDENCY: dict[str, str] = {
     "dead-owed": "resident: the scrub failed and is retried (the dead letter stands)",
     "dead-kept": "retained: keep_dead_letter_bytes keeps the dead letter's bytes for a requeue, until purged",
     "discarded": "evicted by the producer: gone",
-    "discarded-owed": "resident until the owed unretain goes through",
+    "discarded-owed": "evicted by the producer: gone; the owed unretain is retried and finds nothing to do",
 }
 
 _RETRY = "retry_scrub() / any later queue operation / gc"

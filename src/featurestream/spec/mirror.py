@@ -784,14 +784,14 @@ def a_closed_raise(k: SpecConstants, st: SpecState, p: int, fault: bool = False)
 
 
 def a_discard(k: SpecConstants, st: SpecState, p: int, sizes: tuple[int, ...]) -> _Step | None:
-    """Discard(p): the producer evicts the sample whose put raised (kept while its unretain is owed)."""
+    """Discard(p): the producer evicts the sample whose put raised (its bytes go at once, owed unretain or not)."""
     if st.pc[p] != "aborted":
         return None
     s = st.owns[p]
     st = st._replace(
         status=_set(st.status, s, "discarded"), pc=_set(st.pc, p, "idle"), owns=_set(st.owns, p, NO_SAMPLE)
     )
-    return _Step(st if s in st.retained else _free(st, s, sizes), ())
+    return _Step(_free(st, s, sizes), ())
 
 
 def _finished(st: SpecState) -> bool:
