@@ -218,12 +218,21 @@ def test_redis_traces_are_admitted_by_the_spec_and_defects_are_not(redis_server:
     wrong_pause = [*trace[:pause_index], (events.PAUSE, {**fields, "pending": fields["pending"] + 1})]
     wrong_pause += trace[pause_index + 1 :]
 
-    traces = [*machine_traces, defect, wrong_put, wrong_pause]
+    # A StoreFault or ScrubRetried (traced by the client) reports the state this instance last saw; a wrong one too.
+    faults = [(trace, n) for trace in machine_traces for n, (action, fields) in enumerate(trace)
+              if action in (events.STORE_FAULT, events.SCRUB_RETRIED) and "pending" in fields]  # fmt: skip
+    assert faults, "no StoreFault or ScrubRetried carried the queue's state"
+    trace, fault_index = faults[len(faults) // 2]
+    fields = trace[fault_index][1]
+    wrong_fault = [*trace[:fault_index], (trace[fault_index][0], {**fields, "outstanding": fields["outstanding"] + 1})]
+    wrong_fault += trace[fault_index + 1 :]
+
+    traces = [*machine_traces, defect, wrong_put, wrong_pause, wrong_fault]
     verdicts = validate_traces(traces, _constants(CONFIG.visibility_timeout))
     rejected = [n for n, verdict in enumerate(verdicts) if not verdict.admitted]
-    assert rejected == [len(traces) - 3, len(traces) - 2, len(traces) - 1], describe_rejections(traces, verdicts)
-    assert verdicts[-3].stuck_at is not None and verdicts[-3].stuck_at["action"] == "Put"
-    for verdict, at in ((verdicts[-2], index), (verdicts[-1], pause_index)):
+    assert rejected == list(range(len(machine_traces), len(traces))), describe_rejections(traces, verdicts)
+    assert verdicts[-4].stuck_at is not None and verdicts[-4].stuck_at["action"] == "Put"
+    for verdict, at in ((verdicts[-3], index), (verdicts[-2], pause_index), (verdicts[-1], fault_index)):
         assert verdict.stuck_at is not None and verdict.stuck_at["index"] == at, verdict.explain()
         assert "pending/outstanding/resident_bytes" in verdict.why, verdict.explain()
 

@@ -281,6 +281,9 @@ class RedisSampleRefQueue:
         self._trace_flag = "\t1" if tracer is not None else "\t"
         # A traced call's events carry their state as a fourth item (see functions).
         self._event_width = 4 if tracer is not None else 3
+        # Traced instances: the queue's state as this instance last saw it reported (pending, outstanding, now), which
+        # the events it traces itself (StoreFault, ScrubRetried) carry, as the in-process queue's carry its state.
+        self._seen_state: dict[str, object] = {}
         self._issued: weakref.WeakValueDictionary[int, RedisLease] = weakref.WeakValueDictionary()
         # Samples this instance put and has not seen settled; their settles elsewhere arrive on the feed.
         self._mine: dict[str, SampleRef] = {}
@@ -382,6 +385,8 @@ class RedisSampleRefQueue:
                 # Like the in-process queue: reap, refuse once closed, and only then move the hysteresis.
                 _, reaped_events, _, state, held, left = self._run("reclaim")
                 self._apply(reaped_events)
+                if left:
+                    self._seen_state = _values(left)
                 if self._owed:  # a scrub the reap just owed: retry it before judging residency
                     self._pay_owed()
                 if _text(state) != "open":
@@ -970,6 +975,8 @@ class RedisSampleRefQueue:
             kind, first, second = (_text(v) for v in reply_events[index : index + 3])
             action = _ACTIONS.get(kind, kind)
             values = _values(reply_events[index + 3]) if width == 4 and kind != "retired" else {}
+            if values:
+                self._seen_state = {name: values[name] for name in ("pending", "outstanding", "now")}
             if kind in ("lease", "extend", "ack", "fail", "reclaim"):
                 self._trace(action, sample_id=first, lease_id=int(second), **values)
                 if kind == "ack" and acked and second in acked:
@@ -1016,13 +1023,13 @@ class RedisSampleRefQueue:
         pay_owed(self._store, self._owed, self._store_fault, self._paid)
 
     def _paid(self, sample_id: str, call: str) -> None:
-        self._trace(events.SCRUB_RETRIED, sample_id=sample_id, call=call)
+        self._trace(events.SCRUB_RETRIED, sample_id=sample_id, call=call, **self._seen_state)
         self._not_full.notify_all()
 
     def _store_fault(self, call: str, sample_id: str | None, exc: BaseException) -> None:
         self._store_errors += 1
         logger.warning("store %s(%r) raised %r; the queue carries on", call, sample_id, exc, exc_info=exc)
-        self._trace(events.STORE_FAULT, call=call, sample_id=sample_id, error=repr(exc))
+        self._trace(events.STORE_FAULT, call=call, sample_id=sample_id, error=repr(exc), **self._seen_state)
 
     def _trace(self, action: str, **fields: object) -> None:
         if self._tracer is not None:
