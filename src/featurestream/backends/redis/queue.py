@@ -385,14 +385,14 @@ class RedisSampleRefQueue:
                 # Like the in-process queue: reap, refuse once closed, and only then move the hysteresis.
                 _, reaped_events, _, state, held, left = self._run("reclaim")
                 self._apply(reaped_events)
-                if left:
+                if left:  # traced: the state the reclaim left, which this round's own events report
                     self._seen_state = _values(left)
                 if self._owed:  # a scrub the reap just owed: retry it before judging residency
                     self._pay_owed()
                 if _text(state) != "open":
                     raise RuntimeError(f"cannot put sample {ref.sample_id!r}: the queue is closed")
                 health = self._read_health(ref)
-                callback = self._update_backpressure(health, left)
+                callback = self._update_backpressure(health)
                 if callback is not None:
                     self._outbox.append((callback, health))
                     continue
@@ -845,12 +845,12 @@ class RedisSampleRefQueue:
             self._reap()  # the call still reaps (the fast path reads health before its put would have)
             raise store_error(exc, f"put_blocks_until_below of sample {ref.sample_id!r} enqueued nothing") from exc
 
-    def _update_backpressure(self, health: StoreHealth, left: list[Any] | bytes) -> HealthCallback | None:
+    def _update_backpressure(self, health: StoreHealth) -> HealthCallback | None:
         """Apply the hysteresis; return the callback to run (outside the lock), if any.
 
-        ``left``: the state the round's reclaim call left (traced calls), traced with a Pause or Resume as the
-        in-process queue traces its own: exact for this instance, whose lock the round holds since that call
-        (another process may have changed the queue in between).
+        A Pause or Resume carries the state the round's reclaim call left (``_seen_state``), as the in-process
+        queue's carry its own: exact for this instance, whose lock the round holds since that call (another
+        process may have changed the queue in between).
         """
         step = self._backpressure.step(health)
         if step is None:
@@ -858,7 +858,7 @@ class RedisSampleRefQueue:
         event, callback = step
         if event == events.PAUSE:
             self._retrying(self._redis.hincrby, self._key["stats"], "producer_pauses", 1)
-        self._trace(event, resident_bytes=health.resident_bytes, **(_values(left) if left else {}))
+        self._trace(event, resident_bytes=health.resident_bytes, **self._seen_state)
         return callback
 
     # -- consumer internals ------------------------------------------------------
