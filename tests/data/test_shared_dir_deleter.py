@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -23,18 +24,23 @@ def scrubbed(directory: Path) -> list[str]:
     return [name for name in os.listdir(directory) if name.startswith(shared_dir.SCRUBBED_PREFIX)]
 
 
+def on_scrubbed_unlink(monkeypatch: pytest.MonkeyPatch, hook: Callable[[str], None]) -> None:
+    """Make the deleter call ``hook(path)`` before it unlinks a scrubbed file (``hook`` may raise instead)."""
+    real_unlink = os.unlink
+
+    def unlink(path: str) -> None:
+        if os.path.basename(path).startswith(shared_dir.SCRUBBED_PREFIX):
+            hook(path)
+        real_unlink(path)
+
+    monkeypatch.setattr(deleter.os, "unlink", unlink)
+
+
 def test_scrub_removes_the_name_at_once_and_unlinks_the_bytes_off_the_calling_thread(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     unlinked_on: list[str] = []
-    real_unlink = os.unlink
-
-    def recording_unlink(path: str) -> None:
-        if os.path.basename(path).startswith(shared_dir.SCRUBBED_PREFIX):
-            unlinked_on.append(threading.current_thread().name)
-        real_unlink(path)
-
-    monkeypatch.setattr(deleter.os, "unlink", recording_unlink)
+    on_scrubbed_unlink(monkeypatch, lambda _: unlinked_on.append(threading.current_thread().name))
     store = SharedDirFeatureStore(tmp_path)
     ref = put_eagle3(store, 1)
     store.retain(ref)
@@ -73,15 +79,13 @@ def test_scrub_moves_the_data_file_once_and_spares_a_file_written_since(
 
 
 def test_a_failed_background_unlink_is_retried_by_gc(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    real_unlink = os.unlink
     failures = [OSError(errno.EIO, "I/O error")]
 
-    def flaky_unlink(path: str) -> None:
-        if failures and os.path.basename(path).startswith(shared_dir.SCRUBBED_PREFIX):
+    def fail_once(_: str) -> None:
+        if failures:
             raise failures.pop()
-        real_unlink(path)
 
-    monkeypatch.setattr(deleter.os, "unlink", flaky_unlink)
+    on_scrubbed_unlink(monkeypatch, fail_once)
     store = SharedDirFeatureStore(tmp_path)
     ref = put_eagle3(store, 1)
     store.retain(ref)
