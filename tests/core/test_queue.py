@@ -440,3 +440,28 @@ def test_callbacks_run_even_when_the_call_that_reaped_raises() -> None:
     with pytest.raises(RuntimeError, match="closed"):
         queue.put(put_sample(store, "s1"))  # reaps s0 into the dead letters, then refuses
     assert [letter.ref.sample_id for letter in dead] == ["s0"]  # type: ignore[attr-defined]
+
+
+def test_put_blocks_at_the_stores_sample_count_cap() -> None:
+    """Bytes far below every watermark, but the store at ``max_samples``: the producer waits instead of its next
+    ``store.put`` raising ``MemoryError``, resumes once a sample left, and the store never refuses a put."""
+    store = LocalFeatureStore(max_samples=2)
+    seen: list[tuple[str, int]] = []
+    paused = threading.Event()
+
+    def on_pause(health: StoreHealth) -> None:
+        seen.append(("pause", health.sample_count))
+        paused.set()
+
+    queue = SampleRefQueue(store, on_pause=on_pause, on_resume=lambda h: seen.append(("resume", h.sample_count)))
+    queue.put_blocks_until_below(put_sample(store, "s0"))
+    second = put_sample(store, "s1")  # the store is now at its cap
+    assert store.health().sample_capacity == 2 and store.health().sample_count == 2
+    thread = threading.Thread(target=queue.put_blocks_until_below, args=(second, 0.01), daemon=True)
+    thread.start()
+    assert paused.wait(30) and queue.backpressure_state == "paused" and queue.pending_count() == 1
+    queue.ack(queue.acquire(timeout=0))  # type: ignore[arg-type]
+    thread.join(timeout=30)
+    assert not thread.is_alive() and queue.pending_count() == 1
+    put_sample(store, "s2")  # room again
+    assert seen == [("pause", 2), ("resume", 1)]

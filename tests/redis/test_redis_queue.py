@@ -662,3 +662,23 @@ def test_a_put_refused_after_close_keeps_a_queued_sample_retained(make: Factory,
         queue.put(queued)  # a retry of a sample the queue still holds
     store.release(store.get(queued)[1])
     assert store.is_resident(queued.sample_id), "the pending sample must survive its handles"
+
+
+def test_put_blocks_at_the_stores_sample_count_cap(make: Factory) -> None:
+    """Bytes far below every watermark, but the store at ``max_samples``: the producer waits instead of its next
+    ``store.put`` raising ``MemoryError``, and goes on once a consumer (another instance) acked a sample."""
+    store = LocalFeatureStore(max_samples=2)
+    paused = threading.Event()
+    producer = make(store, on_pause=lambda health: paused.set())
+    consumer = make(store)
+    producer.put_blocks_until_below(store.put("s0", sample_tensors(0)))
+    second = store.put("s1", sample_tensors(1))  # the store is now at its cap
+    thread = threading.Thread(target=producer.put_blocks_until_below, args=(second, 0.01), daemon=True)
+    thread.start()
+    assert paused.wait(30) and producer.backpressure_state == "paused"
+    assert producer.pending_count() == 1  # s1 waits, unqueued
+    consumer.ack(consumer.acquire(timeout=5))  # type: ignore[arg-type]
+    thread.join(timeout=30)
+    assert not thread.is_alive() and producer.pending_count() == 1
+    store.put("s2", sample_tensors(2))  # room again: the cap was never hit
+    assert producer.stats().producer_pauses == 1

@@ -17,8 +17,13 @@ class Backpressure:
     """The backpressure machine's model (``state``: ``flowing`` or ``paused``) and its hysteresis rule.
 
     Pause at/above the high watermark, resume at/below the low one, keep the state inside the band. With a
-    watermark ``None`` the store's own ``high_watermark_hit`` / ``low_watermark_hit`` flag decides. Not
-    thread-safe on its own: the owning queue calls it under its lock.
+    watermark ``None`` the store's own ``high_watermark_hit`` / ``low_watermark_hit`` flag decides. The
+    store's sample-count cap (``StoreHealth.sample_capacity``) is a second high watermark: a store holding
+    that many samples pauses the producer, and it resumes only once a sample has left. A producer waits here
+    with its own sample already counted, so a lone producer's next ``store.put`` finds room -- unless its put
+    was let into an empty queue (then nothing the queue does frees a slot), or other producers' unqueued
+    samples or settled samples whose scrub is owed take the last slots. Not thread-safe on its own: the owning
+    queue calls it under its lock.
     """
 
     __slots__ = ("high", "low", "on_pause", "on_resume", "state")
@@ -37,11 +42,15 @@ class Backpressure:
         self.on_resume = on_resume
 
     def should_pause(self, health: StoreHealth) -> bool:
+        if _at_sample_cap(health):
+            return True
         if self.high is not None:
             return health.resident_bytes >= self.high
         return health.high_watermark_hit
 
     def should_resume(self, health: StoreHealth) -> bool:
+        if _at_sample_cap(health):
+            return False
         if self.low is not None:
             return health.resident_bytes <= self.low
         return health.low_watermark_hit
@@ -56,6 +65,11 @@ class Backpressure:
             fire(BACKPRESSURE_MACHINE, "resume", self)
             return events.RESUME, self.on_resume or _no_callback
         return None
+
+
+def _at_sample_cap(health: StoreHealth) -> bool:
+    """The store holds as many samples as its count cap allows (a further ``put`` would raise)."""
+    return 0 < health.sample_capacity <= health.sample_count
 
 
 def _no_callback(health: StoreHealth) -> None:

@@ -297,7 +297,9 @@ class SampleRefQueue:
 
         Hysteresis on the store's ``health()``: pause at/above the high
         watermark, resume at/below the low one, keep the state inside the band
-        (``on_pause``/``on_resume`` run on each transition). A paused producer
+        (``on_pause``/``on_resume`` run on each transition); a store at its
+        sample-count cap (``max_samples``) pauses too, until a sample leaves, so
+        the producer's next ``store.put`` finds room. A paused producer
         still enqueues when the queue holds nothing (no sample pending or
         leased): then nothing the queue does can lower residency, and waiting
         could last forever -- so any number of producers, whatever they hold

@@ -39,13 +39,18 @@ class StoreHandle:
 
 @dataclasses.dataclass(frozen=True)
 class StoreHealth:
-    """Residency counters of a store (ints and bools only; never I/O to compute)."""
+    """Residency counters of a store (ints and bools only; never I/O to compute).
+
+    ``sample_capacity`` is the store's sample-count cap (``max_samples``; 0: none): a put that would
+    make ``sample_count`` exceed it raises ``MemoryError``, so backpressure pauses producers at it.
+    """
 
     resident_bytes: int
     capacity_bytes: int
     sample_count: int
     high_watermark_hit: bool
     low_watermark_hit: bool
+    sample_capacity: int = 0
 
 
 class FeatureStore(abc.ABC):

@@ -255,6 +255,7 @@ class LedgerFeatureStore(FeatureStore):
                 sample_count=len(self._resident),
                 high_watermark_hit=self.high_watermark_bytes is not None and resident >= self.high_watermark_bytes,
                 low_watermark_hit=resident <= self.low_watermark_bytes,
+                sample_capacity=self.max_samples or 0,
             )
 
     def is_resident(self, sample_id: str) -> bool:

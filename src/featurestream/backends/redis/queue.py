@@ -360,7 +360,9 @@ class RedisSampleRefQueue:
 
         Hysteresis on this process's store ``health()``: pause at/above the
         high watermark, resume at/below the low one, keep the state inside the
-        band (``on_pause``/``on_resume`` run on each transition). A paused
+        band (``on_pause``/``on_resume`` run on each transition); a store at its
+        sample-count cap (``max_samples``) pauses too, until a sample leaves, so the
+        producer's next ``store.put`` finds room. A paused
         producer still enqueues when the queue holds nothing (no sample pending
         or leased, in any process): then nothing the queue does can lower
         residency, so waiting could last forever. Wakes on every settle this
