@@ -25,6 +25,7 @@ _EXPORTS: dict[str, str] = {
     "Eagle3TargetBatch": "featurestream.pipeline.eagle3",
     "Eagle3TargetBackend": "featurestream.pipeline.eagle3",
     "FeatureDataLoader": "featurestream.pipeline.loader",
+    "LoaderCloseTimeout": "featurestream.pipeline.loader",
     "FeatureProducer": "featurestream.pipeline.producer",
     "TargetBackend": "featurestream.pipeline.producer",
     "DeadLetter": "featurestream.core.lease",
@@ -63,6 +64,7 @@ __all__ = [
     "Lease",
     "LeaseLost",
     "LeaseQueue",
+    "LoaderCloseTimeout",
     "LocalFeatureStore",
     "PromptSource",
     "QueueStats",
@@ -84,7 +86,7 @@ if TYPE_CHECKING:
     from featurestream.core.refs import FeatureAlgorithm, FeatureSpec, SampleRef, assert_no_tensors
     from featurestream.pipeline.async_pipeline import AsyncFeaturePipeline, PromptSource
     from featurestream.pipeline.eagle3 import Eagle3TargetBackend, Eagle3TargetBatch
-    from featurestream.pipeline.loader import FeatureDataLoader
+    from featurestream.pipeline.loader import FeatureDataLoader, LoaderCloseTimeout
     from featurestream.pipeline.producer import FeatureProducer, TargetBackend
     from featurestream.stores.base import FeatureStore, StoreHandle, StoreHealth
     from featurestream.stores.local import LocalFeatureStore

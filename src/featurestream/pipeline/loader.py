@@ -23,12 +23,12 @@ from featurestream.core.protocol import LeaseQueue
 from featurestream.core.refs import FeatureAlgorithm
 from featurestream.pipeline import lockstep
 from featurestream.pipeline.batching import ack_many, fail_many
-from featurestream.pipeline.prefetch import LeaseBook, Prefetcher, Pulled
+from featurestream.pipeline.prefetch import LeaseBook, LoaderCloseTimeout, Prefetcher, Pulled, Stuck
 from featurestream.pipeline.pull import Collate, Puller, PullSpec, stream_ended
 from featurestream.pipeline.schemas import schema_for
 from featurestream.stores.base import FeatureStore, StoreHandle
 
-__all__ = ["FeatureDataLoader"]
+__all__ = ["FeatureDataLoader", "LoaderCloseTimeout"]
 
 # The prefetch thread's longest single wait in ``acquire``: how soon it notices close() (a put wakes it at once).
 _PREFETCH_WAIT = 0.1
@@ -58,6 +58,11 @@ class FeatureDataLoader:
       in the thread (raised to the trainer on its next pull) or when an
       abandoned loader is garbage-collected. ``0`` pulls on the trainer's
       thread, as the reference does.
+    - ``close_timeout`` (default 5 s): how long ``close()`` waits for the
+      prefetch thread's current pull. A thread still blocked in
+      ``queue.acquire`` or ``store.get`` then is left behind and ``close()``,
+      having done everything else, raises ``LoaderCloseTimeout`` naming the
+      call and the leases it held (failed back; nothing is lost).
     - ``batch_size=k``: k samples per batch (fewer for the last one at the end
       of the stream), acked or failed together; ``collate_fn(list of k tensor
       dicts, in lease order) -> batch`` builds it; the default concatenates
@@ -97,8 +102,10 @@ class FeatureDataLoader:
         non_blocking: bool = False,
         heartbeat_interval: float | None = None,
         process_group: Any = None,
+        close_timeout: float = 5.0,
     ) -> None:
         check_seconds("acquire_poll_interval", acquire_poll_interval)
+        check_seconds("close_timeout", close_timeout)
         check_count("prefetch", prefetch)
         check_count("batch_size", batch_size, minimum=1)
         if heartbeat_interval is not None:
@@ -121,6 +128,7 @@ class FeatureDataLoader:
         self.batch_size = batch_size
         self.process_group = process_group
         self._heartbeat_interval = heartbeat_interval
+        self.close_timeout = close_timeout
         self._spec = PullSpec(
             queue=queue,
             store=store,
@@ -246,19 +254,19 @@ class FeatureDataLoader:
     def _start_prefetcher(self) -> None:
         """Start a prefetch thread (``self._lock`` held); it references the puller, not this loader."""
         puller = Puller(self._spec, self._new_book(heartbeat=True))
-        prefetcher = Prefetcher(puller.pull, puller.book, self.prefetch)
+        prefetcher = Prefetcher(puller.pull, puller.book, self.prefetch, puller.activity)
         self._puller, self._prefetcher = puller, prefetcher
         # An abandoned loader (no close) gives its prefetched leases back when it is collected.
-        self._prefetch_finalizer = weakref.finalize(self, prefetcher.close)
+        self._prefetch_finalizer = weakref.finalize(self, prefetcher.close, self.close_timeout)
 
-    def _drop_prefetcher(self) -> None:
+    def _drop_prefetcher(self) -> Stuck | None:
+        """Close the prefetch thread, if any; what it is still blocked in after ``close_timeout``, if it is."""
         with self._lock:
             prefetcher, self._prefetcher = self._prefetcher, None
             finalizer, self._prefetch_finalizer = self._prefetch_finalizer, None
         if finalizer is not None:
             finalizer.detach()
-        if prefetcher is not None:
-            prefetcher.close()
+        return None if prefetcher is None else prefetcher.close(self.close_timeout)
 
     def _new_book(self, *, heartbeat: bool) -> LeaseBook:
         return LeaseBook(self.queue, self.store, heartbeat=heartbeat, interval=self._heartbeat_interval)
@@ -302,15 +310,21 @@ class FeatureDataLoader:
         settle(self.queue, leases)
 
     def close(self) -> None:
-        """Give back what is prefetched, settle (ack) the batch the trainer holds, close the queue; idempotent."""
+        """Give back what is prefetched, settle (ack) the batch the trainer holds, close the queue; idempotent.
+
+        Raises ``LoaderCloseTimeout``, once all of that is done, if the prefetch
+        thread is still blocked in a queue or store call after ``close_timeout``.
+        """
         with self._lock:
             if self._closed:
                 return
             self._closed = True
-        self._drop_prefetcher()
+        stuck = self._drop_prefetcher()
         self._puller.book.close()  # a pull in flight on another thread gives its leases back
         self.consume_now()
         self.queue.close()
+        if stuck is not None:
+            raise LoaderCloseTimeout(self.close_timeout, stuck.blocked_in, stuck.leases)
 
     def _take_held(self) -> tuple[list[Lease], list[StoreHandle]] | None:
         with self._lock:

@@ -5,7 +5,9 @@ trainer (prefetched, being materialised, waiting for the other ranks), keeps
 them alive with ``extend`` heartbeats, and fails them all back on ``close``.
 ``Prefetcher`` runs a pull function on a background thread into a bounded
 FIFO; if the thread dies, everything it holds is failed back and the error
-is raised to the consumer on its next ``get``.
+is raised to the consumer on its next ``get``. Its ``close`` waits a bounded
+time for the thread and reports a thread that is still blocked
+(``LoaderCloseTimeout``).
 """
 
 from __future__ import annotations
@@ -23,10 +25,38 @@ from featurestream.core.queue import LeaseLost
 from featurestream.pipeline.batching import fail_many
 from featurestream.stores.base import FeatureStore, StoreHandle
 
-__all__ = ["LeaseBook", "Prefetcher", "Pulled", "give_back"]
+__all__ = ["LeaseBook", "LoaderCloseTimeout", "Prefetcher", "Pulled", "Stuck", "give_back"]
 
-# How long ``close`` waits for the prefetch thread: at most one bounded acquire plus one materialisation.
-_JOIN_TIMEOUT = 30.0
+
+class LoaderCloseTimeout(TimeoutError):
+    """``FeatureDataLoader.close`` gave up waiting for its prefetch thread, blocked in a queue or store call.
+
+    Raised after everything else was closed. ``leases`` are the leases the
+    thread held (failed back for redelivery; one the queue could not take
+    back is reclaimed at its deadline), ``blocked_in`` the call it is stuck
+    in, ``timeout`` the ``close_timeout`` it was given. Nothing is lost: a
+    lease the blocked call still returns is failed back when it returns.
+    """
+
+    def __init__(self, timeout: float, blocked_in: str, leases: Sequence[Lease]) -> None:
+        self.timeout = timeout
+        self.blocked_in = blocked_in
+        self.leases = tuple(leases)
+        held = ", ".join(f"{lease.ref.sample_id!r} (lease {lease.lease_id})" for lease in self.leases) or "none"
+        super().__init__(
+            f"FeatureDataLoader.close: the prefetch thread is still blocked in {blocked_in} after "
+            f"close_timeout={timeout} s; leases it held: {held} (failed back for redelivery; a lease the queue "
+            "could not take back is reclaimed at its deadline, and one the blocked call still returns is failed "
+            "back when it returns)"
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class Stuck:
+    """A prefetch thread ``close`` stopped waiting for: the call it is blocked in, the leases it held."""
+
+    blocked_in: str
+    leases: list[Lease]
 
 
 @dataclasses.dataclass
@@ -125,14 +155,19 @@ class LeaseBook:
         with self._cond:
             return len(self._entries)
 
-    def close(self) -> None:
-        """Refuse new entries, stop the heartbeat, release every handle and fail every lease back; idempotent."""
+    def close(self) -> list[Lease]:
+        """Refuse new entries, stop the heartbeat, release every handle, fail every lease back and return them.
+
+        Idempotent (a second call returns ``[]``).
+        """
         with self._cond:
             self._closed = True
             entries, self._entries = list(self._entries.values()), {}
             self._cond.notify_all()
         handles = [entry.handle for entry in entries if entry.handle is not None]
-        give_back(self._queue, self._store, [entry.lease for entry in entries], handles)
+        leases = [entry.lease for entry in entries]
+        give_back(self._queue, self._store, leases, handles)
+        return leases
 
     def _beat(self) -> None:
         while True:
@@ -188,15 +223,24 @@ class Prefetcher:
 
     ``pull(stopping)`` returns the next ``Pulled`` (its leases booked in
     ``book``) or ``None`` at the end of the stream, and returns promptly once
-    ``stopping()`` is true. After an error item it pulls again only on the
-    consumer's ``get`` that follows the one that took the error. ``get``
+    ``stopping()`` is true unless a queue or store call blocks it;
+    ``activity()`` names the call the pull is in (for ``close`` to report).
+    After an error item it pulls again only on the consumer's ``get`` that
+    follows the one that took the error. ``get``
     blocks for the next item; it returns ``None`` at the end of the stream or
     once closed, and raises the thread's error after the thread died
     (everything it held already failed back).
     """
 
-    def __init__(self, pull: Callable[[Callable[[], bool]], Pulled | None], book: LeaseBook, depth: int) -> None:
+    def __init__(
+        self,
+        pull: Callable[[Callable[[], bool]], Pulled | None],
+        book: LeaseBook,
+        depth: int,
+        activity: Callable[[], str],
+    ) -> None:
         self._pull = pull
+        self._activity = activity
         self._book = book
         self._depth = depth
         self._cond = threading.Condition()
@@ -233,13 +277,22 @@ class Prefetcher:
             self._stop_locked()
         self._book.close()
 
-    def close(self) -> None:
-        """Stop the thread (waiting for its current pull) and fail back everything it holds; idempotent."""
+    def close(self, timeout: float) -> Stuck | None:
+        """Stop the thread and fail back everything it holds; idempotent.
+
+        Waits up to ``timeout`` seconds for the current pull to return; if it
+        is still blocked then, returns what it is blocked in and the leases it
+        held (failed back all the same), else ``None``.
+        """
         with self._cond:
             self._stop_locked()
+        blocked_in = None
         if self._thread is not threading.current_thread():
-            self._thread.join(_JOIN_TIMEOUT)
-        self._book.close()
+            self._thread.join(timeout)
+            if self._thread.is_alive():
+                blocked_in = self._activity()
+        leases = self._book.close()
+        return None if blocked_in is None else Stuck(blocked_in, leases)
 
     def _stop_locked(self) -> None:
         self._stopped = True

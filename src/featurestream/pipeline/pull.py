@@ -27,6 +27,8 @@ __all__ = ["Collate", "PullSpec", "Puller", "stream_ended"]
 
 Collate = Callable[[list[dict[str, torch.Tensor]]], Any]
 
+_BETWEEN_CALLS = "no queue or store call (between them)"
+
 
 @dataclasses.dataclass(frozen=True)
 class PullSpec:
@@ -75,6 +77,12 @@ class Puller:
         self.book = book
         self._ready: list[tuple[Lease, StoreHandle, dict[str, torch.Tensor]]] = []
         self._errors: collections.deque[BaseException] = collections.deque()
+        # The queue or store call a pull is in, read from another thread by a close that times out.
+        self._activity = _BETWEEN_CALLS
+
+    def activity(self) -> str:
+        """The queue or store call the current pull is in, e.g. ``store.get('s-1')``."""
+        return self._activity
 
     def pull(self, stopping: Callable[[], bool]) -> Pulled | None:
         """The next batch or error; ``None`` at the end of the stream (a last batch may be short) or when stopping."""
@@ -82,7 +90,11 @@ class Puller:
         while not self._errors and len(self._ready) < spec.batch_size:
             if stopping():
                 return None
-            leases = acquire_many(spec.queue, spec.batch_size - len(self._ready), timeout=spec.wait)
+            self._activity = "queue.acquire"
+            try:
+                leases = acquire_many(spec.queue, spec.batch_size - len(self._ready), timeout=spec.wait)
+            finally:
+                self._activity = _BETWEEN_CALLS
             if not leases:
                 if stream_ended(spec, self.book.count()):
                     break
@@ -124,6 +136,7 @@ class Puller:
             self.book.forget(lease)
             spec.queue.ack(lease)
             raise ValueError(f"{exc}; the sample was dropped (acked, never redelivered)") from None
+        self._activity = f"store.get({ref.sample_id!r})"
         try:
             if spec.async_copy:
                 tensors, handle = spec.store.get(ref)
@@ -136,6 +149,8 @@ class Puller:
             self.book.forget(lease)
             spec.queue.fail(lease)
             raise
+        finally:
+            self._activity = _BETWEEN_CALLS
         if not self.book.attach(lease, handle):  # closed meanwhile: the book failed the lease back
             spec.store.release(handle)
             return None
