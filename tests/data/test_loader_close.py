@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import re
 import threading
-import time
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -21,18 +19,7 @@ from featurestream import FeatureDataLoader, LoaderCloseTimeout, LocalFeatureSto
 from featurestream.stores.base import StoreHandle
 
 from .helpers import put_eagle3
-
-WAIT_LIMIT_S = 30.0
-
-
-def wait_for(what: str, condition: Callable[[], bool]) -> None:
-    """Poll ``condition`` until true; fail after ``WAIT_LIMIT_S`` (a hang, not a timing assertion)."""
-    give_up = time.monotonic() + WAIT_LIMIT_S
-    while not condition():
-        if time.monotonic() > give_up:
-            raise AssertionError(f"gave up waiting for {what}")
-        time.sleep(0.002)
-
+from .test_loader_prefetch import WAIT_LIMIT_S, wait_for
 
 class HangingStore(LocalFeatureStore):
     """A store whose ``get`` of ``hang_on`` blocks until ``unblock`` is set (a hung shared filesystem, say)."""
