@@ -21,6 +21,7 @@ from featurestream.stores.base import StoreHandle
 from .helpers import put_eagle3
 from .test_loader_prefetch import WAIT_LIMIT_S, wait_for
 
+
 class HangingStore(LocalFeatureStore):
     """A store whose ``get`` of ``hang_on`` blocks until ``unblock`` is set (a hung shared filesystem, say)."""
 
