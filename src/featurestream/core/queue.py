@@ -12,11 +12,12 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 
-from featurestream.core import events
+from featurestream.core import errors, events
 from featurestream.core.arguments import check_queue_arguments, check_ref_for
 from featurestream.core.backlog import Outbox, Owed, call_or_owe, pay_owed
 from featurestream.core.backpressure import Backpressure, HealthCallback
 from featurestream.core.checks import check_count, check_seconds
+from featurestream.core.errors import LeaseLost
 from featurestream.core.lease import DeadLetter, Lease, VisibilityTimeout, _lease_id_counter, _next_lease_id
 from featurestream.core.machines import LEASE, LEASE_MACHINE, LIFECYCLE, LIFECYCLE_MACHINE, fire
 from featurestream.core.operation import Operation, observing
@@ -35,8 +36,6 @@ __all__ = [
     "SampleRefQueue",
     "VisibilityTimeout",
     "_lease_id_counter",
-    "kept_dead_letter_error",
-    "store_error",
     "_next_lease_id",
 ]
 
@@ -47,10 +46,6 @@ DEFAULT_DEDUP_WINDOW = 100_000
 
 
 Tracer = Callable[[str, dict[str, object]], None]
-
-
-class LeaseLost(RuntimeError):
-    """The lease is no longer live (acked, failed, reclaimed, or never issued here)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -269,7 +264,7 @@ class SampleRefQueue:
         for ref in batch:
             self._check_ref(ref)
             if ref.sample_id in seen:
-                raise ValueError(f"sample {ref.sample_id!r} appears twice in one put_many; ids must be unique")
+                raise errors.RepeatedInBatch(ref.sample_id)
             seen.add(ref.sample_id)
         with self._op:
             self._reap_due()
@@ -321,7 +316,7 @@ class SampleRefQueue:
         check_seconds("poll_interval", poll_interval)
         while True:
             if abort_when is not None and abort_when():
-                raise RuntimeError(f"put of sample {ref.sample_id!r} aborted: abort_when() returned True")
+                raise errors.PutAborted(ref.sample_id)
             with self._op:
                 self._reap_due()
                 self._require_open(ref)
@@ -439,10 +434,7 @@ class SampleRefQueue:
             self._reap_due()
             record = self._live_record(lease, "extend")
             if record is None:
-                raise LeaseLost(
-                    f"lease {getattr(lease, 'lease_id', lease)!r} is not live; "
-                    "stop working on it (it was settled or reclaimed)"
-                )
+                raise LeaseLost(lease)
             fire(LEASE_MACHINE, "extend", record)
             self._set_deadline(record, self._clock() + extra)
             self._counts["extended"] += 1
@@ -518,14 +510,11 @@ class SampleRefQueue:
             for letter in letters:
                 sample_id = letter.ref.sample_id
                 if sample_id not in self._kept:
-                    raise ValueError(
-                        f"dead letter {sample_id!r} cannot be requeued: its bytes were not kept "
-                        f"(keep_dead_letter_bytes={self.keep_dead_letter_bytes}); nothing requeued (purge it instead)"
-                    )
+                    raise errors.DeadLetterNotKept(sample_id, self.keep_dead_letter_bytes)
                 if sample_id in self._held:
-                    raise ValueError(f"sample {sample_id!r} is queued again already; nothing requeued")
+                    raise errors.DeadLetterQueued(sample_id)
             if letters and self._lifecycle.state == "drained":
-                raise ValueError("the queue is drained: nothing can be requeued into it")
+                raise errors.QueueDrained()
             for letter in letters:
                 sample_id = letter.ref.sample_id
                 self._dead.remove(letter)
@@ -594,14 +583,15 @@ class SampleRefQueue:
 
     def _require_open(self, ref: SampleRef) -> None:
         if self._lifecycle.state != "open":
-            raise RuntimeError(f"cannot put sample {ref.sample_id!r}: the queue is closed")
+            raise errors.QueueClosed(ref.sample_id)
 
     def _read_health(self, ref: SampleRef) -> StoreHealth:
         try:
             return self._store.health()
         except Exception as exc:
             self._store_fault("health", ref.sample_id, exc)
-            raise store_error(exc, f"put_blocks_until_below of sample {ref.sample_id!r} enqueued nothing") from exc
+            doing = f"put_blocks_until_below of sample {ref.sample_id!r} enqueued nothing"
+            raise errors.store_error(exc, doing) from exc
 
     def _enqueue_new(self, ref: SampleRef, health: StoreHealth | None = None) -> None:
         self._check_admissible(ref)
@@ -613,25 +603,17 @@ class SampleRefQueue:
         self._require_open(ref)
         sample_id = ref.sample_id
         if sample_id in self._held:
-            raise ValueError(
-                f"sample {sample_id!r} is already present: it is already queued "
-                f"({self._held[sample_id].state}); ids must be unique"
-            )
+            raise errors.DuplicateSample(sample_id, self._held[sample_id].state)
         outcome = self._recent_terminal.get(sample_id)
         if outcome is not None:
             self._counts["dedup_refused"] += 1
             self._emit(events.DEDUP_REFUSED, sample_id=sample_id)
-            raise ValueError(
-                f"sample {sample_id!r} was already {outcome}; re-puts of settled samples are refused "
-                "(discard the duplicate from the store)"
-            )
+            raise errors.SettledSample(sample_id, outcome)
         if sample_id in self._kept:
-            raise ValueError(kept_dead_letter_error(sample_id))
+            raise errors.KeptDeadLetter(sample_id)
         owed = self._owed.get(sample_id) if self._owed else None
         if owed is not None and owed[0] == "scrub":
-            raise ValueError(
-                f"sample {sample_id!r} was settled and the store still has to scrub it; re-puts are refused"
-            )
+            raise errors.ScrubOwed(sample_id)
 
     def _retain(self, ref: SampleRef) -> None:
         try:
@@ -639,7 +621,7 @@ class SampleRefQueue:
         except Exception as exc:
             self._store_fault("retain", ref.sample_id, exc)
             self._owe("unretain", ref)  # a retain that failed halfway must not pin the bytes
-            raise store_error(exc, f"put of sample {ref.sample_id!r} refused, nothing enqueued") from exc
+            raise errors.store_error(exc, f"put of sample {ref.sample_id!r} refused, nothing enqueued") from exc
 
     def _push_new(self, ref: SampleRef, health: StoreHealth | None = None) -> None:
         """Enqueue a retained, admissible ``ref`` as a fresh lease (``redelivery_count`` 0)."""
@@ -776,7 +758,7 @@ class SampleRefQueue:
         letters = {letter.ref.sample_id: letter for letter in self._dead}
         for sample_id in wanted:
             if sample_id not in letters:
-                raise LookupError(f"sample {sample_id!r} is not a dead letter of this queue; nothing {action}")
+                raise errors.NotDeadLetter(sample_id, action)
         chosen = set(wanted)
         return [letter for letter in self._dead if letter.ref.sample_id in chosen]
 
@@ -852,32 +834,3 @@ class SampleRefQueue:
         if record is not None:
             fields = {"sample_id": record.ref.sample_id, "n": record.redelivery_count, **fields}
         self._trace_state(action, **fields)
-
-
-def store_error(exc: Exception, doing: str) -> Exception:
-    """An exception of ``exc``'s type whose message says what the queue was doing (raise it ``from exc``).
-
-    Keeps the type callers catch (``OSError`` and its errno, ...); falls back to ``RuntimeError``
-    for an exception type that cannot be built from a message.
-    """
-    if isinstance(exc, OSError):
-        reason = exc.strerror or str(exc)
-        args: tuple[object, ...] = (
-            (exc.errno, f"{doing}: the store raised {reason}")
-            if exc.errno
-            else (f"{doing}: the store raised {reason}",)
-        )
-    else:
-        args = (f"{doing}: the store raised {type(exc).__name__}: {exc}",)
-    try:
-        return type(exc)(*args)
-    except Exception:
-        return RuntimeError(*args[-1:])
-
-
-def kept_dead_letter_error(sample_id: str) -> str:
-    """Why a put of a dead letter's id whose bytes are kept is refused (both backends)."""
-    return (
-        f"sample {sample_id!r} is a dead letter whose bytes are kept (keep_dead_letter_bytes); "
-        "requeue_dead_letters or purge_dead_letters it instead of re-putting"
-    )

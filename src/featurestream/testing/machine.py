@@ -37,9 +37,10 @@ import torch
 from hypothesis.stateful import RuleBasedStateMachine
 
 from featurestream.core import events
+from featurestream.core.errors import LeaseLost, QueueClosed
 from featurestream.core.lease import Lease, VisibilityTimeout
 from featurestream.core.protocol import LeaseQueue
-from featurestream.core.queue import LeaseLost, SampleRefQueue
+from featurestream.core.queue import SampleRefQueue
 from featurestream.core.refs import SampleRef
 from featurestream.spec.mirror import SpecConstants, SpecMirror
 from featurestream.spec.trace import TraceRecorder
@@ -421,7 +422,7 @@ class QueueMachine(QueueInvariants, RuleBasedStateMachine):
             self._note("inv11_counters_consistent", f"put of stored sample {sample_id!r} refused: {error!r}")
         elif was != "stored" and not isinstance(error, (ValueError, RuntimeError)):
             self._note("inv11_counters_consistent", f"re-put of {was} {sample_id!r} raised {error!r}")
-        if isinstance(error, RuntimeError) and "closed" in str(error) and not self.closed:
+        if isinstance(error, QueueClosed) and not self.closed:
             self._note("inv09_close_drain", f"put of {sample_id!r} refused as closed on an open queue")
 
     def do_wake(self, sample_id: str) -> None:

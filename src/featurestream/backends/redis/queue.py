@@ -67,22 +67,14 @@ except ImportError as exc:  # pragma: no cover - exercised only without the opti
 from featurestream.backends.redis import functions
 from featurestream.backends.redis.link import Link
 from featurestream.backends.redis.wire import dead_letter_from_json, ref_from_json, ref_to_json
-from featurestream.core import events
+from featurestream.core import errors, events
 from featurestream.core.arguments import check_queue_arguments, check_ref_for
 from featurestream.core.backlog import Outbox, Owed, call_or_owe, pay_owed
 from featurestream.core.backpressure import Backpressure, HealthCallback
 from featurestream.core.checks import check_count, check_seconds
 from featurestream.core.lease import DeadLetter, Lease, VisibilityTimeout
 from featurestream.core.operation import Operation, observing
-from featurestream.core.queue import (
-    DEFAULT_DEDUP_WINDOW,
-    DEFAULT_MAX_DELIVERIES,
-    LeaseLost,
-    QueueStats,
-    Tracer,
-    kept_dead_letter_error,
-    store_error,
-)
+from featurestream.core.queue import DEFAULT_DEDUP_WINDOW, DEFAULT_MAX_DELIVERIES, QueueStats, Tracer
 from featurestream.core.reaper import start_reaper
 from featurestream.core.refs import SampleRef
 from featurestream.stores.base import FeatureStore, StoreHealth
@@ -343,7 +335,7 @@ class RedisSampleRefQueue:
         seen: set[str] = set()
         for ref in batch:
             if ref.sample_id in seen:
-                raise ValueError(f"sample {ref.sample_id!r} appears twice in put_many; ids must be unique")
+                raise errors.RepeatedInBatch(ref.sample_id)
             seen.add(ref.sample_id)
         if not batch:
             return
@@ -376,7 +368,7 @@ class RedisSampleRefQueue:
         check_seconds("poll_interval", poll_interval)
         while True:
             if abort_when is not None and abort_when():
-                raise RuntimeError(f"put of sample {ref.sample_id!r} aborted: abort_when() returned True")
+                raise errors.PutAborted(ref.sample_id)
             with self._op:
                 backpressure = self._backpressure
                 health = self._read_health(ref) if backpressure.state == "flowing" else None
@@ -392,7 +384,7 @@ class RedisSampleRefQueue:
                 if self._owed:  # a scrub the reap just owed: retry it before judging residency
                     self._pay_owed()
                 if _text(state) != "open":
-                    raise RuntimeError(f"cannot put sample {ref.sample_id!r}: the queue is closed")
+                    raise errors.QueueClosed(ref.sample_id)
                 health = self._read_health(ref)
                 callback = self._update_backpressure(health)
                 if callback is not None:
@@ -476,11 +468,7 @@ class RedisSampleRefQueue:
             if _text(status) == "ok":
                 lease.deadline = self._local_deadline(rest[0], rest[1])
                 return
-            sample_id = getattr(getattr(lease, "ref", None), "sample_id", None)
-            raise LeaseLost(
-                f"lease {getattr(lease, 'lease_id', lease)} of sample {sample_id!r} is not live; "
-                "stop working on it (it was settled or reclaimed)"
-            )
+            raise errors.LeaseLost(lease)
 
     def reclaim_expired(self) -> int:
         """Redeliver (or dead-letter) every lease past its deadline, whoever held it; return how many."""
@@ -570,16 +558,12 @@ class RedisSampleRefQueue:
             return [_text(sample_id) for sample_id in detail]
         sample_id = _text(detail)
         if status == "unknown":
-            raise LookupError(f"sample {sample_id!r} is not a dead letter of queue {self.name!r}; nothing requeued")
+            raise errors.NotDeadLetter(sample_id, "requeued", self.name)
         if status == "gone":
-            raise ValueError(
-                f"dead letter {sample_id!r} cannot be requeued: its bytes were not kept (keep_dead_letter_bytes="
-                f"{self.keep_dead_letter_bytes}, or over that cap when it died) and have left the store; "
-                "nothing requeued (purge it instead)"
-            )
+            raise errors.DeadLetterNotKept(sample_id, self.keep_dead_letter_bytes)
         if status == "held":
-            raise ValueError(f"sample {sample_id!r} is queued again already; nothing requeued")
-        raise ValueError(f"queue {self.name!r} is drained: nothing can be requeued into it")
+            raise errors.DeadLetterQueued(sample_id)
+        raise errors.QueueDrained(self.name)
 
     def purge_dead_letters(self, sample_ids: Iterable[str] | None = None) -> list[str]:
         """Drop the dead letters ``sample_ids`` (``None``: all) for good; return their ids, oldest dead first.
@@ -600,7 +584,7 @@ class RedisSampleRefQueue:
                         if ref.store_uri == getattr(self._store, "store_uri", ref.store_uri):
                             self._scrub(ref)
                 return [_text(sample_id) for sample_id in purged]
-        raise LookupError(f"sample {_text(rest[0])!r} is not a dead letter of queue {self.name!r}; nothing purged")
+        raise errors.NotDeadLetter(_text(rest[0]), "purged", self.name)
 
     def oldest_lease_age(self) -> float | None:
         """Seconds since the oldest live lease was issued (by the Redis server's clock), ``None`` when none is out.
@@ -729,7 +713,7 @@ class RedisSampleRefQueue:
                 for retained in attempted:
                     if retained.sample_id not in held:
                         self._owe("unretain", retained)
-                raise store_error(exc, f"put of sample {ref.sample_id!r} refused, nothing enqueued") from exc
+                raise errors.store_error(exc, f"put of sample {ref.sample_id!r} refused, nothing enqueued") from exc
         for ref in batch:
             self._owed.pop(ref.sample_id, None)  # an unretain owed for an earlier refused put would undo this one
         self._producing = True
@@ -813,22 +797,19 @@ class RedisSampleRefQueue:
             self._refuse(status, offending, held=True, outcome=[rest[1]])  # nothing was retained: nothing to undo
         owed = next((ref for ref in batch if self._owes_scrub(ref.sample_id)), None)
         if owed is not None:
-            raise _owed_scrub_error(owed)
+            raise errors.ScrubOwed(owed.sample_id)
 
     def _refuse(self, status: str, ref: SampleRef, *, held: bool, outcome: list[Any]) -> NoReturn:
         """Raise ``put``'s error for a refusal; un-retain the sample unless the queue holds one of that id."""
         if not held:
             self._owe("unretain", ref)
         if status == "closed":
-            raise RuntimeError(f"cannot put sample {ref.sample_id!r}: the queue is closed")
+            raise errors.QueueClosed(ref.sample_id)
         if status == "held":
-            raise ValueError(f"sample {ref.sample_id!r} is already present: it is already queued; ids must be unique")
+            raise errors.DuplicateSample(ref.sample_id)
         if status == "kept":
-            raise ValueError(kept_dead_letter_error(ref.sample_id))
-        raise ValueError(
-            f"sample {ref.sample_id!r} was already {_text(outcome[0])}; re-puts of settled samples are refused "
-            "(discard the duplicate from the store)"
-        )
+            raise errors.KeptDeadLetter(ref.sample_id)
+        raise errors.SettledSample(ref.sample_id, _text(outcome[0]))
 
     def _token(self) -> str:
         """A fresh token (the server appends an item number to it for the leases or puts of a batch)."""
@@ -845,7 +826,8 @@ class RedisSampleRefQueue:
         except Exception as exc:
             self._store_fault("health", ref.sample_id, exc)
             self._reap()  # the call still reaps (the fast path reads health before its put would have)
-            raise store_error(exc, f"put_blocks_until_below of sample {ref.sample_id!r} enqueued nothing") from exc
+            doing = f"put_blocks_until_below of sample {ref.sample_id!r} enqueued nothing"
+            raise errors.store_error(exc, doing) from exc
 
     def _update_backpressure(self, health: StoreHealth) -> HealthCallback | None:
         """Apply the hysteresis; return the callback to run (outside the lock), if any.
@@ -1061,7 +1043,3 @@ class _NoStore(FeatureStore):
 
     def close(self) -> None:
         pass
-
-
-def _owed_scrub_error(ref: SampleRef) -> ValueError:
-    return ValueError(f"sample {ref.sample_id!r} was settled and the store still has to scrub it; re-puts are refused")
