@@ -23,6 +23,7 @@ from featurestream.core.machines import LEASE, LEASE_MACHINE, LIFECYCLE, LIFECYC
 from featurestream.core.operation import Operation, observing
 from featurestream.core.reaper import start_reaper
 from featurestream.core.refs import SampleRef
+from featurestream.core.resume import MemoryLedger, TrainingLedger
 from featurestream.stores.base import FeatureStore, StoreHealth
 
 __all__ = [
@@ -234,6 +235,7 @@ class SampleRefQueue:
         self._counts: collections.Counter[str] = collections.Counter()
         self._reaper_stop = threading.Event()
         self._op = Operation(self)  # every public call: ``with self._op:``
+        self._ledger: MemoryLedger | None = None
         if reaper_interval is not None:
             start_reaper(self, reaper_interval, self._reaper_stop, name="featurestream-reaper")
 
@@ -572,6 +574,17 @@ class SampleRefQueue:
         from featurestream.tools.diagrams import render_queue  # graphviz is optional: import on use
 
         render_queue(self, path, format)
+
+    def training_ledger(self) -> TrainingLedger:
+        """The queue's training ledger (``docs/resume.md``), in this process's memory like the queue."""
+        with self._lock:
+            if self._ledger is None:
+                self._ledger = MemoryLedger(self._holds)
+            return self._ledger
+
+    def _holds(self, sample_ids: Iterable[str]) -> set[str]:
+        with observing(self):
+            return {sample_id for sample_id in sample_ids if sample_id in self._held}
 
     @property
     def store(self) -> FeatureStore:

@@ -9,6 +9,7 @@ Options beyond the reference loader (see ``docs/loader.md``): ``prefetch``
 
 from __future__ import annotations
 
+import functools
 import threading
 import weakref
 from collections.abc import Callable, Sequence
@@ -21,10 +22,12 @@ from featurestream.core.checks import check_count, check_seconds
 from featurestream.core.lease import Lease
 from featurestream.core.protocol import LeaseQueue
 from featurestream.core.refs import FeatureAlgorithm
+from featurestream.core.resume import Restore
 from featurestream.pipeline import lockstep
 from featurestream.pipeline.batching import ack_many, fail_many
 from featurestream.pipeline.prefetch import LeaseBook, LoaderCloseTimeout, Prefetcher, Pulled, Stuck
 from featurestream.pipeline.pull import Collate, Puller, PullSpec, stream_ended
+from featurestream.pipeline.resume import TrainerResume, ledger_of
 from featurestream.pipeline.schemas import schema_for
 from featurestream.stores.base import FeatureStore, StoreHandle
 
@@ -79,6 +82,11 @@ class FeatureDataLoader:
       else every rank stops at the same step and the batches already leased
       are failed back (``featurestream.pipeline.lockstep``).
 
+    Resuming (``docs/resume.md``): ``state_dict()`` / ``load_state_dict()``
+    follow torchdata's ``StatefulDataLoader`` convention; with a
+    ``ResumableProducer`` every prompt trains exactly once in the history
+    that leads to the final model, across restarts of either side.
+
     Errors, each leaving nothing leased: a ref of another algorithm -> its
     lease is failed (another consumer may take it) and ``ValueError``
     (``bound to algorithm=...``); a schema-invalid ref -> dropped (acked,
@@ -119,6 +127,11 @@ class FeatureDataLoader:
         if process_group is not None:
             lockstep.check_group(process_group)
         schema = schema_for(FeatureAlgorithm.EAGLE3 if algorithm is None else algorithm)
+        self._resume: TrainerResume | None = None
+        if callable(getattr(queue, "training_ledger", None)):
+            rank, world_size = (0, 1) if process_group is None else lockstep.rank_of(process_group)
+            self._resume = TrainerResume(ledger_of(queue), rank, world_size)
+        resume = self._resume
         self.queue = queue
         self.store = store
         self.algorithm = schema.algorithm
@@ -140,6 +153,8 @@ class FeatureDataLoader:
             non_blocking=non_blocking,
             wait=_PREFETCH_WAIT if prefetch else acquire_poll_interval,
             end_when_nothing_pending=process_group is not None,
+            admit=None if resume is None else functools.partial(resume.admit, queue),
+            epoch_done=None if resume is None else resume.epoch_done,
         )
         self._lock = threading.Lock()
         self._pull_lock = threading.Lock()
@@ -171,6 +186,8 @@ class FeatureDataLoader:
             with self._lock:
                 if self._closed or self._finished:
                     raise StopIteration
+            if self._resume is not None and not self._resume.begun:
+                self._resume.begin()  # no load_state_dict: a fresh start, this rank's history starts over
             if self.process_group is not None:
                 return self._next_in_lockstep()
             # Acked before the next batch is handed out, never later: a process that dies during a step
@@ -223,9 +240,28 @@ class FeatureDataLoader:
                 return None
             if item.error is not None:
                 raise item.error
-            if not book.any_lost(item.leases):
+            if book.any_lost(item.leases):
+                book.give_back(item.leases, item.handles)  # reclaimed meanwhile: someone else may have it now
+            elif self._resume is None or self._still_admitted(item, book):
                 return item
-            book.give_back(item.leases, item.handles)  # reclaimed meanwhile: someone else may have it now
+
+    def _still_admitted(self, item: Pulled, book: LeaseBook) -> bool:
+        """Whether every sample of ``item`` may still train; if not, drop those that may not, give back the rest.
+
+        Admitted at pull, a sample may have been committed since by the step
+        that held its earlier delivery (a step longer than the visibility
+        timeout): checked again at hand-off, it never trains twice.
+        """
+        assert self._resume is not None
+        admitted = self._resume.admit(self.queue, item.leases)
+        if len(admitted) == len(item.leases):
+            return True
+        kept = {id(lease) for lease in admitted}
+        for lease in item.leases:
+            if id(lease) not in kept:
+                book.forget(lease)  # acked by admit
+        book.give_back(admitted, item.handles)
+        return False
 
     def _pull_one(self) -> tuple[Pulled | None, LeaseBook]:
         if not self.prefetch:
@@ -288,10 +324,61 @@ class FeatureDataLoader:
             return self._closed
 
     def consume_now(self) -> None:
-        """Release and ack the batch last handed out now instead of on the next pull."""
+        """Release and ack the batch last handed out now instead of on the next pull.
+
+        Resuming, its prompts are first committed to the training ledger as
+        this rank's next step (``docs/resume.md``).
+        """
         held = self._take_held()
         if held is not None:
-            self._settle(*held, ack_many)
+            self._settle(*held, self._commit_and_ack)
+
+    def _commit_and_ack(self, queue: LeaseQueue, leases: Sequence[Lease]) -> None:
+        if self._resume is not None:
+            self._resume.commit(leases)
+        ack_many(queue, leases)
+
+    def state_dict(self) -> dict[str, Any]:
+        """This rank's resume state: small and JSON-serialisable, saved with the model's checkpoint.
+
+        The batch last handed out counts as trained: it is committed and
+        acked first. ``load_state_dict`` of a loader built the same way on a
+        restarted trainer resumes after it (torchdata's ``StatefulDataLoader``
+        convention). ``TypeError`` for a queue without a training ledger.
+        """
+        resume = self._require_resume()
+        with self._pull_lock:
+            if not resume.begun:
+                resume.begin()
+            self.consume_now()
+            return resume.state()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume from ``state_dict()``'s state: this rank's steps after it are rolled back in the ledger.
+
+        Call it before the first batch. The prompts those steps trained are
+        produced again by the ``ResumableProducer``; how many is logged and in
+        ``last_restore.rolled_back``. ``ValueError`` for a state of another
+        rank or world size, ``RuntimeError`` once this loader has started.
+        """
+        resume = self._require_resume()
+        step = resume.check_state(state)
+        with self._pull_lock:
+            if resume.begun:
+                raise RuntimeError(
+                    f"load_state_dict({state!r}) must come before the first batch or state_dict() of this loader"
+                )
+            resume.begin(step)
+
+    @property
+    def last_restore(self) -> Restore | None:
+        """What the restore (``load_state_dict``, or the fresh start) rolled back; ``None`` before it."""
+        return None if self._resume is None else self._resume.last_restore
+
+    def _require_resume(self) -> TrainerResume:
+        if self._resume is None:
+            raise TypeError(f"{type(self.queue).__name__} keeps no training ledger: this loader cannot resume")
+        return self._resume
 
     def fail_current(self) -> None:
         """Give the batch last handed out back to the queue (redelivered, or dead once its deliveries are spent)."""

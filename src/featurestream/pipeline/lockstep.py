@@ -13,7 +13,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-__all__ = ["ERROR", "HAS_BATCH", "NO_BATCH", "agree", "check_group"]
+__all__ = ["ERROR", "HAS_BATCH", "NO_BATCH", "agree", "check_group", "rank_of"]
 
 # Votes, ordered so that the minimum is the outcome every rank must follow.
 ERROR = 0  # this rank's pull raised: every rank stops; the others raise too
@@ -44,3 +44,8 @@ def agree(process_group: Any, vote: int) -> int:
     flag = torch.tensor([vote], dtype=torch.int32, device=device)
     dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=process_group)
     return int(flag.item())
+
+
+def rank_of(process_group: Any) -> tuple[int, int]:
+    """This process's rank in ``process_group`` and the group's size."""
+    return dist.get_rank(process_group), dist.get_world_size(process_group)

@@ -115,8 +115,12 @@ class FeatureProducer:
         position_ids: torch.Tensor | None = None,
         seq_lens: torch.Tensor | None = None,
         doc_remaining: torch.Tensor | None = None,
+        sample_id: str | None = None,
     ) -> SampleRef:
         """One no-grad target forward; store its supervision and return the ref describing it.
+
+        ``sample_id`` names the sample instead of the producer's sequence (a
+        resumable producer names each sample by its prompt key).
 
         Errors: inputs the schema refuses (EAGLE-3: partial packing metadata)
         -> ``ValueError`` before the forward; a backend output the schema
@@ -147,7 +151,7 @@ class FeatureProducer:
         measured = {name: FeatureSpec(tuple(t.shape), t.dtype) for name, t in tensors.items()}
         options: dict[str, Any] = {"take_ownership": True} if self._take_ownership else {}
         ref = self.store.put(
-            self._next_sample_id(),
+            self._next_sample_id() if sample_id is None else sample_id,
             tensors,
             run_id=self.run_id,
             algorithm=self.algorithm,

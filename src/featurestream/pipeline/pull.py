@@ -46,6 +46,10 @@ class PullSpec:
     # Lockstep ranks end their stream when the queue is closed with nothing pending, not at the drain: the
     # leases still out may be their peers' batches, held while those peers wait for this rank's vote.
     end_when_nothing_pending: bool
+    # Resuming (``pipeline.resume.TrainerResume``): which leased samples to train (the others are dropped), and
+    # whether every prompt of the epoch is trained (the stream's end while the queue stays open for restores).
+    admit: Callable[[list[Lease]], list[Lease]] | None = None
+    epoch_done: Callable[[], bool] | None = None
 
     @property
     def async_copy(self) -> bool:
@@ -53,8 +57,11 @@ class PullSpec:
 
 
 def stream_ended(spec: PullSpec, own: int) -> bool:
-    """Whether nothing will ever come: closed, nothing pending, no lease out but the ``own`` this loader holds."""
+    """Whether nothing will ever come: closed, nothing pending, no lease out but the ``own`` this loader holds;
+    or, resuming, every prompt of the epoch trained and nothing pending."""
     queue = spec.queue
+    if spec.epoch_done is not None and queue.pending_count() == 0 and spec.epoch_done():
+        return True
     if not queue.is_closed or queue.pending_count() > 0:
         return False
     return spec.end_when_nothing_pending or queue.outstanding_count() <= own
@@ -93,6 +100,10 @@ class Puller:
             self._activity = "queue.acquire"
             try:
                 leases = acquire_many(spec.queue, spec.batch_size - len(self._ready), timeout=spec.wait)
+                if leases and spec.admit is not None:
+                    leases = spec.admit(leases)
+                    if not leases:
+                        continue
             finally:
                 self._activity = _BETWEEN_CALLS
             if not leases:

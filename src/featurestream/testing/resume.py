@@ -1,0 +1,183 @@
+"""A checkpointing trainer and a resumable producer to kill and restart: exactly-once training, checked.
+
+``train`` is a recipe's loop reduced to its bookkeeping: it records the prompt
+keys of every step in a history (the stand-in for the model's weights),
+saves ``{"loader": loader.state_dict(), "history": ...}`` atomically every
+``every`` steps, and resumes from the latest checkpoint; ``produce`` runs a
+``ResumableProducer`` over ``prompts(n)``. ``check_history`` says whether a
+history trains every key once. Both run in-process or as processes
+(``python -m featurestream.testing.resume trainer|producer ...``) to be
+SIGKILLed at any instant; ``docs/resume.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import random
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from featurestream.core.lease import VisibilityTimeout
+from featurestream.core.protocol import LeaseQueue
+from featurestream.core.resume import parse_sample_id
+from featurestream.pipeline.eagle3 import Eagle3TargetBackend, Eagle3TargetBatch
+from featurestream.pipeline.loader import FeatureDataLoader
+from featurestream.pipeline.producer import FeatureProducer
+from featurestream.pipeline.resume import ProducerReport, ResumableProducer
+from featurestream.stores.base import FeatureStore
+
+__all__ = ["KeyTarget", "check_history", "latest_checkpoint", "produce", "prompts", "train"]
+
+_HIDDEN = 4
+_VOCAB = 8
+
+
+class KeyTarget(Eagle3TargetBackend):
+    """A deterministic target whose features are functions of the prompt's token ids (no model)."""
+
+    def generate_batch(self, **inputs: torch.Tensor | None) -> Eagle3TargetBatch:
+        input_ids = inputs["input_ids"]
+        assert input_ids is not None
+        hidden = input_ids.to(torch.float32).unsqueeze(-1).expand(*input_ids.shape, 3 * _HIDDEN).clone()
+        logits = input_ids.to(torch.float32).unsqueeze(-1).expand(*input_ids.shape, _VOCAB).clone()
+        return Eagle3TargetBatch(
+            aux_hidden_states=hidden,
+            input_ids=input_ids.clone(),
+            attention_mask=inputs["attention_mask"].clone(),  # type: ignore[union-attr]
+            loss_mask=inputs["loss_mask"].clone(),  # type: ignore[union-attr]
+            logits=logits,
+        )
+
+
+def prompts(n: int, tokens: int = 3) -> list[torch.Tensor]:
+    """``n`` distinct prompts of ``tokens`` tokens; prompt ``i``'s ids start at ``i * tokens``."""
+    return [torch.arange(i * tokens, (i + 1) * tokens, dtype=torch.int64).reshape(1, tokens) for i in range(n)]
+
+
+def latest_checkpoint(directory: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """The newest ``ckpt-<step>.json`` in ``directory`` (``None``: none yet)."""
+    found = sorted(Path(directory).glob("ckpt-*.json"), key=lambda path: int(path.stem.split("-")[1]))
+    return json.loads(found[-1].read_text()) if found else None
+
+
+def _save(directory: Path, checkpoint: dict[str, Any]) -> None:
+    step = checkpoint["loader"]["step"]
+    fd, tmp = tempfile.mkstemp(dir=directory, suffix=".tmp")
+    with os.fdopen(fd, "w") as out:
+        json.dump(checkpoint, out)
+        out.flush()
+        os.fsync(out.fileno())
+    os.replace(tmp, directory / f"ckpt-{step}.json")  # a checkpoint is whole or absent, as a recipe's should be
+
+
+def train(
+    queue: LeaseQueue,
+    store: FeatureStore,
+    directory: str | os.PathLike[str],
+    *,
+    every: int = 3,
+    batch_size: int = 2,
+    prefetch: int = 2,
+    crash: Callable[[str], None] | None = None,
+) -> list[list[str]]:
+    """Train from the latest checkpoint in ``directory`` to the end of the epoch; return the history.
+
+    ``crash(point)`` is called at each point a crash may happen (``"step"``
+    after a batch is trained, ``"saved"`` after a checkpoint was written); an
+    exception it raises leaves the loader abandoned, as a killed trainer would.
+    """
+    directory = Path(directory)
+    checkpoint = latest_checkpoint(directory)
+    loader = FeatureDataLoader(queue, store, batch_size=batch_size, prefetch=prefetch)
+    history: list[list[str]] = []
+    if checkpoint is not None:
+        loader.load_state_dict(checkpoint["loader"])
+        history = checkpoint["history"]
+    for _ in loader:
+        history.append([_key(lease.ref.sample_id) for lease in loader.current_leases])
+        if crash is not None:
+            crash("step")
+        if len(history) % every == 0:
+            _save(directory, {"loader": loader.state_dict(), "history": history})
+            if crash is not None:
+                crash("saved")
+    _save(directory, {"loader": loader.state_dict(), "history": history})
+    loader.close()  # after the final checkpoint: ends the producer's run
+    return history
+
+
+def _key(sample_id: str) -> str:
+    parsed = parse_sample_id(sample_id)
+    if parsed is None:
+        raise ValueError(f"sample {sample_id!r} is not a resumable producer's sample")
+    return parsed[0]
+
+
+def produce(
+    queue: LeaseQueue, store: FeatureStore, n: int, *, run_id: str = "resume", stop: Callable[[], bool] | None = None
+) -> ProducerReport:
+    """Produce the ``n`` prompts of ``prompts(n)`` into ``queue`` until it is closed or ``stop()``."""
+    producer = FeatureProducer(KeyTarget(), store, run_id=run_id)
+    return ResumableProducer(producer, queue, prompts(n), chunk=4, poll_interval=0.05).run(stop)
+
+
+def check_history(history: Sequence[Sequence[str]], n: int) -> str | None:
+    """``None`` if ``history`` trains every key of ``0..n-1`` exactly once, else what is wrong."""
+    counts = collections.Counter(key for step in history for key in step)
+    twice = sorted((key for key, count in counts.items() if count > 1), key=int)
+    missing = sorted((str(i) for i in range(n) if str(i) not in counts), key=int)
+    unknown = sorted(key for key in counts if not key.isdigit() or int(key) >= n)
+    if not (twice or missing or unknown):
+        return None
+    return f"trained twice: {twice}; never trained: {missing}; unknown: {unknown}"
+
+
+def _open(args: argparse.Namespace) -> tuple[LeaseQueue, FeatureStore]:
+    from featurestream.backends.redis.queue import RedisSampleRefQueue  # needs redis-py: only for the processes
+    from featurestream.stores.shared_dir import SharedDirFeatureStore
+
+    store = SharedDirFeatureStore(args.store_dir, max_samples=None, max_bytes=1 << 30)
+    queue = RedisSampleRefQueue(store, VisibilityTimeout(args.visibility), url=args.url, name=args.name)
+    return queue, store
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("role", choices=("trainer", "producer"))
+    parser.add_argument("--url", required=True)
+    parser.add_argument("--name", required=True)
+    parser.add_argument("--store-dir", required=True)
+    parser.add_argument("--checkpoints", help="trainer: the checkpoint directory")
+    parser.add_argument("--prompts", type=int, required=True)
+    parser.add_argument("--visibility", type=float, default=1.0)
+    parser.add_argument("--every", type=int, default=3)
+    parser.add_argument("--batch-size", type=int, default=2)
+    parser.add_argument("--step-seconds", type=float, default=0.0, help="trainer: sleep per step (a slower trainer)")
+    args = parser.parse_args(argv)
+    queue, store = _open(args)
+    if args.role == "producer":
+        report = produce(queue, store, args.prompts)
+        print(json.dumps(vars(report)), flush=True)
+        return 0
+    rng = random.Random()
+
+    def slow(point: str) -> None:  # steps of random length, so a SIGKILL lands anywhere in one
+        if args.step_seconds and point == "step":
+            time.sleep(args.step_seconds * rng.random() * 2)
+
+    history = train(queue, store, args.checkpoints, every=args.every, batch_size=args.batch_size, crash=slow)
+    print(json.dumps({"steps": len(history)}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
