@@ -3,7 +3,7 @@
 ``make_queue_machine(store_factory, queue_factory)`` returns a Hypothesis
 ``RuleBasedStateMachine`` whose rules are the actions of ``spec/LeaseQueue.tla``;
 each step is applied to your queue/store and to the spec's Python mirror, and
-the named invariants ``inv01_...`` to ``inv15_...`` are checked after every step::
+the named invariants ``inv01_...`` to ``inv15_...`` are checked at the end of every rule::
 
     from featurestream.testing import make_queue_machine
     TestMyStore = make_queue_machine(lambda: MyStore(max_samples=16)).TestCase
@@ -19,7 +19,7 @@ from featurestream.testing.faults import UNTIL_CLEARED, FaultyStore, InjectedFau
 from featurestream.testing.machine import InvariantViolation, MachineConfig, QueueMachine
 from featurestream.testing.producers import BlockedPut
 from featurestream.testing.profiles import PROFILES, register_profiles
-from featurestream.testing.rules import make_queue_machine
+from featurestream.testing.rules import checked, make_queue_machine
 from featurestream.testing.samples import sample_tensors
 from featurestream.testing.traces import (
     backpressure_trace,
@@ -39,6 +39,7 @@ __all__ = [
     "MachineConfig",
     "QueueMachine",
     "backpressure_trace",
+    "checked",
     "describe_rejections",
     "duplicate_delivery_trace",
     "make_queue_machine",

@@ -4,7 +4,14 @@ Named after DESIGN.md's invariants; each reads the implementation through its
 public API (and the store the machine wraps, ``inner``, directly) and compares
 it with what ``QueueMachine`` observed and with the spec mirror. Violations
 seen while acting are noted by the actions and reported by the invariant they
-name. A failure raises ``InvariantViolation`` naming the invariant.
+name. A failure raises ``InvariantViolation`` naming the invariant; a message
+about a sample's bytes names the store method most likely at fault and the
+store calls made on it.
+
+They are not Hypothesis ``@invariant``s: ``check_all_invariants`` runs them in
+order at the end of every rule (``featurestream.testing.rules.checked``), so
+the shrunk example Hypothesis prints lists the rules only, not fifteen
+invariant calls after each.
 """
 
 from __future__ import annotations
@@ -13,16 +20,15 @@ import dataclasses
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from hypothesis.stateful import invariant
-
 from featurestream.core import events
 from featurestream.spec.trace import STORE_GET, STORE_PUT, STORE_RELEASE, STORE_SCRUB
 from featurestream.testing.faults import QUEUE_CALLS
+from featurestream.testing.report import suspect
 
 if TYPE_CHECKING:
     from featurestream.testing.machine import _Sample
 
-__all__ = ["HELD", "QUEUE_COUNTERS", "TERMINAL", "InvariantViolation", "QueueInvariants"]
+__all__ = ["HELD", "INVARIANTS", "QUEUE_COUNTERS", "TERMINAL", "InvariantViolation", "QueueInvariants"]
 
 HELD = ("pending", "leased")
 TERMINAL = ("acked", "dead")
@@ -91,13 +97,39 @@ class QueueInvariants:
         self._resident_check = True
         return answer
 
-    def _expected_residency(self) -> tuple[int, int]:
-        resident = [
+    def _should_be_resident(self) -> list[_Sample]:
+        return [
             s for s in self.samples.values() if s.status == "stored" or s.status in HELD or s.ref.sample_id in self.owed
         ]
+
+    def _expected_residency(self) -> tuple[int, int]:
+        resident = self._should_be_resident()
         return len(resident), sum(s.ref.estimated_bytes for s in resident)
 
-    @invariant()
+    def _suspect(self, sample_id: str, problem: str) -> str:
+        return suspect(self.store.log, sample_id, problem)
+
+    def _still_there(self, sample: _Sample) -> bool:
+        """Whether a sample the store should have freed is still resident (through ``get`` without ``is_resident``)."""
+        resident = self._is_resident(sample.ref.sample_id)
+        if resident is not None:
+            return resident
+        try:
+            _, handle = self.inner.get(sample.ref)
+        except KeyError:
+            return False
+        self.inner.release(handle)
+        return True
+
+    def check_all_invariants(self) -> None:
+        """Every invariant, in ``INVARIANTS`` order; the first violated one raises ``InvariantViolation``."""
+        __tracebackhide__ = True  # pytest: the violation's message says where, the kit's frames add nothing
+        for name in INVARIANTS:
+            try:
+                getattr(self, name)()
+            except InvariantViolation as violation:
+                raise violation.with_traceback(None) from None
+
     def inv01_one_live_lease_per_sample(self) -> None:
         """1. At most one live lease per sample; a sample is leased iff it has one."""
         name = "inv01_one_live_lease_per_sample"
@@ -110,7 +142,6 @@ class QueueInvariants:
         if counts != {"pending": len(self.pending), "leased": len(leased)}:
             self._fail(name, f"lease_state_counts() {counts}, but {list(self.pending)} pending and {leased} leased")
 
-    @invariant()
     def inv02_exactly_once(self) -> None:
         """2. A sample is acked at most once and never delivered again after its ack."""
         name = "inv02_exactly_once"
@@ -119,12 +150,10 @@ class QueueInvariants:
         if twice:
             self._fail(name, f"samples acked more than once: {twice}")
 
-    @invariant()
     def inv03_terminal_leases_never_change(self) -> None:
         """3. Stale, duplicate and forged acks/fails/extends are rejected without effect."""
         self._check_notes("inv03_terminal_leases_never_change")
 
-    @invariant()
     def inv04_no_loss(self) -> None:
         """4. A pending or leased sample is resident and materialisable, whatever consumers released."""
         name = "inv04_no_loss"
@@ -132,50 +161,70 @@ class QueueInvariants:
         for sample in list(self._held()):
             sample_id = sample.ref.sample_id
             if self._is_resident(sample_id) is False:
-                self._fail(name, f"{sample.status} sample {sample_id!r} is not resident in the store")
+                self._fail(
+                    name,
+                    f"{sample.status} sample {sample_id!r} is not resident in the store; "
+                    + self._suspect(sample_id, "lost"),
+                )
             count = self.inner.health().sample_count
             try:
                 tensors, handle = self.inner.get(sample.ref)
             except KeyError as exc:
-                self._fail(name, f"{sample.status} sample {sample_id!r} cannot be materialised: {exc!r}")
+                self._fail(
+                    name,
+                    f"{sample.status} sample {sample_id!r} cannot be materialised ({exc}); "
+                    + self._suspect(sample_id, "lost"),
+                )
             self.inner.release(handle)
             if self._is_resident(sample_id) is False or self.inner.health().sample_count < count:
-                self._fail(name, f"releasing the only handle of {sample.status} sample {sample_id!r} freed it")
+                self._fail(
+                    name,
+                    f"releasing the only handle of {sample.status} sample {sample_id!r} freed it; suspect: "
+                    "store.retain() did not retain it, or store.release() frees retained samples (they must stay "
+                    "until store.scrub())",
+                )
             self._compare(sample, tensors, name)
             self._check_notes(name)
 
-    @invariant()
     def inv05_no_leak(self) -> None:
         """5. An acked or dead sample's bytes are gone (unless its scrub is owed), even with a crashed handle out."""
         name = "inv05_no_leak"
         self._check_notes(name)
         for sample in self.samples.values():
             sample_id = sample.ref.sample_id
-            if sample.status in TERMINAL and sample_id not in self.owed and self._is_resident(sample_id):
-                self._fail(name, f"{sample.status} sample {sample_id!r} is still resident")
-        count, nbytes = self._expected_residency()
-        health = self.inner.health()
-        if health.sample_count > count or health.resident_bytes > nbytes:
-            self._fail(
-                name,
-                f"store holds {health.sample_count} samples / {health.resident_bytes} B, "
-                f"only {count} / {nbytes} B are stored, pending, leased or owed a scrub",
-            )
+            if sample.status in TERMINAL and sample_id not in self.owed and self._still_there(sample):
+                self._fail(
+                    name,
+                    f"{sample.status} sample {sample_id!r} is still resident; " + self._suspect(sample_id, "leaked"),
+                )
 
-    @invariant()
     def inv06_residency_exact(self) -> None:
-        """6. ``resident_bytes``/``sample_count`` equal the resident samples' totals, never negative."""
+        """6. ``resident_bytes``/``sample_count`` equal the resident samples' totals, never negative.
+
+        Per-sample residency is inv04's and inv05's: reaching this one, the
+        right samples are resident, so a mismatch is the store's accounting.
+        """
         self._sync_store()
-        count, nbytes = self._expected_residency()
+        expected = self._should_be_resident()
+        count, nbytes = len(expected), sum(s.ref.estimated_bytes for s in expected)
         health = self.inner.health()
         if (health.sample_count, health.resident_bytes) != (count, nbytes) or health.resident_bytes < 0:
+            held = ", ".join(f"{s.ref.sample_id!r} {s.ref.estimated_bytes} B" for s in expected) or "none"
+            off = [
+                f"{field} off by {got - want:+d}"
+                for field, got, want in (
+                    ("sample_count", health.sample_count, count),
+                    ("resident_bytes", health.resident_bytes, nbytes),
+                )
+                if got != want
+            ]
             self._fail(
                 "inv06_residency_exact",
-                f"health() says {health.sample_count} samples / {health.resident_bytes} B, "
-                f"expected {count} / {nbytes} B",
+                f"health() says {health.sample_count} samples / {health.resident_bytes} B, the resident samples "
+                f"({held}) total {count} / {nbytes} B; suspect: store.health() ({', '.join(off)}), or the byte "
+                "accounting of store.put()/release()/scrub()",
             )
 
-    @invariant()
     def inv07_bounded_delivery(self) -> None:
         """7. ``redelivery_count < max_deliveries``; a sample whose deliveries are spent is dead."""
         limit = self.config.max_deliveries
@@ -188,12 +237,10 @@ class QueueInvariants:
                     f"(max_deliveries={limit})",
                 )
 
-    @invariant()
     def inv08_backpressure_hysteresis(self) -> None:
         """8. Pause only at/above the high watermark, resume only at/below the low one."""
         self._check_notes("inv08_backpressure_hysteresis")
 
-    @invariant()
     def inv09_close_drain(self) -> None:
         """9. No put after close; acquire drains; ``drained`` exactly when closed and nothing is held."""
         name = "inv09_close_drain"
@@ -206,12 +253,10 @@ class QueueInvariants:
                 f"lifecycle_state {self.queue.lifecycle_state!r} / is_closed {self.queue.is_closed}, expected {want!r}",
             )
 
-    @invariant()
     def inv10_expired_leases_reclaimed(self) -> None:
         """10 (safety side): every call that reaps reclaims every lease past its deadline."""
         self._check_notes("inv10_expired_leases_reclaimed")
 
-    @invariant()
     def inv11_counters_consistent(self) -> None:
         """``stats()`` arithmetic and the counters agree with what the queue did."""
         name = "inv11_counters_consistent"
@@ -228,7 +273,6 @@ class QueueInvariants:
         if stats.acked != acked or stats.dead_lettered != len(dead):
             self._fail(name, f"stats() {stats} vs {acked} observed acks and dead letters {dead}")
 
-    @invariant()
     def inv12_agrees_with_spec_mirror(self) -> None:
         """The implementation's observable state is the spec mirror's (aligned for owed scrubs)."""
         name = "inv12_agrees_with_spec_mirror"
@@ -290,12 +334,10 @@ class QueueInvariants:
     def _leased_count(self) -> int:
         return sum(1 for s in self.samples.values() if s.status == "leased")
 
-    @invariant()
     def inv13_producer_progress(self) -> None:
         """11. A blocked put waits only while the queue can still lower residency; otherwise it finishes."""
         self._check_notes("inv13_producer_progress")
 
-    @invariant()
     def inv14_store_faults_survivable(self) -> None:
         """12/13. Store faults: settlements stand, errors are counted, owed scrubs go through once the store heals."""
         name = "inv14_store_faults_survivable"
@@ -313,7 +355,6 @@ class QueueInvariants:
         if owed and not (self.store.armed("scrub") or self.store.armed("unretain")):
             self._fail(name, f"the store is healthy, yet a queue call left {sorted(self.owed)} unscrubbed")
 
-    @invariant()
     def inv15_callbacks(self) -> None:
         """``on_dead_letter`` once per dead letter, ``on_pause`` once per pause; callbacks never break the queue."""
         name = "inv15_callbacks"
@@ -323,3 +364,7 @@ class QueueInvariants:
             self._fail(name, f"on_dead_letter saw {self.dead_seen}, the dead letters are {dead}")
         if len(self.pause_seen) != self.queue.stats().producer_pauses:
             self._fail(name, f"on_pause ran {len(self.pause_seen)} times for {self.queue.stats().producer_pauses}")
+
+
+# The order they are checked in after every step: the first violated one is reported.
+INVARIANTS = tuple(name for name in vars(QueueInvariants) if name.startswith("inv"))

@@ -49,6 +49,7 @@ from featurestream.testing.clock import FakeClock
 from featurestream.testing.faults import FaultyStore, InjectedFault
 from featurestream.testing.invariants import HELD, TERMINAL, InvariantViolation, QueueInvariants
 from featurestream.testing.producers import BlockedPut
+from featurestream.testing.report import InjectedCallbackError, quiet_injected_faults
 from featurestream.testing.samples import sample_tensors
 
 __all__ = ["BOUND", "CALLBACK_MODES", "InvariantViolation", "MachineConfig", "QueueMachine"]
@@ -203,6 +204,7 @@ class QueueMachine(QueueInvariants, RuleBasedStateMachine):
         self._forged_ids = itertools.count(2**30)  # never issued here; below TLC's 2**31 int limit
         self._notes: dict[str, list[str]] = collections.defaultdict(list)
         self._resident_check: bool | None = None  # whether the store implements is_resident
+        quiet_injected_faults(True)  # until teardown: the queue's logs of the faults injected here are noise
 
     # -- plumbing ---------------------------------------------------------------
     def _observe_residency(self) -> None:
@@ -216,6 +218,7 @@ class QueueMachine(QueueInvariants, RuleBasedStateMachine):
         self._notes[invariant].append(message)
 
     def _fail(self, invariant: str, message: str) -> None:
+        __tracebackhide__ = True  # pytest shows the message, not this frame
         raise InvariantViolation(invariant, message)
 
     def _check_notes(self, invariant: str) -> None:
@@ -268,7 +271,7 @@ class QueueMachine(QueueInvariants, RuleBasedStateMachine):
         """
         seen.append(argument)
         if self.callback_mode == "raise":
-            raise RuntimeError("a callback that raises (the queue must log it and carry on)")
+            raise InjectedCallbackError("a callback that raises (the queue must log it and carry on)")
         if self.callback_mode == "reenter":
             helper = threading.Thread(target=self.queue.pending_count, name="reentrant-callback", daemon=True)
             helper.start()
@@ -710,7 +713,10 @@ class QueueMachine(QueueInvariants, RuleBasedStateMachine):
             return None  # the read failed before reaching the store: nothing changed
         except KeyError as exc:
             if sample.status in HELD:
-                self._note("inv04_no_loss", f"get of {sample.status} sample {sample_id!r} raised {exc!r}")
+                self._note(
+                    "inv04_no_loss",
+                    f"get of {sample.status} sample {sample_id!r} raised {exc!r}; {self._suspect(sample_id, 'lost')}",
+                )
             if self.mirror.get(consumer, sample_id):
                 self._note("inv12_agrees_with_spec_mirror", f"get of {sample_id!r} failed, the spec allows it")
             return None
@@ -724,7 +730,10 @@ class QueueMachine(QueueInvariants, RuleBasedStateMachine):
     def _compare(self, sample: _Sample, tensors: dict[str, torch.Tensor], invariant: str) -> None:
         expected = sample_tensors(sample.index, self.config.sample_tokens)
         if list(tensors) != list(expected) or not all(torch.equal(tensors[k], expected[k]) for k in expected):
-            self._note(invariant, f"{sample.ref.sample_id!r} materialised with the wrong bytes")
+            sample_id = sample.ref.sample_id
+            self._note(
+                invariant, f"{sample_id!r} materialised with the wrong bytes; {self._suspect(sample_id, 'bytes')}"
+            )
 
     def do_release(self, handle: StoreHandle) -> None:
         """Release: the consumer drops its store handle (an injected fault leaves it held)."""
@@ -859,3 +868,4 @@ class QueueMachine(QueueInvariants, RuleBasedStateMachine):
             producer.put.abort()
         self.queue.close()
         self.store.close()
+        quiet_injected_faults(False)

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, multiple, precondition, rule
@@ -15,10 +16,29 @@ from featurestream.stores.base import FeatureStore, StoreHandle
 from featurestream.testing.faults import CALLS
 from featurestream.testing.machine import CALLBACK_MODES, MachineConfig, QueueMachine
 
-__all__ = ["make_queue_machine"]
+__all__ = ["checked", "make_queue_machine"]
+
+Action = TypeVar("Action", bound=Callable[..., Any])
 
 # Which store call a fault rule arms: every call, with the ones behind the queue's guarantees more often.
 FAULT_WEIGHTS = (*CALLS, "scrub", "scrub", "retain", "health")
+
+
+def checked(action: Action) -> Action:
+    """Make a rule check every invariant after its action (put it under ``@rule``); rules you add need it too.
+
+    The checks run inside the rule rather than as Hypothesis ``@invariant``s,
+    which Hypothesis would print after every step of the shrunk example.
+    """
+
+    @functools.wraps(action)
+    def step(self: QueueMachine, *args: Any, **kwargs: Any) -> Any:
+        __tracebackhide__ = True  # pytest: the violation names the invariant; this frame says nothing
+        result = action(self, *args, **kwargs)
+        self.check_all_invariants()
+        return result
+
+    return step  # type: ignore[return-value]
 
 
 def make_queue_machine(
@@ -55,113 +75,135 @@ def make_queue_machine(
 
         @precondition(lambda self: len(self.samples) < cfg.samples)
         @rule(sample=samples)
+        @checked
         def produce(self, sample: str) -> None:
             self.do_produce(sample)
 
         @precondition(lambda self: not self.closed)
         @rule(sample=samples)
+        @checked
         def put(self, sample: str) -> None:
             self.do_put(sample, blocking=False)
 
         @precondition(lambda self: not self.closed and len(self.producers) < cfg.producers)
         @rule(sample=samples)
+        @checked
         def put_blocking(self, sample: str) -> None:
             self.do_put(sample, blocking=True)
 
         @precondition(lambda self: self.producers)
         @rule(pick=st.integers(0, cfg.producers - 1))
+        @checked
         def wake_producer(self, pick: int) -> None:
             blocked = sorted(self.producers)
             self.do_wake(blocked[pick % len(blocked)])
 
         @precondition(lambda self: self.pending or self._due() or self.closed)
         @rule(target=leases, consumer=consumers)
+        @checked
         def acquire(self, consumer: str) -> Any:
             lease = self.do_acquire(consumer)
             return multiple() if lease is None else lease
 
         @precondition(lambda self: self.pending or self._due() or self.closed)
         @rule(target=leases, consumer=consumers, n=st.integers(1, 3))
+        @checked
         def acquire_many(self, consumer: str, n: int) -> Any:
             return multiple(*self.do_acquire_many(consumer, n))
 
         @precondition(lambda self: self._holding())
         @rule(consumer=consumers, op=st.sampled_from(("ack", "fail")))
+        @checked
         def settle_many(self, consumer: str, op: str) -> None:
             self.do_settle_many(consumer, op)
 
         @precondition(lambda self: self._holding())
         @rule(target=handles, lease=leases)
+        @checked
         def get(self, lease: Lease) -> Any:
             handle = self.do_get(lease)
             return multiple() if handle is None else handle
 
         @precondition(lambda self: any(c.handles for c in self.consumers.values()))
         @rule(handle=handles)
+        @checked
         def release(self, handle: StoreHandle) -> None:
             self.do_release(handle)
 
         @precondition(lambda self: self._holding())
         @rule(lease=leases)
+        @checked
         def ack(self, lease: Lease) -> None:
             self.do_ack(lease)
 
         @precondition(lambda self: self._holding())
         @rule(lease=leases)
+        @checked
         def fail(self, lease: Lease) -> None:
             self.do_fail(lease)
 
         @precondition(lambda self: self._holding())
         @rule(lease=leases, seconds=st.sampled_from((None, vt / 2, 2 * vt)))
+        @checked
         def extend(self, lease: Lease, seconds: float | None) -> None:
             self.do_extend(lease, seconds)
 
         @precondition(lambda self: self._holding())
         @rule(lease=leases, how=st.sampled_from(("copy", "made_up_id")), op=st.sampled_from(("ack", "fail", "extend")))
+        @checked
         def forge(self, lease: Lease, how: str, op: str) -> None:
             self.do_forge(lease, how, op)
 
         @precondition(lambda self: self._holding())
         @rule(consumer=consumers)
+        @checked
         def crash(self, consumer: str) -> None:
             self.do_crash(consumer)
 
         @precondition(lambda self: self.producers and self._held_count())
         @rule(consumer=consumers)
+        @checked
         def drain(self, consumer: str) -> None:
             self.do_drain(consumer)
 
         @precondition(lambda self: self.queue.outstanding_count())
         @rule(seconds=steps)
+        @checked
         def advance_clock(self, seconds: float) -> None:
             self.do_advance_clock(seconds)
 
         @precondition(lambda self: self._due())
         @rule()
+        @checked
         def reclaim(self) -> None:
             self.do_reclaim()
 
         @precondition(lambda self: not self.closed and self.queue.stats().acked + self.queue.stats().dead_lettered > 0)
         @rule()
+        @checked
         def close(self) -> None:
             self.do_close()
 
         @precondition(lambda self: cfg.store_faults and not self.finished)
         @rule(call=st.sampled_from(FAULT_WEIGHTS), until_cleared=st.booleans())
+        @checked
         def arm_fault(self, call: str, until_cleared: bool) -> None:
             self.do_arm_fault(call, until_cleared)
 
         @precondition(lambda self: self.store.armed())
         @rule()
+        @checked
         def clear_faults(self) -> None:
             self.do_clear_faults()
 
         @rule(mode=st.sampled_from(CALLBACK_MODES))
+        @checked
         def set_callbacks(self, mode: str) -> None:
             self.do_set_callbacks(mode)
 
         @precondition(lambda self: self.closed and not self.finished)  # after close: the runs before it stay long
         @rule()
+        @checked
         def finish(self) -> None:
             self.do_finish()
 

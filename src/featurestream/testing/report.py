@@ -1,0 +1,113 @@
+"""Keeping the kit's failure report short: its own injected faults stay out of the logs, suspects are named.
+
+The machine injects store faults and raising callbacks on purpose; the queue
+logs each one it survives (with a traceback), which is right in production
+and noise in a test report. ``quiet_injected_faults`` drops exactly those
+records, from every handler (pytest's capture included), while a machine
+runs. ``store_history`` and ``suspect`` turn the ``FaultyStore`` call log into
+the part of an invariant message that says which store method to look at.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Sequence
+
+from featurestream.testing.faults import InjectedFault
+
+__all__ = ["InjectedCallbackError", "quiet_injected_faults", "store_history", "suspect"]
+
+StoreLog = Sequence[tuple[str, "str | None", bool]]
+
+
+class InjectedCallbackError(RuntimeError):
+    """What a queue callback raises when the machine makes its callbacks raise (the queue must carry on)."""
+
+
+# Only these exceptions themselves: an error raised while handling one (its __context__) is the queue's own.
+_INJECTED = (InjectedFault, InjectedCallbackError)
+
+
+class _InjectedFaultFilter(logging.Filter):
+    """Drops records about the kit's own injections: their exception, or one of their arguments, is one."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and isinstance(record.exc_info[1], _INJECTED):
+            return False
+        args = record.args if isinstance(record.args, tuple) else ()
+        return not any(isinstance(arg, _INJECTED) for arg in args)
+
+
+_FILTER = _InjectedFaultFilter()
+_lock = threading.Lock()
+_users = 0
+_filtered: list[logging.Handler] = []
+
+
+def quiet_injected_faults(on: bool) -> None:
+    """Start (``on``) or stop dropping the injections' log records; nested machines count.
+
+    Handler filters, not logger ones: a logger's filter never sees the records
+    its children propagate, and the queue logs under its own module's name.
+    Every handler present when the first machine starts is filtered (pytest
+    installs its capture handlers before the test body runs), and the
+    last-resort handler that prints when there is none.
+    """
+    global _users
+    with _lock:
+        if on:
+            _users += 1
+            if _users == 1:
+                _filtered[:] = _handlers()
+                for handler in _filtered:
+                    handler.addFilter(_FILTER)
+        elif _users:
+            _users -= 1
+            if _users == 0:
+                for handler in _filtered:
+                    handler.removeFilter(_FILTER)
+                _filtered.clear()
+
+
+def _handlers() -> list[logging.Handler]:
+    loggers = [
+        logging.getLogger(),
+        *(x for x in logging.Logger.manager.loggerDict.values() if isinstance(x, logging.Logger)),
+    ]
+    handlers = {id(h): h for logger in loggers for h in logger.handlers}
+    if logging.lastResort is not None:
+        handlers[id(logging.lastResort)] = logging.lastResort
+    return list(handlers.values())
+
+
+def store_history(log: StoreLog, sample_id: str) -> list[str]:
+    """The store calls made on ``sample_id`` through the machine's store, in order; a failed one ends in ``!``."""
+    return [call if ok else f"{call}!" for call, about, ok in log if about == sample_id]
+
+
+def suspect(log: StoreLog, sample_id: str, problem: str) -> str:
+    """The sentence naming the likeliest culprit of ``problem`` for ``sample_id``, and the calls it made.
+
+    ``problem`` is ``"lost"`` (a queued sample's bytes gone), ``"leaked"``
+    (a settled sample's bytes still there) or ``"bytes"`` (materialised with
+    the wrong bytes).
+    """
+    calls = store_history(log, sample_id)
+    done = set(calls)
+    if problem == "leaked":
+        culprit = (
+            "store.scrub() ran and left it resident"
+            if "scrub" in done
+            else "the queue never called store.scrub() for it after it settled"
+        )
+    elif problem == "lost":
+        if "retain" not in done:
+            culprit = "the queue never called store.retain() for it before handing it out"
+        elif "release" in done:
+            culprit = "store.release() freed a retained sample (or store.retain() did not retain it)"
+        else:
+            culprit = "store.retain() did not keep it, or the store dropped it on its own"
+    else:
+        culprit = "store.put() stored, or store.get() returned, other bytes than the producer's"
+    return f"suspect: {culprit}; store calls on {sample_id!r}: {', '.join(calls) or 'none'}"

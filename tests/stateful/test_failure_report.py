@@ -1,0 +1,133 @@
+"""The kit's report of a broken store, as a user's pytest prints it: a few readable lines, the right invariant.
+
+Each seeded store bug is run the way ``docs/testing.md`` tells a user to (a
+``make_queue_machine(...).TestCase`` in their own test file, their own pytest
+configuration, the ``ci`` profile), in a pytest subprocess; the test then
+reads the failure report itself: the invariant that names the bug, the
+sample and the store method at fault, the shrunk rules without invariant
+calls, none of the queue's logs of the kit's own injected faults, and all of
+it on one screen.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from featurestream.testing import InjectedFault
+from featurestream.testing.report import InjectedCallbackError, quiet_injected_faults
+
+SCREEN_LINES = 60
+
+USER_TESTS = """
+import dataclasses
+
+from featurestream import LocalFeatureStore
+from featurestream.testing import make_queue_machine
+
+
+class NoScrubStore(LocalFeatureStore):
+    def scrub(self, ref):
+        pass
+
+
+class HealthOffByOneStore(LocalFeatureStore):
+    def health(self):
+        health = super().health()
+        if not health.sample_count:
+            return health
+        return dataclasses.replace(health, resident_bytes=health.resident_bytes + 1)
+
+
+class ReleaseFreesStore(LocalFeatureStore):
+    def retain(self, ref):
+        pass
+
+
+TestNoScrub = make_queue_machine(NoScrubStore).TestCase
+TestHealthOffByOne = make_queue_machine(HealthOffByOneStore).TestCase
+TestReleaseFrees = make_queue_machine(ReleaseFreesStore).TestCase
+"""
+
+# test class -> (invariant, what the message must say about the culprit)
+EXPECTED = {
+    "TestNoScrub": ("inv05_no_leak", r"suspect: store\.scrub\(\) ran and left it resident"),
+    "TestHealthOffByOne": ("inv06_residency_exact", r"suspect: store\.health\(\) \(resident_bytes off by \+1\)"),
+    "TestReleaseFrees": ("inv04_no_loss", r"suspect: store\.retain\(\) did not retain it, or store\.release\(\) frees"),
+}
+
+
+@pytest.fixture(scope="module")
+def reports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """Each test class's failure section of one pytest run of ``USER_TESTS`` in a fresh project directory."""
+    project: Path = tmp_path_factory.mktemp("user_project")
+    (project / "pytest.ini").write_text("[pytest]\n")
+    (project / "test_my_store.py").write_text(textwrap.dedent(USER_TESTS))
+    env = {**os.environ, "HYPOTHESIS_PROFILE": "ci"}
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "test_my_store.py"],
+        cwd=project,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    sections = re.split(r"^_{3,} (\w+)\.runTest _{3,}$", done.stdout, flags=re.MULTILINE)
+    found = dict(zip(sections[1::2], sections[2::2], strict=True))
+    assert set(found) == set(EXPECTED), done.stdout
+    last = found["TestReleaseFrees"]  # the summary after the last section is not part of any report
+    found["TestReleaseFrees"] = last.split("= short test summary info =")[0]
+    return found
+
+
+@pytest.mark.parametrize("test_class", sorted(EXPECTED))
+def test_a_broken_store_is_reported_on_one_screen_by_the_invariant_that_names_it(
+    reports: dict[str, str], test_class: str
+) -> None:
+    report = reports[test_class]
+    invariant, culprit = EXPECTED[test_class]
+    violation = re.search(r"^E\s+featurestream\.testing\.invariants\.InvariantViolation: (\w+): (.*)$", report, re.M)
+    assert violation is not None, report
+    assert violation.group(1) == invariant, report
+    assert re.search(culprit, violation.group(2)), violation.group(2)
+    assert re.search(r"'s\d'", violation.group(2)), "the message names the sample"
+    steps = re.findall(r"^E\s+(?:\w+ = )?state\.(\w+)\(", report, re.M)
+    assert steps and steps[-1] == "teardown", report
+    assert not [step for step in steps if step.startswith("inv")], "the shrunk steps list rules only"
+    assert "Captured log" not in report and "injected fault" not in report, "the kit's own faults stay out"
+    assert len(report.strip().splitlines()) < SCREEN_LINES, report
+
+
+def test_only_the_kits_own_injections_are_dropped_from_the_logs(caplog: pytest.LogCaptureFixture) -> None:
+    logger = logging.getLogger("featurestream.core.queue")
+    fault = InjectedFault(errno.EIO, "injected fault: store scrub('s0') failed")
+    quiet_injected_faults(True)
+    try:
+        with caplog.at_level(logging.WARNING):
+            logger.warning("store %s(%r) raised %r; the queue carries on", "scrub", "s0", fault, exc_info=fault)
+            try:
+                raise InjectedCallbackError("a callback that raises")
+            except InjectedCallbackError:
+                logger.exception("queue callback raised; the queue carries on")
+            try:
+                try:
+                    raise fault
+                except InjectedFault:
+                    raise TypeError("the queue's own bug while handling the fault") from None
+            except TypeError as bug:
+                logger.warning("kept: %r", bug, exc_info=bug)
+            logger.warning("kept: store %s raised %r", "scrub", OSError(errno.EIO, "a real disk error"))
+    finally:
+        quiet_injected_faults(False)
+    assert [record.getMessage()[:5] for record in caplog.records] == ["kept:", "kept:"]
+    logger.warning("after the machine: %r", fault)
+    assert caplog.records[-1].getMessage().startswith("after the machine"), "the filter is gone with the machine"
