@@ -17,6 +17,11 @@ fi
 python3 -m venv .venv
 .venv/bin/pip install -q -c constraints/test.txt torch==2.13.0
 .venv/bin/pip install -q -c constraints/test.txt -e ".[test]"
+# The reference package tests/compat runs side by side with featurestream: without its dependency tree
+# (which pins another transformers and CUDA-only packages), plus the few modules its streaming and EAGLE-3
+# target modules import.
+.venv/bin/pip install -q -c constraints/test.txt --no-deps nemo-automodel
+.venv/bin/pip install -q -c constraints/test.txt datasets pillow pyyaml
 .venv/bin/ruff check src tests benchmarks
 .venv/bin/ruff format --check src tests benchmarks
 .venv/bin/python -m pytest "$@"

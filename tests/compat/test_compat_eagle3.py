@@ -110,8 +110,8 @@ def test_validate_eagle3_ref_wrong_algorithm() -> None:
 
 
 def test_validate_eagle3_ref_missing_core_feature() -> None:
-    # SampleRef itself refuses an EAGLE-3 ref without its core features, with the same phrase ...
-    with pytest.raises(ValueError, match="missing required core features"):
+    # SampleRef itself refuses an EAGLE-3 ref without its core features, with the reference's SampleRef phrase ...
+    with pytest.raises(ValueError, match="missing required features"):
         put({k: v for k, v in sample_tensors(0).items() if k != "loss_mask"})
     # ... and so does validate_eagle3_ref, for a ref that skipped those checks (unpickled from elsewhere, forged).
     ref = put(sample_tensors(0))

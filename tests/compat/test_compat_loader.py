@@ -46,8 +46,10 @@ def test_to_trainer_inputs_for_the_logits_encoding() -> None:
     queue, store = queued(tensors)
     with FeatureDataLoader(queue, store) as loader:
         inputs = next(loader).to_trainer_inputs()
-    assert set(inputs) == set(tensors) and "target_probs" not in inputs
-    assert all(torch.equal(inputs[name], tensor) for name, tensor in tensors.items())
+    # The reference trainer's keyword for the logits is target_logits; every other feature keeps its name.
+    assert set(inputs) == set(tensors) - {"logits"} | {"target_logits"} and "target_probs" not in inputs
+    assert torch.equal(inputs["target_logits"], tensors["logits"])
+    assert all(torch.equal(inputs[name], tensor) for name, tensor in tensors.items() if name != "logits")
 
 
 def test_to_trainer_inputs_for_the_draft_vocab_encoding() -> None:

@@ -72,7 +72,7 @@ def test_ref_construction_errors(overrides: dict[str, object], match: str) -> No
 def test_ref_requires_the_algorithms_features() -> None:
     specs = {k: v for k, v in SPECS.items() if k != "loss_mask"}
     keys = {k: k for k in specs}
-    with pytest.raises(ValueError, match=r"missing required core features \['loss_mask'\]"):
+    with pytest.raises(ValueError, match=r"missing required features \['loss_mask'\]"):
         make_ref(feature_specs=specs, feature_keys=keys)
     with pytest.raises(ValueError, match="target_hidden_states"):
         make_ref(algorithm=FeatureAlgorithm.DSPARK)

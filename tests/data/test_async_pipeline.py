@@ -16,6 +16,7 @@ from featurestream import (
     PromptSource,
     SampleRefQueue,
 )
+from featurestream.pipeline.eagle3 import shift_left
 from featurestream.tools.models import TinyConfig, TinyTargetModel, prompt_batches
 
 CONFIG = TinyConfig(vocab_size=32, hidden_size=16, num_layers=3, num_heads=2, max_seq_len=16)
@@ -41,7 +42,8 @@ def test_an_iterable_of_tuples_and_bare_ids_is_streamed_then_the_queue_closes() 
     items: list[object] = [*source[:2], source[2][0]]
     with AsyncFeaturePipeline(producer, queue, iter(items)) as pipeline:
         got = drain(queue, store)
-    assert [g.tolist() for g in got] == [p[0].tolist() for p in source]
+    # The batches' input_ids are in the EAGLE-3 alignment: each prompt's shifted one token left.
+    assert [g.tolist() for g in got] == [shift_left(p[0]).tolist() for p in source]
     assert queue.is_closed and pipeline.produced == 3 and store.health().sample_count == 0
     with pytest.raises(RuntimeError, match=r"single-use"):
         pipeline.start()
@@ -55,7 +57,7 @@ def test_a_callable_source_with_six_tuples_until_none() -> None:
         if not remaining:
             return None
         ids, attention, loss = remaining.pop(0)
-        return ids, attention, loss, torch.arange(8)[None], torch.tensor([8]), torch.tensor([0])
+        return ids, attention, loss, torch.arange(8)[None], torch.tensor([[8]]), torch.zeros(1, 8, dtype=torch.long)
 
     pipeline = AsyncFeaturePipeline(producer, queue, source).start()
     assert pipeline.start() is pipeline, "start is idempotent while running"

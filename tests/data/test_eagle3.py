@@ -75,7 +75,8 @@ def test_batch_reads_by_attribute_and_by_name_in_schema_order() -> None:
 
 def test_to_trainer_inputs_gives_the_encoding_the_batch_carries() -> None:
     tensors = eagle3_sample(1)
-    assert list(Eagle3TargetBatch.from_tensors(tensors).to_trainer_inputs()) == [*CORE, "logits"]
+    inputs = Eagle3TargetBatch.from_tensors(tensors).to_trainer_inputs()
+    assert list(inputs) == [*CORE, "target_logits"] and inputs["target_logits"] is tensors["logits"]
     probs = {**{n: tensors[n] for n in CORE}, "target_probs": tensors["logits"], "position_mask": tensors["loss_mask"]}
     packing = {"position_ids": tensors["input_ids"], "seq_lens": torch.tensor([4]), "doc_remaining": torch.tensor([0])}
     packed = {**probs, **packing}

@@ -20,6 +20,7 @@ from featurestream import (
     SampleRef,
     SampleRefQueue,
 )
+from featurestream.pipeline.eagle3 import shift_left
 from featurestream.tools.models import TinyConfig, TinyTargetModel, prompt_batches
 
 from .helpers import eagle3_sample, put_eagle3
@@ -64,7 +65,11 @@ class TestProducer:
         assert ref.feature_names() == ("aux_hidden_states", "input_ids", "attention_mask", "loss_mask", "logits")
         logits, aux = target(input_ids, attention_mask)
         got, _ = store.get(ref)
-        assert torch.allclose(got["logits"], logits) and torch.allclose(got["aux_hidden_states"], aux)
+        # The EAGLE-3 alignment: logits, input_ids and loss_mask shifted one position left; the rest as given.
+        assert torch.allclose(got["logits"], shift_left(logits)) and torch.allclose(got["aux_hidden_states"], aux)
+        assert torch.equal(got["input_ids"], shift_left(input_ids))
+        assert torch.equal(got["loss_mask"], shift_left(loss_mask))
+        assert torch.equal(got["attention_mask"], attention_mask)
         assert got["aux_hidden_states"].shape == (2, 8, 3 * CONFIG.hidden_size)
         assert target.calls[0] == {
             "input_ids": True, "attention_mask": True, "loss_mask": True,
@@ -78,10 +83,10 @@ class TestProducer:
         ref = producer.produce(input_ids=input_ids, attention_mask=attention_mask, loss_mask=loss_mask)
         kept, _ = store.get(ref, copy=False)
         assert same_memory(kept["logits"], target.outputs[0].logits), "the fresh forward output is not copied"
-        assert not same_memory(kept["input_ids"], input_ids), "the caller still owns its inputs"
-        expected = input_ids.clone()
-        input_ids.fill_(0)
-        assert torch.equal(store.get(ref)[0]["input_ids"], expected)
+        assert not same_memory(kept["attention_mask"], attention_mask), "the caller still owns its inputs"
+        expected = attention_mask.clone()
+        attention_mask.fill_(0)  # passed through unshifted, so the stored one would be the caller's without a copy
+        assert torch.equal(store.get(ref)[0]["attention_mask"], expected)
 
     def test_packing_ids_factory_and_discard(self) -> None:
         target, store = RecordingTarget(), LocalFeatureStore()
@@ -90,8 +95,8 @@ class TestProducer:
         input_ids, attention_mask, loss_mask = prompt()
         packing = {
             "position_ids": torch.arange(8).repeat(2, 1),
-            "seq_lens": torch.tensor([8, 8]),
-            "doc_remaining": torch.zeros(2, dtype=torch.long),
+            "seq_lens": torch.tensor([[8], [8]]),
+            "doc_remaining": torch.arange(7, -1, -1).repeat(2, 1),
         }
         ref = producer.produce(input_ids=input_ids, attention_mask=attention_mask, loss_mask=loss_mask, **packing)
         assert ref.sample_id == "a" and seen == [1] and set(packing) <= set(ref.feature_names())
@@ -129,7 +134,7 @@ class TestProducer:
                 )  # fmt: skip
 
         producer = FeatureProducer(DraftVocabTarget(), store, run_id="r")
-        with pytest.raises(ValueError, match=r"without 'logits'"):
+        with pytest.raises(ValueError, match=r"requires .*\.logits.*without 'logits'"):
             producer.produce(input_ids=input_ids, attention_mask=attention_mask, loss_mask=loss_mask)
         assert store.health().sample_count == 0
 

@@ -21,7 +21,7 @@ from featurestream.queue import SampleRefQueue
 from featurestream.refs import FeatureAlgorithm
 from featurestream.stores.local import LocalFeatureStore
 
-from .tiny import FAMILIES, HIDDEN, VOCAB, hook_count, prompts, reference_forward, tiny_model
+from .tiny import FAMILIES, HIDDEN, VOCAB, hook_count, prompts, reference_forward, shifted, tiny_model
 
 
 def stream(target: HFEagle3TargetModel, *inputs: dict[str, torch.Tensor]) -> list[dict[str, torch.Tensor]]:
@@ -61,8 +61,9 @@ def test_streamed_features_equal_the_models_own_hidden_states_and_logits(family:
         assert got["logits"].shape == (batch, length, VOCAB)
         assert torch.equal(got["aux_hidden_states"], aux), "bit-for-bit the hidden_states[i + 1] of the aux layers"
         assert torch.equal(got["logits"], logits)
-        for name in ("input_ids", "attention_mask", "loss_mask"):
-            assert torch.equal(got[name], sent[name]), name
+        assert torch.equal(got["attention_mask"], sent["attention_mask"]), "attention_mask is not shifted"
+        for name in ("input_ids", "loss_mask"):
+            assert torch.equal(got[name], shifted(sent[name])), f"{name} in the EAGLE-3 alignment"
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen3"])
@@ -73,7 +74,7 @@ def test_explicit_layers_in_their_order_including_the_last(family: str) -> None:
     input_ids, attention_mask, loss_mask = prompts()
     got = target.generate_batch(input_ids=input_ids, attention_mask=attention_mask, loss_mask=loss_mask)
     aux, logits = reference_forward(model, (7, 0, 5), input_ids=input_ids, attention_mask=attention_mask)
-    # hidden_states[n] of a Hugging Face LM is the final-norm output; the wrapper matches it for layer n - 1.
+    # Layer n - 1's entry is its own output (as the reference's wrapper takes it), not hidden_states[n] (post-norm).
     assert torch.equal(got.aux_hidden_states, aux) and torch.equal(got.logits, logits)
 
 
@@ -197,30 +198,33 @@ def test_no_gradient_is_recorded() -> None:
     assert all(parameter.grad is None for parameter in model.parameters())
 
 
-def test_packing_metadata_passes_through_and_positions_reach_the_model() -> None:
+def test_packed_documents_attend_only_to_themselves_and_the_metadata_passes_through() -> None:
     model = tiny_model("qwen2")
     target = HFEagle3TargetModel(model)
     input_ids, _, loss_mask = prompts(batch=2, length=10)
     attention_mask = torch.ones_like(input_ids)
     packing = {
-        "position_ids": torch.tensor([[0, 1, 2, 3, 0, 1, 2, 0, 1, 2]] * 2),
-        "seq_lens": torch.tensor([[4, 3, 3]] * 2),
-        "doc_remaining": torch.tensor([[3, 2, 1, 0, 2, 1, 0, 2, 1, 0]] * 2),
+        "position_ids": torch.tensor([[0, 1, 2, 3, 0, 1, 2, 0, 1, 2], [0, 1, 2, 3, 4, 5, 0, 1, 2, 3]]),
+        "seq_lens": torch.tensor([[4, 3, 3], [6, 4, 0]]),
+        "doc_remaining": torch.tensor([[3, 2, 1, 0, 2, 1, 0, 2, 1, 0], [5, 4, 3, 2, 1, 0, 3, 2, 1, 0]]),
     }
     sent = {**as_inputs(input_ids, attention_mask, loss_mask), **packing}
     (got,) = stream(target, sent)
     for name, tensor in packing.items():
         assert torch.equal(got[name], tensor), name
-    aux, logits = reference_forward(
-        model,
-        target.aux_layer_ids,
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        position_ids=packing["position_ids"],
-    )
-    assert torch.equal(got["aux_hidden_states"], aux) and torch.equal(got["logits"], logits)
-    plain, _ = reference_forward(model, target.aux_layer_ids, input_ids=input_ids, attention_mask=attention_mask)
-    assert not torch.equal(aux, plain), "the restarting positions changed the forward"
+    # Each document's features are those of a forward over that document alone (close: another kernel shape);
+    # its last position holds the next document's first logits, which the shifted per-document ones leave zero.
+    for row, lengths in enumerate(packing["seq_lens"].tolist()):
+        start = 0
+        for length in (n for n in lengths if n):
+            document = input_ids[row : row + 1, start : start + length]
+            aux, logits = reference_forward(
+                model, target.aux_layer_ids, input_ids=document, attention_mask=torch.ones_like(document)
+            )
+            torch.testing.assert_close(got["aux_hidden_states"][row, start : start + length], aux[0])
+            torch.testing.assert_close(got["logits"][row, start : start + length - 1], logits[0, : length - 1])
+            start += length
+    assert torch.equal(got["input_ids"], shifted(input_ids)) and torch.equal(got["loss_mask"], shifted(loss_mask))
 
 
 def test_embeddings_and_vocab_mapping() -> None:
@@ -277,7 +281,7 @@ def test_the_producer_forwards_embeddings_and_vocab_mapping_to_the_backend() -> 
     assert ref.feature_specs["logits"].shape[-1] == VOCAB and ref.num_tokens == int(loss_mask.sum())
 
 
-def test_gpt2_layout_is_found_and_its_last_layer_is_the_final_norm_output() -> None:
+def test_gpt2_layout_is_found_and_its_last_layer_is_that_layers_own_output() -> None:
     import transformers
 
     config = transformers.GPT2Config(

@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 import transformers
 
+from featurestream.pipeline.hf import find_decoder_layers
+
 VOCAB = 128
 HIDDEN = 32
 
@@ -48,13 +50,39 @@ def prompts(batch: int = 2, length: int = 12, *, seed: int = 0) -> tuple[torch.T
     return input_ids, attention_mask, loss_mask
 
 
+def shifted(tensor: torch.Tensor) -> torch.Tensor:
+    """The EAGLE-3 token alignment: one position left along dim 1, the last position zero."""
+    return torch.cat([tensor[:, 1:], torch.zeros_like(tensor[:, :1])], dim=1)
+
+
 def reference_forward(
     model: torch.nn.Module, aux_layer_ids: tuple[int, ...], **inputs: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(aux_hidden_states, logits)`` from the model's own ``output_hidden_states=True`` forward."""
-    with torch.no_grad():
-        out = model(**inputs, output_hidden_states=True, use_cache=False)
-    return torch.cat([out.hidden_states[i + 1] for i in aux_layer_ids], dim=-1), out.logits
+    """``(aux_hidden_states, logits)`` an EAGLE-3 batch of the model must carry, from its own forward.
+
+    The aux states are ``output_hidden_states=True``'s ``hidden_states[i + 1]``, except for the last layer, whose
+    entry there is the final norm's output: its own output is recorded by a hook. The logits are shifted.
+    """
+    last = model.config.num_hidden_layers - 1
+    recorded: list[torch.Tensor] = []
+    handle = None
+    if last in aux_layer_ids:
+        layers = find_decoder_layers(model)
+        handle = layers[last].register_forward_hook(lambda module, args, output: recorded.append(output))
+    try:
+        with torch.no_grad():
+            out = model(**inputs, output_hidden_states=True, use_cache=False)
+    finally:
+        if handle is not None:
+            handle.remove()
+
+    def state(layer: int) -> torch.Tensor:
+        if layer != last:
+            return out.hidden_states[layer + 1]
+        output = recorded[0]
+        return output[0] if isinstance(output, tuple) else output
+
+    return torch.cat([state(i) for i in aux_layer_ids], dim=-1), shifted(out.logits)
 
 
 def hook_count(model: torch.nn.Module) -> int:

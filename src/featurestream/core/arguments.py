@@ -24,13 +24,16 @@ def check_queue_arguments(
     """Raise ``TypeError`` / ``ValueError`` naming the first bad argument a lease queue's constructor got.
 
     ``store`` a ``FeatureStore``; ``visibility_timeout`` ``None`` or a ``VisibilityTimeout``; the watermarks
-    ``None`` or counts, ``low < high`` when both are set (a non-empty hysteresis band); ``max_deliveries`` >= 1;
-    ``dedup_window`` and ``keep_dead_letter_bytes`` >= 0; ``reaper_interval`` ``None`` or > 0 seconds.
+    ``None`` or counts, the high one positive, ``low < high`` when both are set (a non-empty hysteresis band);
+    ``max_deliveries`` >= 1; ``dedup_window`` and ``keep_dead_letter_bytes`` >= 0; ``reaper_interval`` ``None``
+    or > 0 seconds.
     """
     if not isinstance(store, FeatureStore):
         raise TypeError(f"store must be a FeatureStore, got {type(store).__name__}")
     if visibility_timeout is not None and not isinstance(visibility_timeout, VisibilityTimeout):
         raise TypeError(f"visibility_timeout must be a VisibilityTimeout, got {visibility_timeout!r}")
+    if type(high_watermark_bytes) is int and high_watermark_bytes < 1:
+        raise ValueError(f"high_watermark_bytes must be positive, got {high_watermark_bytes!r}")
     check_count("high_watermark_bytes", high_watermark_bytes, allow_none=True)
     check_count("low_watermark_bytes", low_watermark_bytes, allow_none=True)
     if high_watermark_bytes is not None and low_watermark_bytes is not None:

@@ -175,7 +175,10 @@ class SampleRef:
             )
         missing = [name for name in REQUIRED_FEATURES[algorithm] if name not in keys]
         if missing:
-            raise ValueError(f"SampleRef for {algorithm.value} is missing required core features {missing}")
+            raise ValueError(
+                f"SampleRef for {algorithm.value} is missing required features {missing} (every {algorithm.value} "
+                f"sample carries {list(REQUIRED_FEATURES[algorithm])})"
+            )
         _require_count("schema_version", self.schema_version)
         _require_count("num_tokens", self.num_tokens)
         _require_count("estimated_bytes", self.estimated_bytes)

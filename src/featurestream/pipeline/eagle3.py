@@ -13,6 +13,14 @@ The reference's public names (``EAGLE3_*``, ``eagle3_logits_tensors``,
 (``CORE_FEATURES``, ``SCHEMA_VERSION``, ``validate_ref`` ...) are the same
 objects. Importing this module registers ``EAGLE3_SCHEMA``, the EAGLE-3
 ``AlgorithmSchema`` the producer and the loader look up.
+
+Token alignment (the reference's, which its EAGLE-3 trainer expects):
+``logits``, ``input_ids`` and ``loss_mask`` are shifted one position left
+with the last position zero-filled, so position ``t`` of a batch carries the
+target's logits, the token id and the loss mask of position ``t + 1`` next to
+``aux_hidden_states[t]``; ``aux_hidden_states``, ``attention_mask`` and the
+packing metadata keep the input's positions. ``Eagle3ForwardBackend`` (and so
+``HFEagle3TargetModel``) returns batches in this alignment.
 """
 
 from __future__ import annotations
@@ -47,6 +55,8 @@ __all__ = [
     "eagle3_logits_feature_specs",
     "eagle3_logits_tensors",
     "feature_tensors",
+    "packed_attention_allowed",
+    "shift_left",
     "validate_eagle3_packing_inputs",
     "validate_eagle3_ref",
     "validate_ref",
@@ -67,6 +77,9 @@ LOGITS_SUPERVISION = EAGLE3_LOGITS_SUPERVISION
 PROBS_SUPERVISION = EAGLE3_DRAFT_VOCAB_SUPERVISION
 PACKING_FEATURES = EAGLE3_PACKING_FEATURES
 FEATURE_ORDER = CORE_FEATURES + LOGITS_SUPERVISION + PROBS_SUPERVISION + PACKING_FEATURES
+
+# Features whose trainer keyword differs from the feature name.
+_TRAINER_KEYWORDS = {"logits": "target_logits"}
 
 _PACKING_TOGETHER = "pass position_ids, seq_lens, and doc_remaining together (packing metadata is all-or-none)"
 
@@ -153,8 +166,8 @@ def _logits_tensors(batch: object) -> dict[str, torch.Tensor]:
     tensors = feature_tensors(batch)
     if "logits" not in tensors:
         raise ValueError(
-            "the target backend returned a batch without 'logits' (a precomputed draft-vocab encoding "
-            "'target_probs' + 'position_mask'); FeatureProducer stores the logits encoding only"
+            "FeatureProducer requires batch.logits (it stores the logits encoding only), but the target backend "
+            "returned a batch without 'logits' (a precomputed draft-vocab encoding 'target_probs' + 'position_mask')"
         )
     return tensors
 
@@ -245,12 +258,14 @@ class Eagle3TargetBatch:
         return feature_tensors(self)
 
     def to_trainer_inputs(self) -> dict[str, torch.Tensor]:
-        """The draft trainer's forward keywords for the encoding this batch carries.
+        """The draft trainer's forward keywords for the encoding this batch carries, named as the reference's
+        EAGLE-3 trainer takes them.
 
-        The core features, then ``logits`` or ``target_probs`` + ``position_mask``,
-        then the packing metadata when present; absent (``None``) features are left out.
+        The core features, then ``target_logits`` (the ``logits``) or
+        ``target_probs`` + ``position_mask``, then the packing metadata when
+        present; absent (``None``) features are left out.
         """
-        return self.tensors()
+        return {_TRAINER_KEYWORDS.get(name, name): tensor for name, tensor in self.tensors().items()}
 
     def __getitem__(self, name: str) -> torch.Tensor:
         value = getattr(self, name, None) if name in FEATURE_ORDER else None
@@ -297,14 +312,42 @@ class Eagle3TargetBackend(abc.ABC):
         raise NotImplementedError(f"{type(self).__name__} has no draft-vocabulary mapping")
 
 
+def shift_left(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor [B, T, ...]`` moved one position left along ``T``, the last position zero: a new tensor."""
+    shifted = torch.zeros_like(tensor)
+    shifted[:, :-1] = tensor[:, 1:]
+    return shifted
+
+
+def packed_attention_allowed(seq_lens: torch.Tensor, length: int) -> torch.Tensor:
+    """``[B, T, T]`` bool: which key ``k`` query ``q`` of a packed row may attend to (causal, same document).
+
+    ``seq_lens [B, D]`` holds each row's document lengths, zero-padded; each
+    row must sum to ``length`` (trailing padding belongs to the last document),
+    else ``ValueError`` naming the sums.
+    """
+    if seq_lens.dim() != 2:
+        raise ValueError(f"seq_lens must be [batch, documents], got shape {tuple(seq_lens.shape)}")
+    sums = seq_lens.sum(dim=1)
+    if bool((sums != length).any()):
+        raise ValueError(f"each row of seq_lens must sum to the sequence length {length}, got {sums.tolist()}")
+    positions = torch.arange(length, device=seq_lens.device)
+    ends = seq_lens.cumsum(dim=1)
+    # A position's document: how many documents end at or before it (zero-length padding entries end nothing new).
+    document = (ends[:, None, :] <= positions[None, :, None]).sum(dim=2)
+    causal = torch.ones(length, length, dtype=torch.bool, device=seq_lens.device).tril()
+    return (document[:, :, None] == document[:, None, :]) & causal
+
+
 class Eagle3ForwardBackend(Eagle3TargetBackend):
     """An ``Eagle3TargetBackend`` defined by one forward: subclasses implement ``forward_features``.
 
     ``generate_batch`` runs ``forward_features(input_ids, attention_mask,
-    position_ids)`` under ``torch.no_grad()`` and returns an
-    ``Eagle3TargetBatch`` of its ``aux_hidden_states`` and ``logits``, with
-    every input passed through as given (``loss_mask``, ``seq_lens`` and
-    ``doc_remaining`` are never seen by the model).
+    position_ids, seq_lens)`` under ``torch.no_grad()`` and returns an
+    ``Eagle3TargetBatch`` in the EAGLE-3 token alignment (module docstring):
+    ``logits``, ``input_ids`` and ``loss_mask`` shifted left, the
+    ``aux_hidden_states``, ``attention_mask`` and packing metadata as they
+    are (``loss_mask`` and ``doc_remaining`` are never seen by the model).
     """
 
     def generate_batch(
@@ -317,15 +360,15 @@ class Eagle3ForwardBackend(Eagle3TargetBackend):
         seq_lens: torch.Tensor | None = None,
         doc_remaining: torch.Tensor | None = None,
     ) -> Eagle3TargetBatch:
-        """One no-grad forward over the batch: EAGLE-3 supervision with logits, the inputs passed through."""
+        """One no-grad forward over the batch: EAGLE-3 supervision with logits, in the EAGLE-3 token alignment."""
         with torch.no_grad():
-            aux_hidden_states, logits = self.forward_features(input_ids, attention_mask, position_ids)
+            aux_hidden_states, logits = self.forward_features(input_ids, attention_mask, position_ids, seq_lens)
         return Eagle3TargetBatch(
             aux_hidden_states=aux_hidden_states,
-            input_ids=input_ids,
+            input_ids=shift_left(input_ids),
             attention_mask=attention_mask,
-            loss_mask=loss_mask,
-            logits=logits,
+            loss_mask=shift_left(loss_mask),
+            logits=shift_left(logits),
             position_ids=position_ids,
             seq_lens=seq_lens,
             doc_remaining=doc_remaining,
@@ -333,9 +376,14 @@ class Eagle3ForwardBackend(Eagle3TargetBackend):
 
     @abc.abstractmethod
     def forward_features(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor | None
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        position_ids: torch.Tensor | None,
+        seq_lens: torch.Tensor | None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(aux_hidden_states [B, T, 3H], logits [B, T, V])`` for ``input_ids [B, T]``, as fresh tensors."""
+        """``(aux_hidden_states [B, T, 3H], logits [B, T, V])`` for ``input_ids [B, T]``, as fresh tensors in the
+        input's positions (not shifted); with ``seq_lens`` (packing) each document attends to itself only."""
 
 
 EAGLE3_SCHEMA = register(
@@ -350,5 +398,7 @@ EAGLE3_SCHEMA = register(
         check_inputs=_check_inputs,
         batch_type=Eagle3TargetBatch,
         backend_type=Eagle3TargetBackend,
+        reference_backend_type="nemo_automodel.components.speculative.eagle.backend.Eagle3TargetBackend",
+        reference_batch_type="nemo_automodel.components.speculative.eagle.target.Eagle3TargetBatch",
     )
 )

@@ -3,18 +3,27 @@
 ``HFEagle3TargetModel(model)`` wraps an ``AutoModelForCausalLM``-style model
 (Llama, Qwen2/3, Mistral, Gemma, ...) so that ``FeatureProducer`` can drive
 it: each ``generate_batch`` call runs one no-grad forward in eval mode and
-returns an ``Eagle3TargetBatch`` with
+returns an ``Eagle3TargetBatch`` equal, tensor for tensor, to what the
+reference's ``HFEagle3TargetModel.generate_batch`` returns for the same model
+and inputs:
 
 - ``aux_hidden_states`` ``[B, T, 3H]``: the outputs of the three auxiliary
   decoder layers, captured with forward hooks (never with
   ``output_hidden_states=True``, which would keep every layer's states
-  alive), concatenated on the last axis in the order of ``aux_layer_ids``.
-  Layer ``i``'s entry equals ``model(..., output_hidden_states=True)
-  .hidden_states[i + 1]`` bit for bit;
-- ``logits`` ``[B, T, V]``: the LM head's logits, as the model returns them
-  (full target vocabulary, the model's dtype);
-- ``input_ids``, ``attention_mask``, ``loss_mask`` and the packing metadata
-  ``position_ids``, ``seq_lens``, ``doc_remaining``: passed through as given.
+  alive), concatenated on the last axis in the order of ``aux_layer_ids``;
+  not shifted;
+- ``logits`` ``[B, T, V]``, ``input_ids`` and ``loss_mask``: shifted one
+  position left, the last position zero (the EAGLE-3 token alignment, see
+  ``featurestream.pipeline.eagle3``): position ``t`` carries the LM head's
+  logits, the token id and the loss mask of position ``t + 1``;
+- ``attention_mask`` and the packing metadata ``position_ids``, ``seq_lens``,
+  ``doc_remaining``: passed through as given.
+
+With packing (``seq_lens`` given) each packed document attends only to
+itself: the model gets the per-document ``position_ids`` and a ``[B, 1, T,
+T]`` block-causal additive mask built from ``seq_lens`` (``attention_mask``
+is not fed to the model then), or, for a FlashAttention model, no mask at all
+(batch size 1), FlashAttention finding the documents from ``position_ids``.
 
 Recipe::
 
@@ -27,6 +36,7 @@ Recipe::
 
 from __future__ import annotations
 
+import inspect
 import numbers
 import threading
 from collections.abc import Sequence
@@ -43,7 +53,7 @@ except ImportError as exc:
         "pip install 'featurestream[hf]'"
     ) from exc
 
-from featurestream.pipeline.eagle3 import Eagle3ForwardBackend
+from featurestream.pipeline.eagle3 import Eagle3ForwardBackend, packed_attention_allowed
 
 __all__ = ["HFEagle3TargetModel", "default_aux_layer_ids", "find_decoder_layers"]
 
@@ -94,8 +104,8 @@ def _num_hidden_layers(model: nn.Module) -> int | None:
     return value if isinstance(value, int) else None
 
 
-def find_decoder_layers(model: nn.Module) -> tuple[nn.Module, nn.ModuleList]:
-    """``(owner, layers)``: the decoder layer list of a Hugging Face causal LM and the module holding it.
+def find_decoder_layers(model: nn.Module) -> nn.ModuleList:
+    """The decoder layer list of a Hugging Face causal LM.
 
     Tries the usual attribute paths (``model.layers``, ``transformer.h``, ...),
     then the shallowest ``nn.ModuleList`` as long as the config's
@@ -104,14 +114,12 @@ def find_decoder_layers(model: nn.Module) -> tuple[nn.Module, nn.ModuleList]:
     for path in _LAYER_PATHS:
         layers = _resolve(model, path)
         if isinstance(layers, nn.ModuleList) and len(layers) > 0:
-            owner_path = path.rpartition(".")[0]
-            return _resolve(model, owner_path), layers
+            return layers
     expected = _num_hidden_layers(model)
     if expected is not None:
-        for name, module in model.named_modules():
+        for module in model.modules():
             if isinstance(module, nn.ModuleList) and len(module) == expected:
-                owner = model.get_submodule(name.rpartition(".")[0]) if "." in name else model
-                return owner, module
+                return module
     raise ValueError(
         f"cannot find the decoder layers of {type(model).__name__}: none of {list(_LAYER_PATHS)} is a "
         f"non-empty nn.ModuleList, and no nn.ModuleList has config.num_hidden_layers={expected} entries"
@@ -155,9 +163,9 @@ class HFEagle3TargetModel(Eagle3ForwardBackend):
 
     ``aux_layer_ids``: three distinct decoder-layer indices (low, mid, high),
     default the EAGLE-3 recipe ``[1, n//2 - 1, n - 4]``; ``ValueError`` for
-    anything else. For the last layer (``n - 1``) the captured state is the
-    decoder stack's final-norm output, which is what Hugging Face returns as
-    ``hidden_states[n]``; every other layer's is the raw layer output.
+    anything else. Each captured state is the layer's own output, also for
+    the last layer (``n - 1``), where Hugging Face's ``hidden_states[n]`` is
+    the final norm's output instead.
 
     Each forward runs under ``torch.no_grad()`` in eval mode (every
     submodule's train/eval flag is restored afterwards, also on error); its
@@ -177,7 +185,7 @@ class HFEagle3TargetModel(Eagle3ForwardBackend):
                 "load it with AutoModelForCausalLM, not AutoModel"
             )
         self.model = model
-        self._owner, self._layers = find_decoder_layers(model)
+        self._layers = find_decoder_layers(model)
         self.num_layers = len(self._layers)
         self.aux_layer_ids: tuple[int, int, int] = (
             default_aux_layer_ids(self.num_layers)
@@ -235,23 +243,67 @@ class HFEagle3TargetModel(Eagle3ForwardBackend):
         self.selected_token_mask = selected_token_mask
 
     def forward_features(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor | None
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        position_ids: torch.Tensor | None,
+        seq_lens: torch.Tensor | None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``(aux_hidden_states, logits)`` of one eval forward over ``input_ids [B, T]``: fresh tensors on the
-        model's device.
+        model's device, not shifted.
 
-        ``input_ids``, ``attention_mask`` and ``position_ids`` (when given,
-        e.g. positions restarting per packed document) are fed to the model on
-        its device; ``generate_batch`` passes ``loss_mask``, ``seq_lens`` and
-        ``doc_remaining`` through.
+        Without ``seq_lens`` the model gets ``input_ids`` and
+        ``attention_mask``; with it (packing), the per-document
+        ``position_ids`` and the block-causal mask of ``seq_lens`` (see the
+        module docstring). ``ValueError`` for packing without
+        ``position_ids``, a model whose forward takes none, or a FlashAttention
+        model given a batch of more than one row.
         """
         with self._lock:
-            return self._forward(input_ids, attention_mask, position_ids)
+            return self._forward(input_ids, attention_mask, position_ids, seq_lens)
+
+    def _model_inputs(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        position_ids: torch.Tensor | None,
+        seq_lens: torch.Tensor | None,
+    ) -> dict[str, Any]:
+        device = self.get_input_embeddings().weight.device
+        inputs: dict[str, Any] = {"input_ids": input_ids.to(device)}
+        if seq_lens is None:
+            inputs["attention_mask"] = attention_mask.to(device)
+            return inputs
+        if position_ids is None or "position_ids" not in inspect.signature(self.model.forward).parameters:
+            raise ValueError(
+                f"packed inputs (seq_lens given) need per-document position_ids and a model whose forward takes them; "
+                f"got position_ids={'None' if position_ids is None else 'a tensor'} for {type(self.model).__name__}"
+            )
+        inputs["position_ids"] = position_ids.to(device)
+        implementation = getattr(self.config, "_attn_implementation", None) or ""
+        if "flash" in implementation:
+            if input_ids.shape[0] != 1:
+                raise ValueError(
+                    f"packed inputs on a FlashAttention model ({implementation}) take one row per batch (it finds the "
+                    f"documents from position_ids), got {input_ids.shape[0]} rows; load the model with "
+                    "attn_implementation='sdpa' to pack more"
+                )
+            inputs["attention_mask"] = None
+            return inputs
+        allowed = packed_attention_allowed(seq_lens.to(device), input_ids.shape[1])
+        dtype = next(self.model.parameters()).dtype
+        blocked = torch.full(allowed.shape, torch.finfo(dtype).min, dtype=dtype, device=device)
+        inputs["attention_mask"] = blocked.masked_fill_(allowed, 0.0).unsqueeze(1)
+        return inputs
 
     def _forward(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor | None
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        position_ids: torch.Tensor | None,
+        seq_lens: torch.Tensor | None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        device = self.get_input_embeddings().weight.device
+        inputs = self._model_inputs(input_ids, attention_mask, position_ids, seq_lens)
         # One [B, T, 3H] buffer, filled slot by slot as the hooked layers run: a single copy of each state,
         # taken at once (so a later layer cannot modify it in place under us), and no concatenation afterwards.
         buffer: list[torch.Tensor] = []
@@ -272,16 +324,8 @@ class HFEagle3TargetModel(Eagle3ForwardBackend):
         modes = [(module, module.training) for module in self.model.modules()]
         try:
             for slot, layer_id in enumerate(self.aux_layer_ids):
-                # HF's hidden_states[n] is the stack's final-norm output, not the last layer's raw output.
-                module = self._owner if layer_id == self.num_layers - 1 else self._layers[layer_id]
-                handles.append(module.register_forward_hook(capture(slot)))
+                handles.append(self._layers[layer_id].register_forward_hook(capture(slot)))
             self.model.eval()
-            inputs: dict[str, Any] = {
-                "input_ids": input_ids.to(device),
-                "attention_mask": attention_mask.to(device),
-            }
-            if position_ids is not None:
-                inputs["position_ids"] = position_ids.to(device)
             with torch.no_grad():
                 outputs = self.model(**inputs, use_cache=False, output_hidden_states=False, return_dict=True)
         finally:

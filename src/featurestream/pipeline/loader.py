@@ -73,7 +73,9 @@ class FeatureDataLoader:
       padding) into a ``batch_type``.
     - ``batch_type``: the class batches are built as, from the tensors by
       keyword (through its ``from_tensors`` classmethod when it has one);
-      e.g. a recipe's own ``Eagle3TargetBatch``.
+      e.g. a recipe's own ``Eagle3TargetBatch``. By default the schema's,
+      and also the reference package's batch class when that is imported
+      in this process (``AlgorithmSchema.default_batch_type``).
     - ``device`` / ``non_blocking``: where samples are materialised; with
       ``non_blocking`` and a CUDA device, the copy is pinned and asynchronous
       and the trainer's current stream waits for it at hand-off.
@@ -135,7 +137,7 @@ class FeatureDataLoader:
         self.queue = queue
         self.store = store
         self.algorithm = schema.algorithm
-        self.batch_type = batch_type or schema.batch_type
+        self.batch_type = batch_type or schema.default_batch_type()
         self.acquire_poll_interval = acquire_poll_interval
         self.prefetch = prefetch
         self.batch_size = batch_size

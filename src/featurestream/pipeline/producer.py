@@ -27,7 +27,8 @@ class TargetBackend(Protocol):
     (or mapping) with the schema's features; for EAGLE-3
     ``aux_hidden_states, input_ids, attention_mask, loss_mask, logits``.
     The algorithm is inferred from the backend's base class (for EAGLE-3,
-    ``featurestream.eagle3.Eagle3TargetBackend``); any other backend needs
+    ``featurestream.eagle3.Eagle3TargetBackend`` or the reference package's
+    ``Eagle3TargetBackend``); any other backend needs
     ``FeatureProducer(..., algorithm=...)``.
     """
 
@@ -71,6 +72,9 @@ class FeatureProducer:
         draft_weight_version: str = "0",
         sample_id_factory: Callable[[int], str] | None = None,
     ) -> None:
+        # The run_id comes first, as in the reference: a recipe's bad run_id is reported whatever its backend.
+        if not isinstance(run_id, str) or not run_id:
+            raise ValueError(f"run_id must be a non-empty str, got {run_id!r}")
         schema = _infer_schema(target_backend) if algorithm is None else schema_for(algorithm)
         if not callable(getattr(target_backend, "generate_batch", None)):
             raise TypeError(
@@ -78,8 +82,6 @@ class FeatureProducer:
             )
         if not isinstance(store, FeatureStore):
             raise TypeError(f"store must be a FeatureStore, got {type(store).__name__}")
-        if not isinstance(run_id, str) or not run_id:
-            raise ValueError(f"run_id must be a non-empty str, got {run_id!r}")
         if sample_id_factory is not None and not callable(sample_id_factory):
             raise TypeError(f"sample_id_factory must be callable as factory(n) -> str, got {sample_id_factory!r}")
         self.target_backend = target_backend
@@ -211,12 +213,16 @@ def _infer_schema(backend: object) -> AlgorithmSchema:
     """The schema whose backend base class ``backend`` is an instance of; ``ValueError`` when none is."""
     schemas = registered_schemas().values()
     for schema in schemas:
-        if schema.backend_type is not None and isinstance(backend, schema.backend_type):
+        if schema.is_backend(backend):
             return schema
     bases = ", ".join(
-        f"{s.backend_type.__module__}.{s.backend_type.__qualname__} for {s.algorithm}"
+        f"{name} for {s.algorithm}"
         for s in schemas
-        if s.backend_type is not None
+        for name in (
+            None if s.backend_type is None else f"{s.backend_type.__module__}.{s.backend_type.__qualname__}",
+            s.reference_backend_type,
+        )
+        if name is not None
     )
     raise ValueError(
         f"cannot infer FeatureAlgorithm for target_backend of type {type(backend).__name__}: it subclasses none "

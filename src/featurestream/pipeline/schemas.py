@@ -26,7 +26,9 @@ The producer, the loader and the stores then handle DFlash samples unchanged.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
+import sys
 import threading
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -62,7 +64,15 @@ class AlgorithmSchema:
     - ``batch_type``: the default batch class a loader yields; it has a
       ``from_tensors(mapping)`` classmethod and a ``to_trainer_inputs()`` method;
     - ``backend_type``: the base class of this algorithm's target backends
-      (``FeatureProducer`` infers the algorithm from it), or ``None``.
+      (``FeatureProducer`` infers the algorithm from it), or ``None``;
+    - ``reference_backend_type``: the dotted name (``package.module.Class``)
+      of another package's backend base class that also implies this
+      algorithm. It is matched by name against a backend's MRO, so that
+      package is never imported by featurestream;
+    - ``reference_batch_type``: the dotted name of another package's batch
+      class. When its module is already imported in the loader's process,
+      ``default_batch_type()`` returns a subclass of both ``batch_type`` and
+      that class (see ``docs/compatibility.md``).
     """
 
     algorithm: FeatureAlgorithm
@@ -75,6 +85,8 @@ class AlgorithmSchema:
     check_inputs: Callable[[Mapping[str, torch.Tensor | None]], None]
     batch_type: type
     backend_type: type | None = None
+    reference_backend_type: str | None = None
+    reference_batch_type: str | None = None
 
     def __post_init__(self) -> None:
         algorithm = FeatureAlgorithm(self.algorithm)
@@ -100,6 +112,10 @@ class AlgorithmSchema:
                 raise TypeError(f"batch_type {self.batch_type.__name__} has no {name}()")
         if self.backend_type is not None and not isinstance(self.backend_type, type):
             raise TypeError(f"backend_type must be a class or None, got {self.backend_type!r}")
+        for name in ("reference_backend_type", "reference_batch_type"):
+            dotted = getattr(self, name)
+            if dotted is not None and (not isinstance(dotted, str) or "." not in dotted.strip(".")):
+                raise ValueError(f"AlgorithmSchema.{name} must be a dotted 'module.Class' name or None, got {dotted!r}")
 
     @property
     def feature_order(self) -> tuple[str, ...]:
@@ -109,6 +125,46 @@ class AlgorithmSchema:
     def make_batch(self, tensors: Mapping[str, torch.Tensor], batch_type: type | None = None) -> Any:
         """A batch of ``batch_type`` (default ``self.batch_type``) from name -> tensor; see ``make_batch``."""
         return make_batch(tensors, batch_type or self.batch_type)
+
+    def is_backend(self, backend: object) -> bool:
+        """Whether ``backend`` is one of this algorithm's target backends: an instance of ``backend_type``, or of
+        a class named ``reference_backend_type`` (compared by module and qualified name along its MRO)."""
+        if self.backend_type is not None and isinstance(backend, self.backend_type):
+            return True
+        if self.reference_backend_type is None:
+            return False
+        module, _, name = self.reference_backend_type.rpartition(".")
+        return any(base.__module__ == module and base.__qualname__ == name for base in type(backend).__mro__)
+
+    def default_batch_type(self) -> type:
+        """The class a loader builds batches as when it is given none.
+
+        ``batch_type``, unless the module of ``reference_batch_type`` is already
+        imported in this process (a recipe written for that package runs here):
+        then a subclass of both, so the recipe's ``isinstance`` checks against
+        its own class pass and featurestream's methods stay available.
+        """
+        if self.reference_batch_type is None:
+            return self.batch_type
+        module_name, _, name = self.reference_batch_type.rpartition(".")
+        module = sys.modules.get(module_name)
+        reference = getattr(module, name, None) if module is not None else None
+        if not isinstance(reference, type) or issubclass(self.batch_type, reference):
+            return self.batch_type
+        return _batch_type_of_both(self.batch_type, reference)
+
+
+@functools.cache
+def _batch_type_of_both(own: type, reference: type) -> type:
+    """One class per pair, so batches of two loaders are of the same type."""
+    return type(
+        own.__name__,
+        (own, reference),
+        {
+            "__module__": own.__module__,
+            "__doc__": f"A {own.__qualname__} that is also a {reference.__module__}.{reference.__qualname__}.",
+        },
+    )
 
 
 def make_batch(tensors: Mapping[str, torch.Tensor], batch_type: type) -> Any:

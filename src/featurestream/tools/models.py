@@ -4,7 +4,9 @@
 self-attention, learned positions). Its ``generate_batch`` implements the
 producer's backend protocol: one forward, returning the hidden states of a
 low, a middle and the top layer concatenated (``aux_hidden_states``,
-``[B, T, 3H]``) and the logits (``[B, T, V]``).
+``[B, T, 3H]``) and the logits (``[B, T, V]``), in the EAGLE-3 token
+alignment (``logits``, ``input_ids`` and ``loss_mask`` shifted one position
+left, see ``featurestream.pipeline.eagle3``).
 
 ``tiny_hf_causal_lm`` builds the same-sized target from a real Hugging Face
 architecture (Llama, Qwen2, Qwen3, Mistral; random init, no download; needs
@@ -13,10 +15,11 @@ architecture (Llama, Qwen2, Qwen3, Mistral; random init, no download; needs
 
 ``TinyEagle3Draft`` is the EAGLE-3 recipe shrunk down: it fuses the three
 target layers into one feature per position, combines the feature at ``t``
-with the embedding of token ``t+1``, runs one causal decoder layer and
-predicts the target's next-token distribution at ``t+1``. Its loss is the
-soft cross-entropy against the target's distribution, masked by
-``loss_mask`` (and ``position_mask`` with ``target_probs`` supervision).
+with the embedding of token ``t+1`` (the batch's shifted ``input_ids[t]``),
+runs one causal decoder layer and predicts the target's distribution at
+``t+1`` (the shifted ``logits[t]``). Its loss is the soft cross-entropy
+against the target's distribution, masked by the shifted ``loss_mask`` and
+``attention_mask`` (and ``position_mask`` with ``target_probs`` supervision).
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from featurestream.pipeline.eagle3 import Eagle3ForwardBackend, Eagle3TargetBatch
+from featurestream.pipeline.eagle3 import Eagle3ForwardBackend, Eagle3TargetBatch, packed_attention_allowed
 
 __all__ = ["HF_FAMILIES", "TinyConfig", "TinyEagle3Draft", "TinyTargetModel", "prompt_batches", "tiny_hf_causal_lm"]
 
@@ -79,16 +82,15 @@ class _Block(nn.Module):
         self.norm2 = nn.LayerNorm(hidden)
         self.mlp = nn.Sequential(nn.Linear(hidden, 4 * hidden), nn.GELU(), nn.Linear(4 * hidden, hidden))
 
-    def forward(self, x: torch.Tensor, key_mask: torch.Tensor | None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, allowed: torch.Tensor | None) -> torch.Tensor:
+        """``allowed [B, T, T]``: which keys each query may attend to (it must include the query itself);
+        ``None``: plain causal attention."""
         batch, length, hidden = x.shape
         q, k, v = self.qkv(self.norm1(x)).view(batch, length, 3, self.heads, -1).permute(2, 0, 3, 1, 4)
-        if key_mask is None:
+        if allowed is None:
             attended = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         else:
-            causal = torch.ones(length, length, dtype=torch.bool, device=x.device).tril()
-            # A padded query row would see no key at all; letting it see itself keeps softmax finite.
-            allowed = (causal & key_mask[:, None, None, :]) | torch.eye(length, dtype=torch.bool, device=x.device)
-            attended = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
+            attended = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed[:, None])
         x = x + self.proj(attended.transpose(1, 2).reshape(batch, length, hidden))
         return x + self.mlp(self.norm2(x))
 
@@ -115,18 +117,29 @@ class TinyTargetModel(nn.Module, Eagle3ForwardBackend):
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.Tensor | None = None,
+        seq_lens: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(logits [B, T, V], aux_hidden_states [B, T, 3H])`` for ``input_ids [B, T]``."""
+        """``(logits [B, T, V], aux_hidden_states [B, T, 3H])`` for ``input_ids [B, T]``, not shifted.
+
+        With ``seq_lens`` (packing) each document attends to itself only and ``attention_mask`` is not used.
+        """
         length = input_ids.shape[1]
         if length > self.config.max_seq_len:
             raise ValueError(f"sequence length {length} exceeds max_seq_len {self.config.max_seq_len}")
         if position_ids is None:
             position_ids = torch.arange(length, device=input_ids.device).expand_as(input_ids)
-        key_mask = None if attention_mask is None or bool(attention_mask.all()) else attention_mask.bool()
+        allowed = None
+        if seq_lens is not None:
+            allowed = packed_attention_allowed(seq_lens.to(input_ids.device), length)
+        elif attention_mask is not None and not bool(attention_mask.all()):
+            causal = torch.ones(length, length, dtype=torch.bool, device=input_ids.device).tril()
+            # A padded query row would see no key at all; letting it see itself keeps softmax finite.
+            itself = torch.eye(length, dtype=torch.bool, device=input_ids.device)
+            allowed = (causal & attention_mask.bool()[:, None, :]) | itself
         x = self.embed(input_ids) + self.positions(position_ids)
         taps = []
         for index, block in enumerate(self.blocks):
-            x = block(x, key_mask)
+            x = block(x, allowed)
             if index in self.config.aux_layers:
                 taps.append(x)
         return self.lm_head(self.norm(x)), torch.cat(taps, dim=-1)
@@ -136,10 +149,15 @@ class TinyTargetModel(nn.Module, Eagle3ForwardBackend):
         return self.embed
 
     def forward_features(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor | None
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        position_ids: torch.Tensor | None,
+        seq_lens: torch.Tensor | None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(aux_hidden_states, logits)``: what ``generate_batch`` (the producer's backend protocol) stores."""
-        logits, aux_hidden_states = self(input_ids, attention_mask, position_ids)
+        """``(aux_hidden_states, logits)``, not shifted: ``generate_batch`` (the producer's backend protocol)
+        aligns them."""
+        logits, aux_hidden_states = self(input_ids, attention_mask, position_ids, seq_lens)
         return aux_hidden_states, logits
 
 
@@ -200,23 +218,28 @@ class TinyEagle3Draft(nn.Module):
             self.lm_head = nn.Linear(hidden, config.vocab_size, bias=False)
 
     def forward(self, aux_hidden_states: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
-        """Logits ``[B, T-1, V]``: position ``t`` predicts the target's distribution at ``t+1``."""
-        feature = self.fuse(aux_hidden_states[:, :-1])
-        token = self.embed(input_ids[:, 1:])
+        """Logits ``[B, T, V]`` from a batch in the EAGLE-3 alignment: position ``t`` combines the target's
+        feature at ``t`` with ``input_ids[t]`` (token ``t+1``) and predicts the target's distribution at ``t+1``."""
+        feature = self.fuse(aux_hidden_states)
+        token = self.embed(input_ids)
         x = self.block(self.combine(torch.cat([token, feature], dim=-1)), None)
         return self.lm_head(self.norm(x))
 
     def loss(self, batch: Eagle3TargetBatch) -> torch.Tensor:
-        """Masked soft cross-entropy between the draft's and the target's next-token distributions."""
+        """Masked soft cross-entropy between the draft's and the target's next-token distributions.
+
+        ``batch.logits`` / ``target_probs`` and ``loss_mask`` are already shifted (``logits[t]`` is the
+        target's at ``t+1``; the zero-filled last position has ``loss_mask`` 0); ``attention_mask`` is not,
+        and masks the positions whose feature is padding."""
         logits = self(batch.aux_hidden_states, batch.input_ids)
         if batch.logits is not None:
-            target = batch.logits[:, 1:].float().softmax(dim=-1)
-            mask = batch.loss_mask[:, 1:].float()
+            target = batch.logits.float().softmax(dim=-1)
+            mask = batch.loss_mask.float()
         else:
             assert batch.target_probs is not None and batch.position_mask is not None
-            target = batch.target_probs[:, 1:].float()
-            mask = batch.loss_mask[:, 1:].float() * batch.position_mask[:, 1:].float()
-        mask = mask * batch.attention_mask[:, 1:].float()
+            target = batch.target_probs.float()
+            mask = batch.loss_mask.float() * batch.position_mask.float()
+        mask = mask * batch.attention_mask.float()
         per_token = -(target * logits.log_softmax(dim=-1)).sum(dim=-1)
         return (per_token * mask).sum() / mask.sum().clamp(min=1.0)
 

@@ -1,0 +1,264 @@
+"""Side by side with the real reference package: its target backends, its batch class, its core behaviours.
+
+A recipe switched to featurestream keeps the reference's EAGLE-3 backends (they live outside its streaming
+package) and its ``Eagle3TargetBatch`` checks; each test runs the recipe's code against featurestream and, where
+the two should agree, against the reference too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import featurestream
+from featurestream.backends.redis.wire import ref_to_json
+from featurestream.eagle3 import Eagle3TargetBatch
+from featurestream.loader import FeatureDataLoader
+from featurestream.producer import FeatureProducer
+from featurestream.queue import SampleRefQueue
+from featurestream.refs import FeatureAlgorithm, SampleRef
+from featurestream.stores.local import LocalFeatureStore
+from featurestream.stores.shared_dir import SharedDirFeatureStore
+from featurestream.tools.models import TinyConfig, tiny_hf_causal_lm
+
+from .conftest import Reference
+from .recipe import EchoTarget, prompt, sample_tensors
+
+CONFIG = TinyConfig(vocab_size=64, hidden_size=32, num_layers=4, num_heads=4, max_seq_len=32)
+
+
+def reference_echo(reference: Reference, *, draft_vocab: bool = False) -> Any:
+    """``recipe.EchoTarget`` rebased on the reference's ``Eagle3TargetBackend``, returning its ``Eagle3TargetBatch``."""
+
+    class ReferenceEcho(reference.backend.Eagle3TargetBackend):  # type: ignore[name-defined,misc]
+        def __init__(self) -> None:
+            self.inner = EchoTarget()
+
+        def generate_batch(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, loss_mask: torch.Tensor,
+                           **packing: torch.Tensor | None) -> Any:  # fmt: skip
+            ours = self.inner.generate_batch(
+                input_ids=input_ids, attention_mask=attention_mask, loss_mask=loss_mask, **packing
+            )
+            fields = {name: getattr(ours, name) for name in ours.keys()}
+            if draft_vocab:
+                fields["target_probs"] = fields.pop("logits").softmax(-1)
+                fields["position_mask"] = torch.ones_like(loss_mask)
+            return reference.target.Eagle3TargetBatch(**fields)
+
+        def get_input_embeddings(self) -> torch.nn.Module:
+            return self.inner.get_input_embeddings()
+
+    return ReferenceEcho()
+
+
+def test_featurestream_never_imports_the_reference() -> None:
+    code = (
+        "import sys, featurestream, featurestream.producer, featurestream.loader, featurestream.hf, "
+        "featurestream.async_pipeline\n"
+        "print(sorted(name for name in sys.modules if name.startswith('nemo_automodel')))"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "[]"
+
+
+def test_the_reference_modules_a_recipe_imports_import_on_cpu(reference: Reference) -> None:
+    assert reference.backend.Eagle3TargetBackend.__module__ == "nemo_automodel.components.speculative.eagle.backend"
+    assert reference.target.Eagle3TargetBatch.__module__ == "nemo_automodel.components.speculative.eagle.target"
+    assert issubclass(reference.target.HFEagle3TargetModel, reference.backend.Eagle3TargetBackend)
+    for name in ("SampleRefQueue", "FeatureProducer", "FeatureDataLoader", "LocalFeatureStore"):
+        assert hasattr(reference.streaming, name), name
+
+
+def test_the_producer_infers_eagle3_from_the_references_backends(reference: Reference) -> None:
+    store = LocalFeatureStore()
+    hf_target = reference.target.HFEagle3TargetModel(tiny_hf_causal_lm("llama", CONFIG, num_layers=8))
+    for backend in (reference_echo(reference), hf_target):
+        producer = FeatureProducer(backend, store, run_id="r")
+        assert producer.algorithm is FeatureAlgorithm.EAGLE3
+        ref = producer.produce(**prompt(0))
+        assert ref.algorithm is FeatureAlgorithm.EAGLE3
+        producer.discard(ref)
+
+    class NotATarget:
+        def generate_batch(self, **inputs: Any) -> Any:
+            raise AssertionError("never called")
+
+    with pytest.raises(ValueError, match=r"cannot infer FeatureAlgorithm.*eagle\.backend\.Eagle3TargetBackend"):
+        FeatureProducer(NotATarget(), store, run_id="r")
+
+
+def test_run_id_is_checked_before_the_algorithm_is_inferred_as_in_the_reference(reference: Reference) -> None:
+    for producer_class, store in (
+        (FeatureProducer, LocalFeatureStore()),
+        (reference.streaming.FeatureProducer, reference.streaming.LocalFeatureStore()),
+    ):
+        with pytest.raises(ValueError, match="run_id"):
+            producer_class(object(), store, run_id="")
+
+
+def test_a_precomputed_draft_vocab_batch_is_refused_by_both_producers(reference: Reference) -> None:
+    ours = FeatureProducer(reference_echo(reference, draft_vocab=True), store := LocalFeatureStore(), run_id="r")
+    with pytest.raises(ValueError, match=r"requires .*\.logits"):
+        ours.produce(**prompt(0))
+    assert store.health().sample_count == 0
+    theirs = reference.streaming.FeatureProducer(
+        reference_echo(reference, draft_vocab=True), reference.streaming.LocalFeatureStore(), run_id="r"
+    )
+    with pytest.raises(ValueError, match=r"requires .*\.logits"):
+        theirs.produce(**prompt(0))
+
+
+def test_the_loader_yields_the_references_batch_class_and_keeps_its_own(reference: Reference) -> None:
+    store = LocalFeatureStore()
+    queue = SampleRefQueue(store)
+    queue.put(store.put("s0", sample_tensors(0)))
+    queue.close()
+    with FeatureDataLoader(queue, store) as loader:
+        (batch,) = list(loader)
+    assert isinstance(batch, reference.target.Eagle3TargetBatch) and isinstance(batch, Eagle3TargetBatch)
+    assert batch["logits"] is batch.logits, "featurestream's own reading by name still works"
+    theirs = reference.target.Eagle3TargetBatch(**{name: getattr(batch, name) for name in batch.keys()})
+    expected = theirs.to_trainer_inputs()
+    got = batch.to_trainer_inputs()
+    assert set(got) == set(expected) and all(got[name] is expected[name] for name in expected)
+    assert type(FeatureDataLoader(SampleRefQueue(store), store).batch_type) is type(type(batch)), "one class"
+
+
+def test_an_explicit_batch_type_wins(reference: Reference) -> None:
+    store = LocalFeatureStore()
+    queue = SampleRefQueue(store)
+    queue.put(store.put("s0", sample_tensors(0)))
+    queue.close()
+    with FeatureDataLoader(queue, store, batch_type=reference.target.Eagle3TargetBatch) as loader:
+        (batch,) = list(loader)
+    assert type(batch) is reference.target.Eagle3TargetBatch
+
+
+CONSUMER = """
+import json, sys
+if sys.argv[2] == "reference":
+    from nemo_automodel.components.speculative.eagle.target import Eagle3TargetBatch as RecipeBatch
+from featurestream.backends.redis.wire import ref_from_json
+from featurestream.loader import FeatureDataLoader
+from featurestream.queue import SampleRefQueue
+from featurestream.stores.shared_dir import SharedDirFeatureStore
+
+store = SharedDirFeatureStore(sys.argv[1])
+queue = SampleRefQueue(store)
+for line in sys.stdin:
+    queue.put(ref_from_json(line))
+queue.close()
+with FeatureDataLoader(queue, store) as loader:
+    batches = list(loader)
+kinds = sorted({f"{type(b).__mro__[1].__module__}.{type(b).__mro__[1].__qualname__}" for b in batches})
+print(json.dumps({
+    "count": len(batches),
+    "reference": sys.argv[2] == "reference" and all(isinstance(b, RecipeBatch) for b in batches),
+    "logits": [b.logits.sum().item() for b in batches],
+    "mro": [f"{c.__module__}.{c.__qualname__}" for c in type(batches[0]).__mro__],
+}))
+"""
+
+
+@pytest.mark.parametrize("consumer", ["reference", "featurestream"])
+def test_a_loader_in_another_process_follows_that_process(reference: Reference, tmp_path: Path, consumer: str) -> None:
+    """The producer's process has the reference loaded; the consumer's decides the batch class it gets."""
+    store = SharedDirFeatureStore(tmp_path / "store")
+    producer = FeatureProducer(reference_echo(reference), store, run_id="r")
+    refs: list[SampleRef] = [producer.produce(**prompt(seed)) for seed in range(2)]
+    expected = [store.get(ref)[0]["logits"].sum().item() for ref in refs]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    result = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(CONSUMER), str(tmp_path / "store"), consumer],
+        input="".join(ref_to_json(ref) + "\n" for ref in refs),
+        capture_output=True, text=True, env=env, timeout=120, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["count"] == 2 and report["logits"] == expected
+    reference_class = "nemo_automodel.components.speculative.eagle.target.Eagle3TargetBatch"
+    if consumer == "reference":
+        assert report["reference"] and reference_class in report["mro"]
+    else:
+        assert reference_class not in report["mro"], "a consumer without the reference gets featurestream's class"
+    assert "featurestream.pipeline.eagle3.Eagle3TargetBatch" in report["mro"]
+
+
+def test_a_pipeline_over_the_references_hf_target_matches_the_references_own(reference: Reference) -> None:
+    """Its HFEagle3TargetModel, streamed by featurestream and by the reference: the same batches, bit for bit."""
+    model = tiny_hf_causal_lm("qwen3", CONFIG, num_layers=8)
+    prompts = [prompt(seed) for seed in range(3)]
+
+    def run(streaming: Any) -> list[Any]:
+        store = streaming.LocalFeatureStore()
+        queue = streaming.SampleRefQueue(store)
+        producer = streaming.FeatureProducer(reference.target.HFEagle3TargetModel(model), store, run_id="r")
+        for given in prompts:
+            queue.put(producer.produce(**given))
+        queue.close()
+        with streaming.FeatureDataLoader(queue, store) as loader:
+            batches = list(loader)
+        assert all(isinstance(batch, reference.target.Eagle3TargetBatch) for batch in batches)
+        return [{name: getattr(batch, name) for name in FIELDS} for batch in batches]
+
+    theirs, got = run(reference.streaming), run(featurestream)
+    assert len(got) == len(theirs) == 3
+    for mine, expected in zip(got, theirs, strict=True):
+        for name in FIELDS:
+            assert (mine[name] is None) == (expected[name] is None), name
+            assert mine[name] is None or torch.equal(mine[name], expected[name]), name
+
+
+FIELDS = (
+    "aux_hidden_states", "input_ids", "attention_mask", "loss_mask", "logits", "target_probs", "position_mask",
+    "position_ids", "seq_lens", "doc_remaining",
+)  # fmt: skip
+
+
+# -- core behaviours ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("high", [0, -1])
+def test_a_non_positive_high_watermark_is_refused_by_both(reference: Reference, high: int) -> None:
+    with pytest.raises(ValueError, match="positive"):
+        SampleRefQueue(LocalFeatureStore(), high_watermark_bytes=high)
+    with pytest.raises(ValueError, match="positive"):
+        reference.streaming.SampleRefQueue(reference.streaming.LocalFeatureStore(), high_watermark_bytes=high)
+
+
+def test_a_dflash_ref_without_a_required_feature_is_refused_by_both(reference: Reference) -> None:
+    tensors = {"input_ids": torch.zeros(1, 2, dtype=torch.long), "loss_mask": torch.ones(1, 2, dtype=torch.long)}
+    for streaming in (featurestream, reference.streaming):
+        store = streaming.LocalFeatureStore()
+        with pytest.raises(ValueError, match="missing required features"):
+            store.put("d", tensors, run_id="r", algorithm=streaming.FeatureAlgorithm.DFLASH)
+        assert store.health().sample_count == 0
+
+
+def test_a_paused_producer_over_an_empty_queue_differs_as_documented(reference: Reference) -> None:
+    """docs/compatibility.md: the reference waits for the low watermark (here forever: nothing can drain); featurestream
+    enqueues, because nothing the queue holds could ever lower the store's residency."""
+    for streaming, enqueues in ((reference.streaming, False), (featurestream, True)):
+        store = streaming.LocalFeatureStore(max_bytes=10_000, high_watermark_bytes=1000, low_watermark_bytes=100)
+        store.put("held", sample_tensors(0), run_id="r")  # produced, never queued (624 bytes)
+        ref = store.put("next", sample_tensors(1), run_id="r")  # 1248 bytes resident: over the high watermark
+        paused: list[Any] = []
+        resumed: list[Any] = []
+        queue = streaming.SampleRefQueue(store, on_pause=paused.append, on_resume=resumed.append)
+        if enqueues:
+            queue.put_blocks_until_below(ref, poll_interval=0.0)
+            assert queue.pending_count() == 1
+        else:
+            polls = iter(range(5))  # a few rounds of waiting, then abort
+            with pytest.raises(RuntimeError, match="aborted"):
+                queue.put_blocks_until_below(ref, poll_interval=0.0, abort_when=lambda p=polls: next(p, None) is None)
+            assert queue.pending_count() == 0
+        assert len(paused) == 1 and resumed == [], streaming.__name__
