@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import re
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
@@ -28,17 +29,23 @@ __all__ = [
     "StaleTrainer",
     "TrainingLedger",
     "check_key",
+    "check_rank_step",
     "parse_sample_id",
     "sample_id_for",
 ]
 
-_MARK = "/prompt:"
+_MARK = "#prompt="
+_GENERATION = "#g"
+# What a key may hold: it sits inside sample ids, which stores use as file or object names.
+_KEY = re.compile(r"[A-Za-z0-9_.:=+-]+")
 
 
 def check_key(key: object) -> str:
-    """``key`` must be a non-empty ``str`` without ``/`` (it sits inside sample ids); returned as is."""
-    if not isinstance(key, str) or not key or "/" in key:
-        raise ValueError(f"a prompt key must be a non-empty str without '/', got {key!r}")
+    """``key`` must be a non-empty ``str`` of letters, digits and ``_.:=+-`` without ``..``; returned as is."""
+    if not isinstance(key, str) or not _KEY.fullmatch(key) or ".." in key:
+        raise ValueError(
+            f"a prompt key must be a non-empty str of letters, digits and _.:=+- without '..', got {key!r}"
+        )
     return key
 
 
@@ -46,16 +53,16 @@ def sample_id_for(run_id: str, key: str, generation: int) -> str:
     """The sample id of prompt ``key``'s sample of ``generation`` (``parse_sample_id`` reads it back)."""
     check_key(key)
     check_count("generation", generation, minimum=1)
-    return f"{run_id}{_MARK}{key}/g{generation}"
+    return f"{run_id}{_MARK}{key}{_GENERATION}{generation}"
 
 
 def parse_sample_id(sample_id: str) -> tuple[str, int] | None:
     """``(key, generation)`` of a resumable producer's sample id; ``None`` for any other id (not tracked)."""
-    head, _, tail = sample_id.rpartition("/g")
+    head, _, tail = sample_id.rpartition(_GENERATION)
     if not tail.isdigit() or not tail.isascii():
         return None
     _, mark, key = head.rpartition(_MARK)
-    if not mark or not key or "/" in key:
+    if not mark or not _KEY.fullmatch(key):
         return None
     return key, int(tail)
 
@@ -137,7 +144,8 @@ class TrainingLedger(abc.ABC):
         """Which of ``sample_ids`` the queue holds (pending or leased)."""
 
 
-def _check_rank_step(rank: object, step: object) -> None:
+def check_rank_step(rank: object, step: object) -> None:
+    """``rank`` and ``step`` must be ints >= 0."""
     check_count("rank", rank)
     check_count("step", step)
 
@@ -184,7 +192,7 @@ class MemoryLedger(TrainingLedger):
         return current is None or (key not in self._trained and current == generation)
 
     def restore(self, rank: int, step: int) -> Restore:
-        _check_rank_step(rank, step)
+        check_rank_step(rank, step)
         with self._lock:
             steps = self._steps.setdefault(rank, {})
             later = sorted(s for s in steps if s > step)
@@ -196,7 +204,7 @@ class MemoryLedger(TrainingLedger):
             return Restore(rank, step, incarnation, rolled_back)
 
     def commit(self, rank: int, incarnation: int, step: int, keys: Sequence[str]) -> int:
-        _check_rank_step(rank, step)
+        check_rank_step(rank, step)
         with self._lock:
             latest = self._incarnation.get(rank)
             if latest != incarnation:
@@ -210,7 +218,7 @@ class MemoryLedger(TrainingLedger):
                 if key not in self._generation:
                     continue
                 if key in self._trained:
-                    duplicates += 1
+                    duplicates += self._trained[key] != (rank, step)  # a retried commit of this step is none
                     continue
                 self._trained[key] = (rank, step)
                 recorded.append(key)

@@ -59,7 +59,7 @@ class ResumableProducer:
     """Produce every prompt of ``prompts`` into ``queue`` once, resuming from the queue's training ledger.
 
     ``prompts`` is a sequence (keys ``"0"``, ``"1"``, ...) or a mapping from
-    keys (non-empty ``str`` without ``/``) to prompts, the same on every
+    keys (letters, digits and ``_.:=+-``) to prompts, the same on every
     restart; a prompt is what ``AsyncFeaturePipeline`` takes. ``run`` declares
     the keys, then produces each key that is neither trained nor queued,
     ``chunk`` keys at a time (each claimed in the ledger before its forward),

@@ -28,14 +28,14 @@ import torch
 
 from featurestream.core.lease import VisibilityTimeout
 from featurestream.core.protocol import LeaseQueue
-from featurestream.core.resume import parse_sample_id
+from featurestream.core.resume import StaleTrainer, TrainingLedger, parse_sample_id
 from featurestream.pipeline.eagle3 import Eagle3TargetBackend, Eagle3TargetBatch
 from featurestream.pipeline.loader import FeatureDataLoader
 from featurestream.pipeline.producer import FeatureProducer
 from featurestream.pipeline.resume import ProducerReport, ResumableProducer
 from featurestream.stores.base import FeatureStore
 
-__all__ = ["KeyTarget", "check_history", "latest_checkpoint", "produce", "prompts", "train"]
+__all__ = ["KeyTarget", "check_history", "check_ledger", "latest_checkpoint", "produce", "prompts", "train"]
 
 _HIDDEN = 4
 _VOCAB = 8
@@ -139,6 +139,46 @@ def check_history(history: Sequence[Sequence[str]], n: int) -> str | None:
     if not (twice or missing or unknown):
         return None
     return f"trained twice: {twice}; never trained: {missing}; unknown: {unknown}"
+
+
+def check_ledger(ledger: TrainingLedger) -> None:
+    """Hold a fresh, empty ``ledger`` to the ``TrainingLedger`` contract (``AssertionError`` naming the step)."""
+    assert ledger.declare(["a", "b", "c"]) == 3
+    assert ledger.declare(["a", "d"]) == 1, "declaring again keeps the declared keys"
+    assert ledger.claim({"a": 0, "b": 0, "c": 5}) == {"a": 1, "b": 1}, "c is not at generation 5"
+    assert ledger.generations(["a", "c", "zz"]) == [1, 0, None]
+    assert ledger.admit([("a", 1), ("a", 0), ("zz", 9)]) == [True, False, True], "stale generation; untracked key"
+    first = ledger.restore(0, 0)
+    assert first.incarnation == 1 and first.rolled_back == (), first
+    assert ledger.commit(0, 1, 1, ["a", "zz"]) == 0, "an undeclared key is ignored"
+    assert ledger.commit(0, 1, 2, ["b"]) == 0
+    assert ledger.commit(0, 1, 2, ["b"]) == 0, "a retried commit of the same step is no duplicate"
+    assert ledger.admit([("a", 1)]) == [False], "a trained key is not admitted"
+    assert ledger.claim({"a": 1}) == {}, "a trained key is never produced again"
+    assert ledger.history(0) == {1: ["a"], 2: ["b"]}, ledger.history(0)
+    assert ledger.commit(0, 1, 3, ["a"]) == 1, "a trained key committed again is a duplicate"
+    assert ledger.progress().duplicates == 1
+    restored = ledger.restore(0, 1)
+    assert restored.rolled_back == ("b",) and restored.incarnation == 2, restored
+    assert ledger.history(0) == {1: ["a"]}, ledger.history(0)
+    assert ledger.admit([("b", 1)]) == [True], "a rolled-back key's sample, still queued, may train again"
+    try:
+        ledger.commit(0, 1, 2, ["c"])
+    except StaleTrainer as exc:
+        assert "incarnation 1 may not commit step 2" in str(exc), exc
+    else:
+        raise AssertionError("a commit of a superseded incarnation was accepted")
+    assert ledger.history(0) == {1: ["a"]}, "a refused commit records nothing"
+    assert ledger.restore(1, 0).incarnation == 1, "each rank has its own incarnations"
+    assert ledger.commit(1, 1, 1, ["c"]) == 0 and ledger.history(1) == {1: ["c"]}
+    progress = ledger.progress()
+    assert (progress.declared, progress.trained, progress.restores, progress.complete) == (4, 2, 3, False), progress
+    try:
+        ledger.restore(-1, 0)
+    except ValueError as exc:
+        assert "rank must be an int >= 0, got -1" in str(exc), exc
+    else:
+        raise AssertionError("restore(-1, 0) was accepted")
 
 
 def _open(args: argparse.Namespace) -> tuple[LeaseQueue, FeatureStore]:

@@ -54,7 +54,7 @@ import secrets
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NoReturn
 
 try:
@@ -66,6 +66,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the opti
 
 from featurestream.backends.redis import functions
 from featurestream.backends.redis.link import Link
+from featurestream.backends.redis.resume import RedisTrainingLedger
 from featurestream.backends.redis.wire import dead_letter_from_json, ref_from_json, ref_to_json
 from featurestream.core import errors, events
 from featurestream.core.arguments import check_queue_arguments, check_ref_for
@@ -289,6 +290,7 @@ class RedisSampleRefQueue:
         # The clock value the last call sent (None: the server's TIME), so a lease's deadline needs no reply field.
         self._sent_now: float | None = None
         self._producing = False
+        self._ledger: RedisTrainingLedger | None = None
         layout, *stored, self._feed_cursor = (_text(v) for v in self._run("init", keep_dead_letter_bytes))
         if layout != functions.LAYOUT:
             raise ValueError(
@@ -510,6 +512,21 @@ class RedisSampleRefQueue:
     def backpressure_state(self) -> str:
         """This producer's ``flowing`` or ``paused``."""
         return self._backpressure.state
+
+    def training_ledger(self) -> RedisTrainingLedger:
+        """The queue's training ledger (``docs/resume.md``): keys in this queue's namespace, as durable as it."""
+        with self._lock:
+            if self._ledger is None:
+                self._ledger = RedisTrainingLedger(self._redis, self._link.prefix, self._retrying, self._holds)
+            return self._ledger
+
+    def _holds(self, sample_ids: Sequence[str]) -> set[str]:
+        """Which of ``sample_ids`` the queue holds (pending or leased, put by any process); raises when Redis
+        cannot tell."""
+        if not sample_ids:
+            return set()
+        found = self._retrying(self._redis.hmget, self._key["refs"], list(sample_ids))
+        return {sample_id for sample_id, value in zip(sample_ids, found, strict=True) if value is not None}
 
     @property
     def store(self) -> FeatureStore:
@@ -735,11 +752,10 @@ class RedisSampleRefQueue:
         """Which of ``sample_ids`` the queue holds (pending or leased, put by any process); all of them when
         Redis cannot tell (un-retaining a queued sample would lose it, keeping an unqueued one only pins it)."""
         try:
-            found = self._retrying(self._redis.hmget, self._key["refs"], sample_ids)
+            return self._holds(sample_ids)
         except redis.RedisError:
             logger.warning("could not tell which of %r the queue holds; their retains stay", sample_ids)
             return set(sample_ids)
-        return {sample_id for sample_id, value in zip(sample_ids, found, strict=True) if value is not None}
 
     def _put_locked(self, ref: SampleRef, *, if_idle: bool = False, health: StoreHealth | None = None) -> bool:
         """Put ``ref``; with ``if_idle`` only into an empty queue (``False``: it was not, nothing changed).
