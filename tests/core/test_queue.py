@@ -7,11 +7,13 @@ import threading
 import time
 
 import pytest
+import torch
 
 from featurestream import (
     Lease,
     LeaseLost,
     LocalFeatureStore,
+    SampleRef,
     SampleRefQueue,
     StoreHealth,
     VisibilityTimeout,
@@ -104,8 +106,7 @@ def test_stale_leases_are_rejected_without_changes(make_stale: str) -> None:
             return
     assert live is not None
     before = queue.stats()
-    queue.ack(stale)
-    queue.fail(stale)
+    assert queue.ack(stale) is False and queue.fail(stale) is False
     with pytest.raises(LeaseLost, match="not live"):
         queue.extend(stale)
     after = queue.stats()
@@ -465,3 +466,71 @@ def test_put_blocks_at_the_stores_sample_count_cap() -> None:
     assert not thread.is_alive() and queue.pending_count() == 1
     put_sample(store, "s2")  # room again
     assert seen == [("pause", 2), ("resume", 1)]
+
+
+@pytest.mark.parametrize("bogus", [None, "not a lease", 3.5, ("s0", 0)])
+def test_ack_fail_extend_of_a_non_lease_raise_type_error_and_change_nothing(bogus: object) -> None:
+    store, queue, _ = make_queue()
+    queue.put(put_sample(store, "s0"))
+    live = queue.acquire(poll_interval=0)
+    assert live is not None
+    before = queue.stats()
+    calls = [queue.ack, queue.fail, queue.extend, lambda x: queue.ack_many([live, x]), lambda x: queue.fail_many([x])]
+    for call in calls:
+        with pytest.raises(TypeError, match=f"expects a Lease returned by acquire, got {type(bogus).__name__}"):
+            call(bogus)
+    assert queue.stats() == before and queue.outstanding_count() == 1
+    with pytest.raises(TypeError, match="single Lease"):
+        queue.ack_many(live)  # type: ignore[arg-type]
+    assert queue.ack(live) is True and queue.ack(live) is False
+
+
+def test_stale_rejections_are_logged_once_per_lease(caplog: pytest.LogCaptureFixture) -> None:
+    store, queue, _ = make_queue()
+    queue.put(put_sample(store, "s0"))
+    queue.put(put_sample(store, "s1"))
+    first, second = queue.acquire(poll_interval=0), queue.acquire(poll_interval=0)
+    assert first is not None and second is not None
+    queue.ack(first)
+    with caplog.at_level(logging.WARNING, logger="featurestream.core.queue"):
+        for _ in range(3):
+            queue.ack(first)
+        queue.ack(dataclasses.replace(second))  # a copy of a live lease: stale, logged on its own
+    lines = [record.getMessage() for record in caplog.records]
+    assert len(lines) == 2, lines
+    assert f"stale ack of lease {first.lease_id} (sample 's0')" in lines[0] and "settled or reclaimed" in lines[0]
+    assert f"lease {second.lease_id} (sample 's1')" in lines[1] and "copy of the live lease" in lines[1]
+
+
+def test_put_refuses_a_ref_whose_bytes_are_gone_and_changes_nothing() -> None:
+    store, queue, _ = make_queue()
+    released = put_sample(store, "gone")
+    _, handle = store.get(released)
+    store.release(handle)  # no queue held it: its last handle freed it
+    assert not store.is_resident("gone")
+    before = queue.stats()
+    with pytest.raises(ValueError, match=r"sample 'gone' is not resident in mem://local-.*nothing enqueued"):
+        queue.put(released)
+    fine = put_sample(store, "fine")
+    with pytest.raises(ValueError, match="sample 'gone' is not resident"):
+        queue.put_many([fine, released])
+    with pytest.raises(ValueError, match="sample 'gone' is not resident"):
+        queue.put_blocks_until_below(released)
+    assert queue.stats() == before and queue.pending_count() == 0
+    queue.put(fine)  # the batch retained nothing that stays pinned: the good ref still goes in
+    assert queue.pending_count() == 1
+
+
+def test_put_refuses_a_ref_subclass_carrying_a_tensor() -> None:
+    store, queue, _ = make_queue()
+    ref = put_sample(store, "s0")
+
+    @dataclasses.dataclass(frozen=True, eq=False)
+    class Carrying(SampleRef):
+        payload: object = None
+
+    carrying = Carrying(**{f.name: getattr(ref, f.name) for f in dataclasses.fields(SampleRef)}, payload=torch.ones(2))
+    for call in (queue.put, lambda r: queue.put_many([r]), queue.put_blocks_until_below):
+        with pytest.raises(TypeError, match=r"sample 's0' cannot travel as a ref: ref.payload holds a Tensor"):
+            call(carrying)
+    assert queue.stats().put == 0 and queue.pending_count() == 0

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import copy
 import dataclasses
 import pickle
 
@@ -8,6 +9,7 @@ import pytest
 import torch
 
 from featurestream import FeatureAlgorithm, FeatureSpec, SampleRef, assert_no_tensors
+from featurestream.core.refs import check_tensor_free
 
 from .ref_fields import ref_fields
 
@@ -119,3 +121,42 @@ def test_assert_no_tensors_rejects_non_str_keys_and_passes_primitives() -> None:
         assert_no_tensors({1: "a"})
     assert_no_tensors({"a": [1, 2.0, "s", b"b", None, True, (3,)]})
     assert_no_tensors(make_ref())
+
+
+def test_asdict_and_deepcopy_of_a_ref_work_and_keep_its_values() -> None:
+    ref = make_ref()
+    as_dict = dataclasses.asdict(ref)
+    assert as_dict["sample_id"] == ref.sample_id and as_dict["feature_keys"] == dict(ref.feature_keys)
+    assert as_dict["feature_specs"]["input_ids"] == {"shape": (1, 4), "dtype": torch.long}
+    assert copy.deepcopy(ref) == ref and dataclasses.replace(ref) == ref
+    with pytest.raises(TypeError, match="read-only"):
+        ref.feature_keys.update(x="y")  # type: ignore[attr-defined]
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class _RefWithExtra(SampleRef):
+    extra: object = None
+
+
+class _RefWithAttribute(SampleRef):
+    pass
+
+
+@dataclasses.dataclass(frozen=True)
+class _SpecWithExtra(FeatureSpec):
+    note: object = None
+
+
+def test_check_tensor_free_finds_a_tensor_anywhere_in_a_ref() -> None:
+    check_tensor_free(make_ref())
+    fields = ref_fields(SPECS)
+    with pytest.raises(TypeError, match=r"sample 's0' cannot travel as a ref: ref.extra\['x'\]\[0\] holds a Tensor"):
+        check_tensor_free(_RefWithExtra(**fields, extra={"x": [torch.zeros(1)]}))  # type: ignore[arg-type]
+    hidden = _RefWithAttribute(**fields)  # type: ignore[arg-type]
+    object.__setattr__(hidden, "cache", np.zeros(2))
+    with pytest.raises(TypeError, match=r"ref.cache holds a ndarray"):
+        check_tensor_free(hidden)
+    specs = {**SPECS, "loss_mask": _SpecWithExtra((1, 4), torch.long, note=torch.ones(1))}
+    with pytest.raises(TypeError, match=r"ref.feature_specs\['loss_mask'\].note holds a Tensor"):
+        check_tensor_free(make_ref(feature_specs=specs))
+    check_tensor_free(_RefWithExtra(**fields, extra={"x": [1, "a"]}))  # type: ignore[arg-type]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import shutil
 import time
 from pathlib import Path
@@ -295,3 +296,27 @@ class TestQueueResidencyAcrossInstances:
         assert "s0.safetensors" in files(tmp_path), "the marker protects it from the reader's last release"
         queue.ack(lease)
         assert files(tmp_path) == []
+
+
+def test_a_missing_parent_is_refused_unless_create_and_nothing_is_made(tmp_path: Path) -> None:
+    typo = tmp_path / "mnt" / "featurs" / "run-1"
+    with pytest.raises(
+        FileNotFoundError, match=rf"{re.escape(str(typo))} as a store directory: its parent .* does not"
+    ):
+        SharedDirFeatureStore(typo)
+    assert not (tmp_path / "mnt").exists()
+    assert SharedDirFeatureStore(typo, create=True).directory == str(typo) and typo.is_dir()
+    leaf = tmp_path / "leaf"  # only the last component missing: created
+    SharedDirFeatureStore(leaf)
+    assert leaf.is_dir() and os.listdir(leaf) == []  # the write check leaves nothing behind
+
+
+def test_an_unwritable_directory_is_refused_at_construction(tmp_path: Path) -> None:
+    if os.geteuid() == 0:
+        directory = Path("/sys")  # root may write anywhere a permission bit says no; sysfs refuses new files
+    else:
+        directory = tmp_path / "read-only"
+        directory.mkdir()
+        directory.chmod(0o555)
+    with pytest.raises(OSError, match=rf"cannot use {re.escape(str(directory))} as a store directory: it is not wr"):
+        SharedDirFeatureStore(directory)

@@ -101,3 +101,22 @@ def test_put_of_a_kept_dead_letter_is_typed(make: Factory) -> None:
     queue.fail(lease)  # max_deliveries=1: dead, its bytes kept
     kept = refused(lambda: queue.put(ref), errors.KeptDeadLetter)
     assert "'s0' is a dead letter whose bytes are kept" in str(kept)
+
+
+def test_edge_refusals_are_typed_with_one_message(make: Factory) -> None:
+    store = LocalFeatureStore(max_samples=64)
+    queue = make(store)
+    gone = store.put("gone", sample_tensors(0))
+    store.release(store.get(gone)[1])  # no queue held it: freed
+    missing = refused(lambda: queue.put(gone), errors.NotResident)
+    assert str(missing).startswith(f"sample 'gone' is not resident in {store.store_uri}: its bytes were released")
+    for action, call in (("ack", queue.ack), ("fail", queue.fail), ("extend", queue.extend)):
+        bad = refused(lambda call=call: call("not a lease"), errors.NotALease)  # type: ignore[misc]
+        assert str(bad) == f"{action} expects a Lease returned by acquire, got str: 'not a lease'"
+    refused(lambda: queue.ack_many([None]), errors.NotALease)  # type: ignore[list-item]
+    ref = store.put("s0", sample_tensors(0))
+    carrying = type("Carrying", (type(ref),), {})(**{name: getattr(ref, name) for name in vars(ref)})
+    object.__setattr__(carrying, "cache", sample_tensors(0)["input_ids"])
+    tensor = refused(lambda: queue.put(carrying), errors.TensorInRef)
+    assert str(tensor).startswith("sample 's0' cannot travel as a ref: ref.cache holds a Tensor")
+    assert queue.pending_count() == 0

@@ -111,7 +111,7 @@ def test_dead_letter_callback_errors_are_logged(
     assert "callback bug" in caplog.text and queue.stats().dead_lettered == 1
 
 
-@pytest.mark.parametrize("make_stale", ["twice", "copy", "made_up_id", "core_lease", "other_instance", "garbage"])
+@pytest.mark.parametrize("make_stale", ["twice", "copy", "made_up_id", "core_lease", "other_instance"])
 def test_stale_leases_are_rejected_without_changes(make: Factory, store: LocalFeatureStore, make_stale: str) -> None:
     queue = make(store)
     other = make(store)
@@ -126,12 +126,11 @@ def test_stale_leases_are_rejected_without_changes(make: Factory, store: LocalFe
         "made_up_id": dataclasses.replace(lease, lease_id=lease.lease_id + 1000),
         "core_lease": Lease(lease.ref, lease.deadline, lease.visibility_timeout, lease_id=lease.lease_id),
         "other_instance": lease,
-        "garbage": None,
     }[make_stale]
     target = other if make_stale == "other_instance" else queue
     before = target.stats()
-    target.ack(stale)
-    target.fail(stale)
+    assert target.ack(stale) is False
+    assert target.fail(stale) is False
     with pytest.raises(LeaseLost):
         target.extend(stale)
     after = target.stats()
@@ -140,6 +139,39 @@ def test_stale_leases_are_rejected_without_changes(make: Factory, store: LocalFe
     if make_stale != "twice":
         queue.ack(lease)  # the real lease is still live
         assert queue.stats().acked == 1
+
+
+@pytest.mark.parametrize("not_a_lease", [None, "not a lease", 7, {"lease_id": 1}])
+def test_a_non_lease_is_a_type_error_naming_it_and_changes_nothing(
+    make: Factory, store: LocalFeatureStore, not_a_lease: object
+) -> None:
+    queue = make(store)
+    put(store, queue, 0)
+    lease = queue.acquire(timeout=0)
+    assert lease is not None
+    before = queue.stats()
+    for call in (queue.ack, queue.fail, queue.extend):
+        with pytest.raises(TypeError, match=f"expects a Lease.*{type(not_a_lease).__name__}"):
+            call(not_a_lease)  # type: ignore[operator]
+    for batch_call in (queue.ack_many, queue.fail_many):
+        with pytest.raises(TypeError, match="expects a Lease"):
+            batch_call([lease, not_a_lease])  # type: ignore[list-item]  # the live lease first: still not acked
+    assert queue.stats() == before and queue.outstanding_count() == 1
+    assert queue.ack(lease) is True
+
+
+def test_a_stale_ack_is_logged_once_per_lease(
+    make: Factory, store: LocalFeatureStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    queue = make(store)
+    put(store, queue, 0)
+    lease = queue.acquire(timeout=0)
+    assert lease is not None and queue.ack(lease) is True
+    with caplog.at_level("WARNING", logger="featurestream.backends.redis.queue"):
+        assert [queue.ack(lease), queue.ack(lease), queue.fail(lease)] == [False, False, False]
+    lines = [r.getMessage() for r in caplog.records if "stale" in r.getMessage()]
+    assert len(lines) == 1 and f"lease {lease.lease_id}" in lines[0] and "'s0'" in lines[0]
+    assert queue.stats().stale_rejected == 3
 
 
 def test_late_ack_of_a_reclaimed_lease_changes_nothing_across_instances(make: Factory, clock: FakeClock) -> None:
@@ -200,7 +232,9 @@ def test_dedup_window_refuses_settled_ids_and_is_bounded(make: Factory, store: L
     with pytest.raises(ValueError, match="'s2' was already acked"):
         queue.put(refs[2])
     assert queue.stats().dedup_refused == 1
-    queue.put(refs[0])  # evicted from the window of 2
+    with pytest.raises(ValueError, match="'s0' is not resident"):
+        queue.put(refs[0])  # evicted from the window of 2, but its bytes were scrubbed at its ack
+    put(store, queue, 0)  # stored anew: accepted
     assert queue.stats().put == 4
 
 
@@ -682,3 +716,31 @@ def test_put_blocks_at_the_stores_sample_count_cap(make: Factory) -> None:
     assert not thread.is_alive() and producer.pending_count() == 1
     store.put("s2", sample_tensors(2))  # room again: the cap was never hit
     assert producer.stats().producer_pauses == 1
+
+
+def test_put_refuses_a_ref_whose_bytes_are_gone_and_changes_nothing(make: Factory, store: LocalFeatureStore) -> None:
+    queue = make(store)
+    gone = store.put("gone", sample_tensors(0))
+    store.release(store.get(gone)[1])  # no queue held it: its last handle freed it
+    fine = store.put("fine", sample_tensors(1))
+    before = queue.stats()
+    for call in (queue.put, lambda ref: queue.put_many([fine, ref]), queue.put_blocks_until_below):
+        with pytest.raises(ValueError, match="sample 'gone' is not resident in mem://local-"):
+            call(gone)
+    assert queue.stats() == before and queue.pending_count() == 0
+    queue.put(fine)
+    assert queue.pending_count() == 1
+
+
+def test_put_refuses_a_ref_subclass_carrying_a_tensor(make: Factory, store: LocalFeatureStore) -> None:
+    queue = make(store)
+    ref = store.put("s0", sample_tensors(0))
+
+    class Carrying(type(ref)):  # type: ignore[misc]
+        pass
+
+    carrying = Carrying(**{f.name: getattr(ref, f.name) for f in dataclasses.fields(ref)})
+    object.__setattr__(carrying, "cached", sample_tensors(0)["input_ids"])
+    with pytest.raises(TypeError, match=r"ref\.cached holds a Tensor"):
+        queue.put(carrying)
+    assert queue.pending_count() == 0 and queue.stats().put == 0

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from featurestream.core.checks import check_count, check_seconds
+from featurestream.core.errors import NotResident
 from featurestream.core.lease import VisibilityTimeout
-from featurestream.core.refs import SampleRef
+from featurestream.core.refs import SampleRef, check_tensor_free
 from featurestream.stores.base import FeatureStore
 
-__all__ = ["check_queue_arguments", "check_ref_for"]
+__all__ = ["check_queue_arguments", "check_ref_for", "check_resident"]
 
 
 def check_queue_arguments(
@@ -51,13 +52,27 @@ def check_queue_arguments(
 
 
 def check_ref_for(store: FeatureStore, ref: object) -> None:
-    """``TypeError`` unless ``ref`` is a ``SampleRef``; ``ValueError`` when it lives in a store other than
-    ``store`` (compared by ``store_uri``; a store without one accepts any ref)."""
+    """``TypeError`` unless ``ref`` is a ``SampleRef`` holding no tensor anywhere (a subclass's extra attributes
+    included); ``ValueError`` when it lives in a store other than ``store`` (compared by ``store_uri``; a store
+    without one accepts any ref)."""
     if not isinstance(ref, SampleRef):
         raise TypeError(f"put expects a SampleRef, got {type(ref).__name__}: {ref!r:.80}")
+    check_tensor_free(ref)
     store_uri = getattr(store, "store_uri", ref.store_uri)
     if ref.store_uri != store_uri:
         raise ValueError(
             f"sample {ref.sample_id!r} lives in {ref.store_uri}, but this queue's store is {store_uri}; "
             "put it into the queue bound to that store"
         )
+
+
+def check_resident(store: FeatureStore, ref: SampleRef) -> None:
+    """``ValueError`` when ``store`` no longer holds ``ref``'s bytes (released or scrubbed before the put): queued,
+    it would only fail later, in a consumer's ``get``. A store that cannot tell (``is_resident`` raises
+    ``NotImplementedError``, as the contract's default does) is taken at its word."""
+    try:
+        resident = store.is_resident(ref.sample_id)
+    except NotImplementedError:
+        return
+    if not resident:
+        raise NotResident(ref.sample_id, ref.store_uri)

@@ -13,13 +13,16 @@ __all__ = [
     "IllegalTransition",
     "KeptDeadLetter",
     "LeaseLost",
+    "NotALease",
     "NotDeadLetter",
+    "NotResident",
     "PutAborted",
     "QueueClosed",
     "QueueDrained",
     "RepeatedInBatch",
     "ScrubOwed",
     "SettledSample",
+    "TensorInRef",
     "store_error",
 ]
 
@@ -113,6 +116,37 @@ class LeaseLost(_Built, RuntimeError):
         )
         self.lease_id = lease_id
         self.sample_id = sample_id
+
+
+class NotALease(_Built, TypeError):
+    """``ack`` / ``fail`` / ``extend`` (or a batch of them) got something that is no ``Lease``: a programming error,
+    unlike a stale lease (a real ``Lease`` the queue no longer honours). Nothing was settled."""
+
+    def __init__(self, action: str, value: object) -> None:
+        super().__init__(f"{action} expects a Lease returned by acquire, got {type(value).__name__}: {value!r:.80}")
+        self.action = action
+        self.value_type = type(value).__name__
+
+
+class NotResident(_Built, ValueError):
+    """A put of a ref whose bytes its store no longer holds: a consumer could never get it. Nothing was enqueued."""
+
+    def __init__(self, sample_id: str, store_uri: str) -> None:
+        super().__init__(
+            f"sample {sample_id!r} is not resident in {store_uri}: its bytes were released or scrubbed before the "
+            "put, so a consumer could never get it; nothing enqueued (store it again)"
+        )
+        self.sample_id = sample_id
+        self.store_uri = store_uri
+
+
+class TensorInRef(_Built, TypeError):
+    """A ref that carries a tensor (``where``: the path and type found) cannot travel in the control plane."""
+
+    def __init__(self, sample_id: object, where: str) -> None:
+        super().__init__(f"sample {sample_id!r} cannot travel as a ref: {where}")
+        self.sample_id = sample_id
+        self.where = where
 
 
 class NotDeadLetter(_Built, LookupError):

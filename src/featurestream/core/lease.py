@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import itertools
+import logging
 import math
+import threading
+from collections.abc import Iterable
 
+from featurestream.core.errors import NotALease
 from featurestream.core.refs import SampleRef
 
-__all__ = ["DeadLetter", "Lease", "VisibilityTimeout"]
+__all__ = ["DeadLetter", "Lease", "StaleLog", "VisibilityTimeout", "check_lease", "check_leases"]
 
 _lease_id_counter = itertools.count()
 
@@ -50,3 +55,51 @@ class DeadLetter:
     ref: SampleRef
     reason: str
     deliveries: int
+
+
+def check_lease(lease: object, action: str) -> None:
+    """``TypeError`` naming the value unless ``lease`` is a ``Lease``: anything else is a programming error,
+    not a stale lease (a stale one is a real ``Lease`` the queue no longer honours)."""
+    if not isinstance(lease, Lease):
+        raise NotALease(action, lease)
+
+
+def check_leases(leases: Iterable[Lease], action: str) -> list[Lease]:
+    """A batch as a list, ``TypeError`` naming the first item that is not a ``Lease`` (before any settles)."""
+    if isinstance(leases, Lease):
+        raise TypeError(f"{action} expects an iterable of leases, got the single Lease {leases.lease_id}")
+    batch = list(leases)
+    for lease in batch:
+        check_lease(lease, action)
+    return batch
+
+
+class StaleLog:
+    """Logs a rejected stale lease once per lease (a retry loop acking the same stale lease logs one line).
+
+    Remembers the last ``limit`` lease ids it logged; thread-safe.
+    """
+
+    __slots__ = ("_limit", "_lock", "_logged", "_logger")
+
+    def __init__(self, logger: logging.Logger, limit: int = 4096) -> None:
+        self._logger = logger
+        self._limit = limit
+        self._lock = threading.Lock()
+        self._logged: collections.OrderedDict[int, None] = collections.OrderedDict()
+
+    def rejected(self, action: str, lease: Lease, why: str) -> None:
+        key = lease.lease_id if type(lease.lease_id) is int else id(lease)  # a forged id may be unhashable
+        with self._lock:
+            if key in self._logged:
+                return
+            self._logged[key] = None
+            if len(self._logged) > self._limit:
+                self._logged.popitem(last=False)
+        self._logger.warning(
+            "stale %s of lease %s (sample %r) rejected: %s; nothing changed",
+            action,
+            lease.lease_id,
+            getattr(lease.ref, "sample_id", None),
+            why,
+        )

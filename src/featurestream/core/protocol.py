@@ -45,20 +45,26 @@ class LeaseQueue(Protocol):
     def acquire_many(self, n: int, *, timeout: float | None = None) -> list[Lease]:
         """Lease up to ``n`` heads, returning as soon as one is available; ``[]`` when the wait ends empty."""
 
-    def ack(self, lease: Lease) -> None:
-        """Settle the lease's sample for good; a stale lease changes nothing."""
+    def ack(self, lease: Lease) -> bool:
+        """Settle the lease's sample for good: ``True``; a stale lease changes nothing: ``False`` (logged once).
 
-    def fail(self, lease: Lease) -> None:
-        """Redeliver the lease's sample from the tail, or dead-letter it; a stale lease changes nothing."""
+        ``TypeError`` for anything that is not a ``Lease``.
+        """
+
+    def fail(self, lease: Lease) -> bool:
+        """Redeliver the lease's sample from the tail, or dead-letter it: ``True``; a stale lease changes nothing:
+        ``False`` (logged once). ``TypeError`` for anything that is not a ``Lease``."""
 
     def ack_many(self, leases: Iterable[Lease]) -> None:
-        """``ack`` each lease in order; each stale one is rejected on its own."""
+        """``ack`` each lease in order; each stale one is rejected on its own (``TypeError``, none acked, for a
+        non-lease)."""
 
     def fail_many(self, leases: Iterable[Lease]) -> None:
-        """``fail`` each lease in order; each stale one is rejected on its own."""
+        """``fail`` each lease in order; each stale one is rejected on its own (``TypeError``, none failed, for a
+        non-lease)."""
 
     def extend(self, lease: Lease, seconds: float | None = None) -> None:
-        """Push the lease's deadline out; ``LeaseLost`` when it is not live."""
+        """Push the lease's deadline out; ``LeaseLost`` when it is not live, ``TypeError`` for a non-lease."""
 
     def reclaim_expired(self) -> int:
         """Redeliver or dead-letter every lease past its deadline; return how many."""

@@ -13,12 +13,21 @@ import time
 from collections.abc import Callable, Iterable
 
 from featurestream.core import errors, events
-from featurestream.core.arguments import check_queue_arguments, check_ref_for
+from featurestream.core.arguments import check_queue_arguments, check_ref_for, check_resident
 from featurestream.core.backlog import Outbox, Owed, call_or_owe, pay_owed
 from featurestream.core.backpressure import Backpressure, HealthCallback
 from featurestream.core.checks import check_count, check_seconds
 from featurestream.core.errors import LeaseLost
-from featurestream.core.lease import DeadLetter, Lease, VisibilityTimeout, _lease_id_counter, _next_lease_id
+from featurestream.core.lease import (
+    DeadLetter,
+    Lease,
+    StaleLog,
+    VisibilityTimeout,
+    _lease_id_counter,
+    _next_lease_id,
+    check_lease,
+    check_leases,
+)
 from featurestream.core.machines import LEASE, LEASE_MACHINE, LIFECYCLE, LIFECYCLE_MACHINE, fire
 from featurestream.core.operation import Operation, observing
 from featurestream.core.reaper import start_reaper
@@ -233,6 +242,7 @@ class SampleRefQueue:
         self._backpressure = Backpressure(high_watermark_bytes, low_watermark_bytes, on_pause, on_resume)
         self._lifecycle = _Flag(LIFECYCLE.initial)
         self._counts: collections.Counter[str] = collections.Counter()
+        self._stale_log = StaleLog(logger)
         self._reaper_stop = threading.Event()
         self._op = Operation(self)  # every public call: ``with self._op:``
         self._ledger: MemoryLedger | None = None
@@ -373,63 +383,82 @@ class SampleRefQueue:
                     remaining = min(remaining, max(self._deadlines[0][0] - self._clock(), 0.0))
                 self._not_empty.wait(remaining)
 
-    def ack(self, lease: Lease) -> None:
+    def ack(self, lease: Lease) -> bool:
         """Mark ``lease``'s sample consumed: it is never delivered again and its store scrubs it.
 
-        A stale lease (reclaimed, already settled, copied, or from another
-        queue) is rejected and changes nothing. The ack stands even when the
-        store's ``scrub`` fails: the scrub is then retried later (see the class
-        docstring) and ``ack`` returns normally.
+        Returns ``True`` when this ack settled the sample, ``False`` when the
+        lease was stale (reclaimed, already settled, copied, or from another
+        queue): then nothing changed, and the rejection is logged once per
+        lease. ``TypeError`` for anything that is not a ``Lease``. The ack
+        stands even when the store's ``scrub`` fails: the scrub is then retried
+        later (see the class docstring) and ``ack`` returns ``True``.
         """
+        check_lease(lease, "ack")
         with self._op:
             self._reap_due()
-            self._ack_locked(lease)
+            return self._ack_locked(lease)
 
     def ack_many(self, leases: Iterable[Lease]) -> None:
-        """``ack`` every lease of ``leases``, in order, in one operation; each stale one is rejected on its own."""
+        """``ack`` every lease of ``leases``, in order, in one operation; each stale one is rejected on its own.
+
+        ``TypeError`` (acking none of them) when any item is not a ``Lease``.
+        """
+        batch = check_leases(leases, "ack_many")
         with self._op:
             self._reap_due()
-            for lease in leases:
+            for lease in batch:
                 self._ack_locked(lease)
 
-    def _ack_locked(self, lease: Lease) -> None:
+    def _ack_locked(self, lease: Lease) -> bool:
         record = self._settle(lease, "ack")
-        if record is not None:
-            self._counts["acked"] += 1
-            self._release_hold(record.ref.sample_id, "acked")
-            if self._tracer is not None:
-                self._emit(events.ACK, record, lease_id=lease.lease_id)
-            self._scrub(record.ref)
-            self._maybe_drained()
+        if record is None:
+            return False
+        self._counts["acked"] += 1
+        self._release_hold(record.ref.sample_id, "acked")
+        if self._tracer is not None:
+            self._emit(events.ACK, record, lease_id=lease.lease_id)
+        self._scrub(record.ref)
+        self._maybe_drained()
+        return True
 
-    def fail(self, lease: Lease) -> None:
+    def fail(self, lease: Lease) -> bool:
         """Give ``lease``'s sample back: redelivered from the tail, or dead once deliveries are spent.
 
-        A stale lease is rejected and changes nothing.
+        Returns ``True`` when this fail took effect, ``False`` for a stale
+        lease (nothing changed; logged once per lease); ``TypeError`` for a
+        non-lease.
         """
+        check_lease(lease, "fail")
         with self._op:
             self._reap_due()
-            self._fail_locked(lease)
+            return self._fail_locked(lease)
 
     def fail_many(self, leases: Iterable[Lease]) -> None:
-        """``fail`` every lease of ``leases``, in order, in one operation; each stale one is rejected on its own."""
+        """``fail`` every lease of ``leases``, in order, in one operation; each stale one is rejected on its own.
+
+        ``TypeError`` (failing none of them) when any item is not a ``Lease``.
+        """
+        batch = check_leases(leases, "fail_many")
         with self._op:
             self._reap_due()
-            for lease in leases:
+            for lease in batch:
                 self._fail_locked(lease)
 
-    def _fail_locked(self, lease: Lease) -> None:
+    def _fail_locked(self, lease: Lease) -> bool:
         record = self._settle(lease, "fail")
-        if record is not None:
-            self._counts["failed"] += 1
-            self._redeliver(record, events.FAIL, "failed")
+        if record is None:
+            return False
+        self._counts["failed"] += 1
+        self._redeliver(record, events.FAIL, "failed")
+        return True
 
     def extend(self, lease: Lease, seconds: float | None = None) -> None:
         """Push ``lease.deadline`` to now + ``seconds`` (default: the visibility timeout).
 
-        Raises ``LeaseLost`` when the lease is not live, ``ValueError`` for a
-        non-positive or non-finite ``seconds``.
+        Raises ``LeaseLost`` when the lease is not live, ``TypeError`` for a
+        non-lease, ``ValueError`` for a non-positive or non-finite ``seconds``.
         """
+        check_lease(lease, "extend")
         extra = self._vt.seconds if seconds is None else seconds
         check_seconds("seconds", extra, positive=True)
         with self._op:
@@ -627,6 +656,7 @@ class SampleRefQueue:
         owed = self._owed.get(sample_id) if self._owed else None
         if owed is not None and owed[0] == "scrub":
             raise errors.ScrubOwed(sample_id)
+        check_resident(self._store, ref)
 
     def _retain(self, ref: SampleRef) -> None:
         try:
@@ -679,12 +709,12 @@ class SampleRefQueue:
             self._deadlines = [(live.deadline, lease_id) for lease_id, live in self._live.items()]
             heapq.heapify(self._deadlines)
 
-    def _live_record(self, lease: object, action: str) -> _Record | None:
+    def _live_record(self, lease: Lease, action: str) -> _Record | None:
         lease_id = getattr(lease, "lease_id", None)
         record = self._live.get(lease_id) if isinstance(lease_id, int) else None
         if record is None or record.lease is not lease:
             self._counts["stale_rejected"] += 1
-            logger.debug("rejected stale %s of lease %r", action, getattr(lease, "lease_id", lease))
+            self._stale_log.rejected(action, lease, _stale_reason(record is not None))
             sample_id = getattr(getattr(lease, "ref", None), "sample_id", None)
             n = getattr(lease, "redelivery_count", None)
             # forged: this lease id is live, but the object is a copy of its lease, not the one acquire returned.
@@ -847,3 +877,10 @@ class SampleRefQueue:
         if record is not None:
             fields = {"sample_id": record.ref.sample_id, "n": record.redelivery_count, **fields}
         self._trace_state(action, **fields)
+
+
+def _stale_reason(forged: bool) -> str:
+    """Why a ``Lease`` was rejected: a copy of a live lease, or one this queue no longer (or never) honours."""
+    if forged:
+        return "it is a copy of the live lease, not the object acquire returned"
+    return "it was settled or reclaimed already, or issued by another queue"

@@ -10,7 +10,16 @@ from typing import Any, TypeVar
 
 import torch
 
-__all__ = ["REQUIRED_FEATURES", "FeatureAlgorithm", "FeatureSpec", "SampleRef", "assert_no_tensors"]
+from featurestream.core.errors import TensorInRef
+
+__all__ = [
+    "REQUIRED_FEATURES",
+    "FeatureAlgorithm",
+    "FeatureSpec",
+    "SampleRef",
+    "assert_no_tensors",
+    "check_tensor_free",
+]
 
 
 class FeatureAlgorithm(str, enum.Enum):
@@ -48,30 +57,73 @@ def _is_tensor_like(obj: object) -> bool:
 def assert_no_tensors(obj: object, *, path: str = "ref") -> None:
     """Raise ``ValueError`` naming the path of the first tensor-like value inside ``obj``.
 
-    Walks dataclasses, str-keyed mappings, lists and tuples; primitives pass.
+    Walks dataclasses (their fields, then any other instance attribute, so a subclass's extra attribute is
+    seen), str-keyed mappings, lists, tuples and sets; primitives pass.
     """
-    if isinstance(obj, _PRIMITIVES) or isinstance(obj, enum.Enum):
+    _walk(obj, path, set())
+
+
+def _walk(obj: object, path: str, seen: set[int]) -> None:
+    if isinstance(obj, _PRIMITIVES) or isinstance(obj, (enum.Enum, torch.dtype)):
         return
     if _is_tensor_like(obj):
         raise ValueError(
             f"{path} holds a {type(obj).__name__}: a tensor-like object is not allowed in the control plane "
             "(refs must be tensor-free; tensors belong in the FeatureStore)"
         )
-    if isinstance(obj, torch.dtype):
+    if id(obj) in seen:  # a cycle: already walked
         return
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        for field in dataclasses.fields(obj):
-            assert_no_tensors(getattr(obj, field.name), path=f"{path}.{field.name}")
-        return
+    seen.add(id(obj))
     if isinstance(obj, Mapping):
         for key, value in obj.items():
             if not isinstance(key, str):
                 raise ValueError(f"{path} has a non-str key {key!r}: control-plane dicts must be str-keyed")
-            assert_no_tensors(value, path=f"{path}[{key!r}]")
+            _walk(value, f"{path}[{key!r}]", seen)
         return
-    if isinstance(obj, (list, tuple)):
+    if isinstance(obj, (list, tuple, set, frozenset)):
         for index, item in enumerate(obj):
-            assert_no_tensors(item, path=f"{path}[{index}]")
+            _walk(item, f"{path}[{index}]", seen)
+        return
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        names = [field.name for field in dataclasses.fields(obj)]
+        names += [name for name in _attributes(obj) if name not in names]
+        for name in names:
+            _walk(getattr(obj, name), f"{path}.{name}", seen)
+
+
+def _attributes(obj: object) -> list[str]:
+    """The instance attributes of ``obj``: its ``__dict__`` and every set ``__slots__`` entry."""
+    names = list(getattr(obj, "__dict__", {}))
+    for cls in type(obj).__mro__:
+        slots = cls.__dict__.get("__slots__", ())
+        for name in (slots,) if isinstance(slots, str) else slots:
+            if name not in ("__dict__", "__weakref__") and hasattr(obj, name):
+                names.append(name)
+    return names
+
+
+class _FrozenDict(dict):  # type: ignore[type-arg]
+    """A read-only dict: a ref's mappings cannot be changed after the ref is checked.
+
+    A ``dict`` (not a ``MappingProxyType``) so that ``dataclasses.asdict`` and ``copy.deepcopy`` of a ref work.
+    """
+
+    def _refuse(self, *args: object, **kwargs: object) -> None:
+        raise TypeError("a SampleRef's feature mappings are read-only")
+
+    __setitem__ = __delitem__ = __ior__ = _refuse  # type: ignore[assignment]
+    clear = pop = popitem = setdefault = update = _refuse  # type: ignore[assignment]
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_FrozenDict, (dict(self),))
+
+    def __copy__(self) -> _FrozenDict:
+        return self
+
+    def __deepcopy__(self, memo: dict[int, object]) -> _FrozenDict:
+        import copy
+
+        return _FrozenDict(copy.deepcopy(dict(self), memo))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -183,8 +235,8 @@ class SampleRef:
         _require_count("num_tokens", self.num_tokens)
         _require_count("estimated_bytes", self.estimated_bytes)
         object.__setattr__(self, "algorithm", algorithm)
-        object.__setattr__(self, "feature_keys", MappingProxyType(keys))
-        object.__setattr__(self, "feature_specs", MappingProxyType(specs))
+        object.__setattr__(self, "feature_keys", _FrozenDict(keys))
+        object.__setattr__(self, "feature_specs", _FrozenDict(specs))
 
     def __hash__(self) -> int:
         return hash((self.sample_id, self.run_id, self.store_uri))
@@ -194,8 +246,33 @@ class SampleRef:
         return tuple(self.feature_keys)
 
     def __reduce__(self) -> tuple[Any, ...]:
-        # MappingProxyType cannot be pickled; rebuild from plain dicts.
+        # Rebuilt through the constructor from plain dicts, so the copy is checked like the original.
         values = [getattr(self, f.name) for f in dataclasses.fields(self)]
         values[3] = dict(self.feature_keys)
         values[4] = dict(self.feature_specs)
         return (SampleRef, tuple(values))
+
+
+_REF_FIELDS = frozenset(field.name for field in dataclasses.fields(SampleRef))
+_SPEC_FIELDS = frozenset(field.name for field in dataclasses.fields(FeatureSpec))
+
+
+def check_tensor_free(ref: SampleRef) -> None:
+    """``TypeError`` naming the path of a tensor anywhere in ``ref`` (what the queues admit).
+
+    A plain ``SampleRef`` with plain ``FeatureSpec``s and no attribute beyond its fields was checked field by
+    field when it was built, so it passes in O(features); anything else (a subclass, an extra attribute) is
+    walked in full.
+    """
+    if (
+        type(ref) is SampleRef
+        and ref.__dict__.keys() == _REF_FIELDS
+        and all(
+            type(spec) is FeatureSpec and spec.__dict__.keys() == _SPEC_FIELDS for spec in ref.feature_specs.values()
+        )
+    ):
+        return
+    try:
+        assert_no_tensors(ref)
+    except ValueError as exc:
+        raise TensorInRef(getattr(ref, "sample_id", None), str(exc)) from None

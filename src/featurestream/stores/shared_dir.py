@@ -195,12 +195,51 @@ def _tensor_from(entry: object, data: torch.Tensor, ref: SampleRef, name: str, p
     return chunk.view(dtype).reshape(shape)
 
 
+def _prepare_directory(directory: str, create: bool) -> None:
+    """Make sure ``directory`` is a writable directory, creating it (its parents only with ``create``)."""
+    if not os.path.isdir(directory):
+        parent = os.path.dirname(directory)
+        if os.path.exists(directory):
+            raise NotADirectoryError(
+                errno.ENOTDIR, f"cannot use {directory} as a store directory: it is not a directory", directory
+            )
+        if not create and not os.path.isdir(parent):
+            raise FileNotFoundError(
+                errno.ENOENT,
+                f"cannot use {directory} as a store directory: its parent {parent} does not exist "
+                "(pass create=True to create the whole path)",
+                directory,
+            )
+        try:
+            os.makedirs(directory, exist_ok=True)
+        except FileExistsError:
+            raise NotADirectoryError(
+                errno.ENOTDIR, f"cannot use {directory} as a store directory: it is not a directory", directory
+            ) from None
+        except OSError as exc:
+            raise type(exc)(
+                exc.errno, f"cannot create the store directory {directory}: {exc.strerror}", directory
+            ) from exc
+    try:  # the real test: permissions, a read-only mount, ACLs (os.access misses some, and root passes it)
+        fd, probe = tempfile.mkstemp(dir=directory, prefix=".write-check-", suffix=".tmp")
+    except OSError as exc:
+        raise type(exc)(
+            exc.errno, f"cannot use {directory} as a store directory: it is not writable ({exc.strerror})", directory
+        ) from exc
+    os.close(fd)
+    os.unlink(probe)
+
+
 class SharedDirFeatureStore(LedgerFeatureStore):
     """Samples as ``<sample_id>.safetensors`` files in ``directory``, shared by processes or nodes.
 
     ``store_uri`` is ``file://<absolute directory>``, so every instance on the
-    same directory can ``get`` and ``release`` the others' samples. The
-    directory is created if missing. Errors: a ``sample_id`` with ``/``,
+    same directory can ``get`` and ``release`` the others' samples. A missing
+    ``directory`` is created when its parent exists; a missing parent raises
+    ``FileNotFoundError`` (a typo would otherwise give a private directory)
+    unless ``create=True``, which creates the whole path. The directory must be
+    writable: ``PermissionError`` (or the ``OSError`` met) naming it, at
+    construction rather than at the first put. Errors: a ``sample_id`` with ``/``,
     ``..`` or NUL -> ``ValueError``; an unknown or freed sample ->
     ``KeyError``; an undecodable file -> ``CorruptSampleError``; the
     directory gone, a full disk or a permission problem -> the ``OSError``
@@ -214,6 +253,7 @@ class SharedDirFeatureStore(LedgerFeatureStore):
         self,
         directory: str | os.PathLike[str],
         *,
+        create: bool = False,
         max_samples: int | None = DEFAULT_MAX_SAMPLES,
         max_bytes: int | None = DEFAULT_MAX_BYTES,
         high_watermark_bytes: int | None = DEFAULT_HIGH_WATERMARK,
@@ -229,12 +269,7 @@ class SharedDirFeatureStore(LedgerFeatureStore):
             high_watermark_bytes=high_watermark_bytes,
             low_watermark_bytes=low_watermark_bytes,
         )
-        try:
-            os.makedirs(self.directory, exist_ok=True)
-        except FileExistsError:
-            raise NotADirectoryError(
-                errno.ENOTDIR, f"cannot use {self.directory} as a store directory: it is not a directory"
-            ) from None
+        _prepare_directory(self.directory, create)
         for name in os.listdir(self.directory):
             if name.startswith(SCRUBBED_PREFIX):  # left by a process that died before unlinking it
                 self._deleter.submit(os.path.join(self.directory, name))
@@ -253,6 +288,15 @@ class SharedDirFeatureStore(LedgerFeatureStore):
         """Where ``sample_id``'s file lives; ``ValueError`` for an id that would escape the directory."""
         self._check_sample_id(sample_id)
         return os.path.join(self.directory, sample_id + DATA_SUFFIX)
+
+    def is_resident(self, sample_id: str) -> bool:
+        """Samples this instance wrote: from its counters. Another instance's (same directory): its file is there."""
+        if super().is_resident(sample_id):
+            return True
+        try:
+            return os.path.exists(self.data_path(sample_id))
+        except ValueError:
+            return False
 
     def _marker_path(self, sample_id: str) -> str:
         return os.path.join(self.directory, sample_id + RETAINED_SUFFIX)

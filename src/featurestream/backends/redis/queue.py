@@ -69,11 +69,11 @@ from featurestream.backends.redis.link import Link
 from featurestream.backends.redis.resume import RedisTrainingLedger
 from featurestream.backends.redis.wire import dead_letter_from_json, ref_from_json, ref_to_json
 from featurestream.core import errors, events
-from featurestream.core.arguments import check_queue_arguments, check_ref_for
+from featurestream.core.arguments import check_queue_arguments, check_ref_for, check_resident
 from featurestream.core.backlog import Outbox, Owed, call_or_owe, pay_owed
 from featurestream.core.backpressure import Backpressure, HealthCallback
 from featurestream.core.checks import check_count, check_seconds
-from featurestream.core.lease import DeadLetter, Lease, VisibilityTimeout
+from featurestream.core.lease import DeadLetter, Lease, StaleLog, VisibilityTimeout, check_lease, check_leases
 from featurestream.core.operation import Operation, observing
 from featurestream.core.queue import DEFAULT_DEDUP_WINDOW, DEFAULT_MAX_DELIVERIES, QueueStats, Tracer
 from featurestream.core.reaper import start_reaper
@@ -91,6 +91,8 @@ DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 # Dead-letter repair events (fields: sample_id). Not spec actions yet: core.events has no names for them.
 REQUEUE_EVENT = "RequeueDeadLetter"
 PURGE_EVENT = "PurgeDeadLetter"
+_NOT_ISSUED_HERE = "it is not the object this instance's acquire returned (a copy, or another process's or queue's)"
+
 _ACTIONS = {
     **events.TRIGGER_EVENTS,
     "put": events.PUT,
@@ -250,6 +252,7 @@ class RedisSampleRefQueue:
         # Wakes producers blocked on backpressure: a settle this instance made, a scrub it paid, a close.
         self._not_full = threading.Condition(self._lock)
         self._outbox: Outbox = []
+        self._stale_log = StaleLog(logger)
         self._backpressure = Backpressure(high_watermark_bytes, low_watermark_bytes, on_pause, on_resume)
         self._store_errors = 0
         # sample id -> (store call, ref) this instance still owes its store: a scrub or unretain that raised.
@@ -430,37 +433,50 @@ class RedisSampleRefQueue:
         check_seconds("timeout", wait)
         return self._lease(n, wait)
 
-    def ack(self, lease: Lease) -> None:
+    def ack(self, lease: Lease) -> bool:
         """Mark ``lease``'s sample consumed: never delivered again; this process's store scrubs it.
 
-        A stale lease (reclaimed, already settled, copied, or from another
-        queue or process) is rejected and changes nothing. The ack stands even
-        when the store's ``scrub`` fails: the scrub is owed and retried, and
-        ``ack`` returns normally.
+        Returns ``True`` when this ack settled the sample, ``False`` when the
+        lease was stale (reclaimed, already settled, copied, or from another
+        queue or process): then nothing changed, and the rejection is logged
+        once per lease. ``TypeError`` for anything that is not a ``Lease``.
+        The ack stands even when the store's ``scrub`` fails: the scrub is owed
+        and retried, and ``ack`` returns ``True``.
         """
-        self._settle("ack", [lease])
+        check_lease(lease, "ack")
+        return self._settle("ack", [lease])[0]
 
     def ack_many(self, leases: Iterable[Lease]) -> None:
-        """``ack`` every lease of ``leases`` in one server call; each stale one is rejected on its own."""
-        self._settle("ack", _batch("leases", leases))
+        """``ack`` every lease of ``leases`` in one server call; each stale one is rejected on its own.
 
-    def fail(self, lease: Lease) -> None:
+        ``TypeError`` (acking none of them) when any item is not a ``Lease``.
+        """
+        self._settle("ack", _batch("leases", check_leases(leases, "ack_many")))
+
+    def fail(self, lease: Lease) -> bool:
         """Give ``lease``'s sample back: redelivered from the tail, or dead once deliveries are spent.
 
-        A stale lease is rejected and changes nothing.
+        Returns ``True`` when this fail took effect, ``False`` for a stale
+        lease (nothing changed; logged once per lease); ``TypeError`` for a
+        non-lease.
         """
-        self._settle("fail", [lease])
+        check_lease(lease, "fail")
+        return self._settle("fail", [lease])[0]
 
     def fail_many(self, leases: Iterable[Lease]) -> None:
-        """``fail`` every lease of ``leases`` in one server call; each stale one is rejected on its own."""
-        self._settle("fail", _batch("leases", leases))
+        """``fail`` every lease of ``leases`` in one server call; each stale one is rejected on its own.
+
+        ``TypeError`` (failing none of them) when any item is not a ``Lease``.
+        """
+        self._settle("fail", _batch("leases", check_leases(leases, "fail_many")))
 
     def extend(self, lease: Lease, seconds: float | None = None) -> None:
         """Push ``lease.deadline`` to now + ``seconds`` (default: the visibility timeout).
 
-        Raises ``LeaseLost`` when the lease is not live, ``ValueError`` for a
-        non-positive or non-finite ``seconds``.
+        Raises ``LeaseLost`` when the lease is not live, ``TypeError`` for a
+        non-lease, ``ValueError`` for a non-positive or non-finite ``seconds``.
         """
+        check_lease(lease, "extend")
         extra = self._vt.seconds if seconds is None else seconds
         check_seconds("seconds", extra, positive=True)
         key, token, _ = self._proof(lease)
@@ -764,6 +780,7 @@ class RedisSampleRefQueue:
         """
         if self._known(ref.sample_id):
             self._check_puts([ref])
+        check_resident(self._store, ref)
         self._retain([ref])
         wire = ref_to_json(ref).encode()
         status, reply_events, *rest = self._run("put", ref.sample_id, wire, self._token(), "idle" if if_idle else "")
@@ -781,6 +798,8 @@ class RedisSampleRefQueue:
     def _put_batch_locked(self, batch: list[SampleRef]) -> None:
         if any(self._known(ref.sample_id) for ref in batch):
             self._check_puts(batch)
+        for ref in batch:
+            check_resident(self._store, ref)
         self._retain(batch)
         wires = [ref_to_json(ref).encode() for ref in batch]
         items: list[str | bytes] = []
@@ -922,10 +941,12 @@ class RedisSampleRefQueue:
         token = issued.token if issued is lease and issued is not None else ""
         return f"{lease_id:016d}", token, sample_id if isinstance(sample_id, str) else ""
 
-    def _settle(self, trigger: str, leases: list[Any]) -> None:
-        """Ack or fail ``leases`` in one server call; each is settled or rejected as stale on its own."""
+    def _settle(self, trigger: str, leases: list[Any]) -> list[bool]:
+        """Ack or fail ``leases`` in one server call; each is settled or rejected as stale on its own.
+
+        Returns, per lease, whether it took effect."""
         if not leases:
-            return
+            return []
         proofs, seen = [], set()
         for lease in leases:
             key, token, sample_id = self._proof(lease)
@@ -952,6 +973,10 @@ class RedisSampleRefQueue:
                     if trigger == "fail":
                         self._trace(_ACTIONS["dead"], sample_id=sample_id)
                     self._scrub(lease.ref)
+                elif status != "ok":
+                    why = "it was settled or reclaimed already" if token else _NOT_ISSUED_HERE
+                    self._stale_log.rejected(trigger, lease, why)
+        return [status in ("ok", "again") for status in texts]
 
     def _local_deadline(self, deadline: object, now: object) -> float:
         """A server deadline in this process's clock: exact under an injected clock, offset from TIME otherwise."""
