@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from featurestream import LocalFeatureStore, VisibilityTimeout
+from featurestream import LocalFeatureStore, SampleRef, VisibilityTimeout
 from featurestream.core import events
 from featurestream.spec.tlc import ToolMissing, find_jar, find_java
 from featurestream.spec.trace import TraceConstants, TraceRecorder, validate_traces
@@ -63,7 +63,8 @@ class _NoDedupQueue(RedisSampleRefQueue):
     The prelude's ``put_verdict`` -- a local every put function calls as an upvalue -- is redefined after the
     prelude to find no dedup record, whatever its body says. An edit cannot leave the defect silently unseeded:
     a prelude without that local fails to load (Redis refuses a library reading an unknown global), and
-    ``duplicate_delivery_trace`` raises when the re-put is still refused.
+    ``duplicate_delivery_trace`` raises when the re-put is still refused. Nor does a put check that the
+    bytes are still resident (the reference does not; the spec's BugNoDedup accepts the re-put regardless).
     """
 
     _FORGETFUL = """
@@ -73,6 +74,9 @@ put_verdict = function(sid, held, _, token)
 end
 """
     _library = functions.Library(functions.SCRIPTS, functions.PRELUDE + _FORGETFUL)
+
+    def _check_resident(self, ref: SampleRef) -> None:
+        pass  # as in the reference: a put does not ask the store whether the bytes are still there
 
 
 def _factory(client: redis.Redis, queue_class: type[RedisSampleRefQueue] = RedisSampleRefQueue) -> Any:

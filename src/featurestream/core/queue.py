@@ -656,6 +656,10 @@ class SampleRefQueue:
         owed = self._owed.get(sample_id) if self._owed else None
         if owed is not None and owed[0] == "scrub":
             raise errors.ScrubOwed(sample_id)
+        self._check_resident(ref)
+
+    def _check_resident(self, ref: SampleRef) -> None:
+        """Refuse a ref whose bytes are gone (``NotResident``): a consumer's ``get`` would fail on it."""
         check_resident(self._store, ref)
 
     def _retain(self, ref: SampleRef) -> None:

@@ -723,6 +723,10 @@ class RedisSampleRefQueue:
         self._require_store()
         check_ref_for(self._store, ref)
 
+    def _check_resident(self, ref: SampleRef) -> None:
+        """Refuse a ref whose bytes are gone (``NotResident``): a consumer's ``get`` would fail on it."""
+        check_resident(self._store, ref)
+
     def _require_store(self) -> None:
         if isinstance(self._store, _NoStore):
             raise RuntimeError(
@@ -780,7 +784,7 @@ class RedisSampleRefQueue:
         """
         if self._known(ref.sample_id):
             self._check_puts([ref])
-        check_resident(self._store, ref)
+        self._check_resident(ref)
         self._retain([ref])
         wire = ref_to_json(ref).encode()
         status, reply_events, *rest = self._run("put", ref.sample_id, wire, self._token(), "idle" if if_idle else "")
@@ -799,7 +803,7 @@ class RedisSampleRefQueue:
         if any(self._known(ref.sample_id) for ref in batch):
             self._check_puts(batch)
         for ref in batch:
-            check_resident(self._store, ref)
+            self._check_resident(ref)
         self._retain(batch)
         wires = [ref_to_json(ref).encode() for ref in batch]
         items: list[str | bytes] = []
