@@ -1,6 +1,11 @@
 """``featurestream check``: model-check ``spec/LeaseQueue.tla`` with TLC and print the verdict.
 
-TLC runs as a reviewer would run it by hand: deadlock checking on.
+TLC runs as a reviewer would run it by hand: deadlock checking on. A
+violation is printed as a summary of TLC's counterexample (each step's action
+and what it changed; for liveness, the loop), ``--verbose`` adds TLC's own
+output. A relative ``--config`` is looked up in the working directory, then
+in the spec directory and the checkout it belongs to, so
+``--config spec/mutants/BugA.cfg`` works from anywhere.
 """
 
 from __future__ import annotations
@@ -9,7 +14,8 @@ import argparse
 import os
 from pathlib import Path
 
-from featurestream.spec.tlc import Simulation, ToolMissing, run_tlc, spec_dir
+from featurestream.spec import counterexample
+from featurestream.spec.tlc import Simulation, TLCResult, ToolMissing, run_tlc, spec_dir
 
 CI_CONFIG = "LeaseQueue.cfg"
 WINDOW_CONFIG = "LeaseQueueWindow.cfg"
@@ -21,7 +27,12 @@ SIM_CONFIG = "LeaseQueueSim.cfg"
 def configure(parser: argparse.ArgumentParser) -> None:
     """Add the ``check`` options to ``parser``."""
     which = parser.add_mutually_exclusive_group()
-    which.add_argument("--config", type=Path, help="a TLC model config (default: the CI model, spec/LeaseQueue.cfg)")
+    which.add_argument(
+        "--config",
+        type=Path,
+        help="a TLC model config, relative to the working directory or the spec directory "
+        "(default: the CI model, spec/LeaseQueue.cfg)",
+    )
     which.add_argument("--deep", action="store_true", help="the larger nightly model (spec/LeaseQueueDeep.cfg)")
     which.add_argument(
         "--window", action="store_true", help="the dedup-window eviction model (spec/LeaseQueueWindow.cfg)"
@@ -47,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     """Run TLC; exit 0 when no error is found, 1 on a violation, 2 when TLC cannot run."""
     try:
         if args.config:
-            config = args.config
+            config = find_config(args.config)
         elif args.deep:
             config = spec_dir() / DEEP_CONFIG
         elif args.window:
@@ -65,7 +76,40 @@ def run(args: argparse.Namespace) -> int:
     except (ToolMissing, FileNotFoundError, ValueError) as error:
         print(f"featurestream check: {error}")
         return 2
-    if args.verbose or not result.ok:
+    if args.verbose:
         print(result.output)
+    if not result.ok:
+        print("\n".join(report(result, verbose=args.verbose)))
     print(result.summary())
     return 0 if result.ok else 1
+
+
+def find_config(config: Path) -> Path:
+    """``config`` itself when absolute; else the first that exists of it under the working directory, the spec
+    directory and the directory above it (a checkout's root). ``FileNotFoundError`` lists where it looked."""
+    if config.is_absolute():
+        return config
+    spec = spec_dir()
+    places = [Path.cwd(), spec, spec.parent]
+    candidates = [place / config for place in places]
+    if config.parts[:1] == ("spec",):  # spec/... from an installed wheel, whose spec directory is _spec
+        candidates.append(spec.joinpath(*config.parts[1:]))
+    candidates = list(dict.fromkeys(candidates))  # run from the spec directory, two places are one
+    for candidate in candidates:
+        if candidate.is_file():
+            return candidate
+    looked = ", ".join(str(candidate) for candidate in candidates)
+    raise FileNotFoundError(f"TLC config {str(config)!r} not found; looked for {looked}")
+
+
+def report(result: TLCResult, *, verbose: bool) -> list[str]:
+    """What a violation prints: TLC's error lines and the summary of its counterexample."""
+    lines = [line for line in result.output.splitlines() if line.startswith("Error:") and "behavior" not in line]
+    trace = counterexample.parse(result.output)
+    if trace is not None:
+        lines += trace.describe()
+    elif not verbose:
+        lines.append(result.output)  # no behaviour to summarise (a parse or setup error): TLC's words are all there is
+    if trace is not None and not verbose:
+        lines.append("(--verbose prints TLC's full output, every variable of every state)")
+    return lines

@@ -63,7 +63,9 @@ class TLCResult:
         """One line for humans: verdict, states, time."""
         verdict = "no error" if self.ok else f"VIOLATED {self.violated}" if self.violated else f"ERROR {self.error}"
         if self.distinct_states is not None:
-            counts = f"{self.distinct_states} distinct states, {self.states_generated} generated, depth {self.depth}"
+            # TLC prints no search depth after a liveness check: then there is none to report.
+            depth = "" if self.depth is None else f", depth {self.depth}"
+            counts = f"{self.distinct_states} distinct states, {self.states_generated} generated{depth}"
         elif self.states_generated is not None:
             counts = f"{self.states_generated} states checked by simulation"
         else:
