@@ -21,7 +21,8 @@ pytestmark = pytest.mark.timeout(900)
 
 
 def check(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
-    code = main(["check", *args, "--workers", "2"])
+    """One worker: TLC's search, and so the counterexample it finds, is then the same every run."""
+    code = main(["check", *args, "--workers", "1"])
     return code, capsys.readouterr().out
 
 
@@ -48,8 +49,7 @@ def test_bug_a_from_another_directory_is_summarised_step_by_step(
     assert "retained: {s1} -> {}" in release and "resident: {s1} -> {}" in release
     assert "status" not in release and "lease[" not in release
     assert "/\\ retained" not in out, "TLC's raw states are left to --verbose"
-    # The state counts at a violation vary with the workers' interleaving; the verdict and its depth do not.
-    assert re.search(r"^TLC: VIOLATED NoLoss; \d+ distinct states, \d+ generated, depth 6, ", out, re.M), out
+    assert re.search(r"^TLC: VIOLATED NoLoss; 34 distinct states, 52 generated, depth 6, ", out, re.M), out
 
 
 def test_a_liveness_mutant_shows_its_loop_and_no_depth_none(
