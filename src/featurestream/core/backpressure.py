@@ -41,6 +41,9 @@ class Backpressure:
         self.on_pause = on_pause
         self.on_resume = on_resume
 
+    def __str__(self) -> str:
+        return "the producer's backpressure"
+
     def should_pause(self, health: StoreHealth) -> bool:
         if _at_sample_cap(health):
             return True

@@ -10,11 +10,14 @@ import dataclasses
 
 from transitions import Machine, MachineError
 
+from featurestream.core.errors import IllegalTransition
+
 __all__ = [
     "BACKPRESSURE",
     "LEASE",
     "LIFECYCLE",
     "MachineTable",
+    "TableMachine",
     "Transition",
     "build_machine",
     "fire",
@@ -83,28 +86,42 @@ LIFECYCLE = MachineTable(
 )
 
 
-def build_machine(table: MachineTable) -> Machine:
+class TableMachine(Machine):
+    """A ``transitions`` machine built from ``table``, which names it when it refuses a trigger."""
+
+    def __init__(self, table: MachineTable) -> None:
+        super().__init__(
+            model=None,
+            states=list(table.states),
+            initial=table.initial,
+            transitions=[{"trigger": t.trigger, "source": t.source, "dest": t.dest} for t in table.transitions],
+            auto_transitions=False,
+            ignore_invalid_triggers=False,
+        )
+        self.table = table
+
+
+def build_machine(table: MachineTable) -> TableMachine:
     """A ``transitions`` machine for ``table`` with no bound model.
 
-    Models are plain objects with a ``state`` attribute; ``fire`` drives them,
-    so one machine serves any number of models at O(1) per trigger.
+    Models are plain objects with a ``state`` attribute whose ``str`` names them (``lease 7 of sample 's0'``);
+    ``fire`` drives them, so one machine serves any number of models at O(1) per trigger.
     """
-    return Machine(
-        model=None,
-        states=list(table.states),
-        initial=table.initial,
-        transitions=[{"trigger": t.trigger, "source": t.source, "dest": t.dest} for t in table.transitions],
-        auto_transitions=False,
-        ignore_invalid_triggers=False,
-    )
+    return TableMachine(table)
 
 
-def fire(machine: Machine, trigger: str, model: object) -> bool:
-    """Fire ``trigger`` on ``model``; ``False`` (state untouched) when no transition exists."""
+def fire(machine: TableMachine, trigger: str, model: object) -> None:
+    """Fire ``trigger`` on ``model``.
+
+    A trigger the table does not allow from the model's state means the coordinator (or the server it reads)
+    broke the lifecycle: ``IllegalTransition`` naming the machine, the model, its state and the trigger, with
+    the state untouched. Callers fire only what their engine reported, so it never passes silently.
+    """
     try:
-        return bool(machine.events[trigger].trigger(model))
+        machine.events[trigger].trigger(model)
     except MachineError:
-        return False
+        state = str(getattr(model, "state", "?"))
+        raise IllegalTransition(machine.table.name, str(model), state, trigger) from None
 
 
 # The running machines: one per table, shared by every queue (models carry the state).

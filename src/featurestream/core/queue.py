@@ -105,6 +105,10 @@ class _Record:
         self.deadline = math.inf
         self.leased_at = math.nan
 
+    def __str__(self) -> str:
+        which = "the delivery" if self.lease is None else f"lease {self.lease.lease_id}"
+        return f"{which} of sample {self.ref.sample_id!r}"
+
 
 class _Signal:
     """A condition of the queue's lock that notifies only when someone waits on it.
@@ -137,10 +141,15 @@ class _Signal:
 
 
 class _Flag:
+    """The queue's lifecycle machine model."""
+
     __slots__ = ("state",)
 
     def __init__(self, initial: str) -> None:
         self.state = initial
+
+    def __str__(self) -> str:
+        return "the queue"
 
 
 class SampleRefQueue:
@@ -483,7 +492,8 @@ class SampleRefQueue:
         ``acquire`` drains what is pending or leased, then returns ``None`` for good.
         """
         with self._op:
-            if fire(LIFECYCLE_MACHINE, "close", self._lifecycle):
+            if self._lifecycle.state == "open":  # closing a closed queue changes nothing
+                fire(LIFECYCLE_MACHINE, "close", self._lifecycle)
                 self._emit(events.CLOSE)
                 self._maybe_drained()
                 self._not_empty.notify_all()

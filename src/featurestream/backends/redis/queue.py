@@ -74,6 +74,7 @@ from featurestream.core.backlog import Outbox, Owed, call_or_owe, pay_owed
 from featurestream.core.backpressure import Backpressure, HealthCallback
 from featurestream.core.checks import check_count, check_seconds
 from featurestream.core.lease import DeadLetter, Lease, StaleLog, VisibilityTimeout, check_lease, check_leases
+from featurestream.core.machines import LEASE, LEASE_MACHINE, fire
 from featurestream.core.operation import Operation, observing
 from featurestream.core.queue import DEFAULT_DEDUP_WINDOW, DEFAULT_MAX_DELIVERIES, QueueStats, Tracer
 from featurestream.core.reaper import start_reaper
@@ -117,6 +118,20 @@ class RedisLease(Lease):
     """A ``Lease`` issued by a ``RedisSampleRefQueue``; ``token`` proves it to the server."""
 
     token: str = dataclasses.field(default="", repr=False)
+
+
+class _LeaseModel:
+    """The lease machine's model of one lease, driven by what the server reports about it."""
+
+    __slots__ = ("lease_id", "sample_id", "state")
+
+    def __init__(self, lease_id: int, sample_id: str, state: str = LEASE.initial) -> None:
+        self.lease_id = lease_id
+        self.sample_id = sample_id
+        self.state = state
+
+    def __str__(self) -> str:
+        return f"lease {self.lease_id} of sample {self.sample_id!r}"
 
 
 def _text(value: object) -> str:
@@ -281,6 +296,9 @@ class RedisSampleRefQueue:
         # the events it traces itself (StoreFault, ScrubRetried) carry, as the in-process queue's carry its state.
         self._seen_state: dict[str, object] = {}
         self._issued: weakref.WeakValueDictionary[int, RedisLease] = weakref.WeakValueDictionary()
+        # Lease id -> its lease machine model, for the leases this instance was issued (and, briefly, settled:
+        # so a second settle the server reports names the state the first left). See _lease_model.
+        self._models: dict[int, _LeaseModel] = {}
         # Samples this instance put and has not seen settled; their settles elsewhere arrive on the feed.
         self._mine: dict[str, SampleRef] = {}
         # The same samples by the exact wire bytes this instance sent: leasing one of them back skips the decode
@@ -484,8 +502,11 @@ class RedisSampleRefQueue:
             status, reply_events, *rest = self._run("extend", key, token, repr(float(extra)))
             self._apply(reply_events)
             if _text(status) == "ok":
+                fire(LEASE_MACHINE, "extend", self._lease_model(lease.lease_id, "extend"))
                 lease.deadline = self._local_deadline(rest[0], rest[1])
                 return
+            if token:
+                self._lost(lease.lease_id)
             raise errors.LeaseLost(lease)
 
     def reclaim_expired(self) -> int:
@@ -931,8 +952,45 @@ class RedisSampleRefQueue:
                 token=f"{base}{index // 3 + 1}",
             )
             self._issued[lease.lease_id] = lease
+            model = self._models.get(lease.lease_id)
+            if model is None:
+                model = self._models[lease.lease_id] = _LeaseModel(lease.lease_id, lease.ref.sample_id)
+            fire(LEASE_MACHINE, "lease", model)
             leases.append(lease)
+        if len(self._models) > 2 * len(self._issued) + 1024:
+            self._prune_models()
         return leases
+
+    def _prune_models(self) -> None:
+        """Forget the models of settled leases and of leases whose object is gone (nothing can settle those
+        here any more): the leased ones still issued stay."""
+        issued = self._issued
+        self._models = {
+            lease_id: model
+            for lease_id, model in self._models.items()
+            if model.state == "leased" and lease_id in issued
+        }
+
+    def _lease_model(self, lease_id: int, trigger: str) -> _LeaseModel:
+        """The model of a lease this instance was issued, for ``trigger`` the server reported on it; a lease it
+        holds no model of cannot have been settled or extended by it: ``IllegalTransition``."""
+        model = self._models.get(lease_id)
+        if model is None:
+            raise errors.IllegalTransition(LEASE.name, f"lease {lease_id}", "not issued to this instance", trigger)
+        return model
+
+    def _lost(self, lease_id: int) -> None:
+        """The server refused this instance's own proof of a lease its model holds as leased: some call this
+        instance did not see reclaimed it."""
+        model = self._models.get(lease_id)
+        if model is not None and model.state == "leased":
+            fire(LEASE_MACHINE, "reclaim", model)
+
+    def _reclaimed(self, lease_id: int, sample_id: str) -> None:
+        """A reclaim the server reported: of a lease this instance holds, or of another instance's (which can only
+        have been leased), as far as this instance learns of it."""
+        model = self._models.get(lease_id) or _LeaseModel(lease_id, sample_id, "leased")
+        fire(LEASE_MACHINE, "reclaim", model)
 
     def _proof(self, lease: object) -> tuple[str, str, str]:
         """(lease key, token, sample id) to present to the server; the token is empty unless ``lease``
@@ -968,6 +1026,10 @@ class RedisSampleRefQueue:
             for ref in acked.values():
                 self._scrub(ref)
             for lease, (_, token, sample_id), status in zip(leases, proofs, texts, strict=True):
+                if status == "ok" or status == "again":
+                    fire(LEASE_MACHINE, trigger, self._lease_model(lease.lease_id, trigger))
+                elif token:
+                    self._lost(lease.lease_id)
                 if token:
                     self._issued.pop(lease.lease_id, None)
                 # A fail that dead-letters is scrubbed through its "dead" event; "again" is a retried settle
@@ -1007,6 +1069,8 @@ class RedisSampleRefQueue:
             if values:
                 self._seen_state = {name: values[name] for name in ("pending", "outstanding", "now")}
             if kind in ("lease", "extend", "ack", "fail", "reclaim"):
+                if kind == "reclaim":
+                    self._reclaimed(int(second), first)
                 self._trace(action, sample_id=first, lease_id=int(second), **values)
                 if kind == "ack" and acked and second in acked:
                     self._scrub(acked.pop(second))

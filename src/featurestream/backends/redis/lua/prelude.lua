@@ -2,8 +2,9 @@
 -- REAP_LIMIT, ...) are prepended by featurestream.backends.redis.functions, their one definition.
 -- Per-call state lives in these upvalues: a function call runs atomically, so no two calls see each other's.
 
--- Events only a tracer needs are sent when the caller traces; the client acts on the others.
-local NEEDED = {dead = true, kept = true, retired = true, drain = true}
+-- Events only a tracer needs are sent when the caller traces; the client acts on the others (a reclaim moves
+-- the lease machine it runs for that lease; leases, settles and extends it learns from the statuses).
+local NEEDED = {dead = true, kept = true, retired = true, drain = true, reclaim = true}
 
 -- Counts as command arguments, formatted once: Lua formats a number argument with sprintf on every call.
 local COUNTS = {}
