@@ -113,6 +113,7 @@ def test_every_shipped_config_is_checked_by_a_test() -> None:
         "LeaseQueueKeep.cfg",
         "LeaseQueueSim.cfg",
         "LeaseQueueWindow.cfg",
+        "Resume.cfg",  # tests/spec/test_resume_spec.py
     ]
     for name in shipped:
         text = (spec_dir() / name).read_text()

@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from featurestream.core.checks import check_count, check_seconds
+from featurestream.core.errors import DuplicateSample, PutAborted, QueueClosed, SettledSample
 from featurestream.core.lease import Lease
 from featurestream.core.protocol import LeaseQueue
 from featurestream.core.resume import Restore, TrainingLedger, check_key, parse_sample_id, sample_id_for
@@ -149,10 +150,10 @@ class ResumableProducer:
         ref = self.producer.produce(**_prompt_kwargs(prompt), sample_id=sample_id)
         try:
             self.queue.put_blocks_until_below(ref, abort_when=lambda: stop() or self.queue.is_closed)
-        except RuntimeError:  # closed or stopped: this sample is never enqueued
+        except (QueueClosed, PutAborted):  # this sample is never enqueued
             self.producer.discard(ref)
             return False
-        except ValueError:  # another producer's sample of this generation got there first
+        except (DuplicateSample, SettledSample):  # another producer's sample of this generation got there first
             self.producer.discard(ref)
         return True
 

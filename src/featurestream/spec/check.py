@@ -1,11 +1,13 @@
-"""``featurestream check``: model-check ``spec/LeaseQueue.tla`` with TLC and print the verdict.
+"""``featurestream check``: model-check ``spec/LeaseQueue.tla`` (or ``spec/Resume.tla``) with TLC, print the verdict.
 
 TLC runs as a reviewer would run it by hand: deadlock checking on. A
 violation is printed as a summary of TLC's counterexample (each step's action
 and what it changed; for liveness, the loop), ``--verbose`` adds TLC's own
 output. A relative ``--config`` is looked up in the working directory, then
 in the spec directory and the checkout it belongs to, so
-``--config spec/mutants/BugA.cfg`` works from anywhere.
+``--config spec/mutants/BugA.cfg`` works from anywhere. A config named
+``Resume*.cfg`` (``--resume``, ``spec/mutants/ResumeNoLedger.cfg``) checks the
+checkpoint/restore model ``spec/Resume.tla``.
 """
 
 from __future__ import annotations
@@ -15,13 +17,15 @@ import os
 from pathlib import Path
 
 from featurestream.spec import counterexample
-from featurestream.spec.tlc import Simulation, TLCResult, ToolMissing, run_tlc, spec_dir
+from featurestream.spec.tlc import MODULE, Simulation, TLCResult, ToolMissing, run_tlc, spec_dir
 
 CI_CONFIG = "LeaseQueue.cfg"
 WINDOW_CONFIG = "LeaseQueueWindow.cfg"
 KEEP_CONFIG = "LeaseQueueKeep.cfg"
 DEEP_CONFIG = "LeaseQueueDeep.cfg"
 SIM_CONFIG = "LeaseQueueSim.cfg"
+RESUME_CONFIG = "Resume.cfg"
+RESUME_MODULE = "Resume.tla"
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -39,6 +43,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     which.add_argument(
         "--keep", action="store_true", help="the dead-letter repair model: requeue, purge (spec/LeaseQueueKeep.cfg)"
+    )
+    which.add_argument(
+        "--resume",
+        action="store_true",
+        help="the checkpoint/restore model: exactly-once training across restarts (spec/Resume.cfg)",
     )
     parser.add_argument(
         "--simulate",
@@ -65,14 +74,21 @@ def run(args: argparse.Namespace) -> int:
             config = spec_dir() / WINDOW_CONFIG
         elif args.keep:
             config = spec_dir() / KEEP_CONFIG
+        elif args.resume:
+            config = spec_dir() / RESUME_CONFIG
         else:
             config = spec_dir() / (SIM_CONFIG if args.simulate else CI_CONFIG)
         simulate = (
             Simulation(depth=args.depth, seconds=args.seconds, seed=args.seed, traces=None) if args.simulate else None
         )
         mode = f"simulating ({args.depth} steps, {args.seconds:g} s)" if simulate else "model-checking"
-        print(f"{mode} {spec_dir() / 'LeaseQueue.tla'} with {config} ...", flush=True)
-        result = run_tlc(config, workers=args.workers, simulate=simulate)
+        resume = Path(config).name.startswith("Resume")
+        module = RESUME_MODULE if resume else MODULE
+        print(f"{mode} {spec_dir() / module} with {config} ...", flush=True)
+        modules = [spec_dir() / module] if resume else []
+        result = run_tlc(
+            config, workers=args.workers, simulate=simulate, modules=modules, main_module=module, check_deadlock=True
+        )
     except (ToolMissing, FileNotFoundError, ValueError) as error:
         print(f"featurestream check: {error}")
         return 2
