@@ -813,6 +813,8 @@ class RedisSampleRefQueue:
         status = _text(status)
         if status == "ok":
             self._remember(ref, wire)
+            if rest:
+                self._settled_since(ref, rest[0])
             return True
         if status == "busy":
             self._owe("unretain", ref)
@@ -836,6 +838,8 @@ class RedisSampleRefQueue:
         if status == "ok":
             for ref, wire in zip(batch, wires, strict=True):
                 self._remember(ref, wire)
+            for ref, settled in zip(batch, rest[0] if rest else (), strict=False):
+                self._settled_since(ref, settled)
             return
         offender, outcome, held = rest
         offending = next((ref for ref in batch if ref.sample_id == _text(offender)), batch[0])
@@ -870,6 +874,13 @@ class RedisSampleRefQueue:
         if status == "kept":
             raise errors.KeptDeadLetter(ref.sample_id)
         raise errors.SettledSample(ref.sample_id, _text(outcome[0]))
+
+    def _settled_since(self, ref: SampleRef, settled: object) -> None:
+        """A retried put whose first run's reply was lost: the server says whether the sample settled since
+        (``functions``' ``settled_since``). Its settle was fed before this instance knew the sample was its own,
+        so this is where its store learns it; a dead letter whose bytes are kept stays retained."""
+        if int(settled) == 1:
+            self._scrub(ref)
 
     def _token(self) -> str:
         """A fresh token (the server appends an item number to it for the leases or puts of a batch)."""

@@ -441,6 +441,16 @@ local function settled_by(sid, outcome, key, token)
   return token ~= '' and done and string.sub(done, 1, #prefix) == prefix
 end
 
+-- A retried put that took effect already (put_verdict said 'again'): 0 while its sample is still queued
+-- (``held``), else it settled since -- 1, or 2 when it is a dead letter whose bytes are kept. The settle went on
+-- the ``retired`` feed before the putter knew the sample was its own, so the reply tells it instead.
+local function settled_since(sid, held)
+  if held then
+    return 0
+  end
+  return redis.call('HEXISTS', K_KEPT, sid) == 1 and 2 or 1
+end
+
 -- A rejected ack/fail/extend; ``live``: the lease key is live, so the caller presented a copy of it (forged).
 local function stale(op, key, live)
   redis.call('HINCRBY', K_STATS, 'stale_rejected', '1')

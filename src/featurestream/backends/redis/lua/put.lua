@@ -11,7 +11,8 @@ end
 local done = not held and redis.call('HGET', K_DONE, sid)
 local why, outcome = put_verdict(sid, held, done, token)
 if why == 'again' then
-  return {'ok', events}
+  -- a retry after a lost reply: this very put took effect; the third item says whether it settled since
+  return {'ok', events, settled_since(sid, held)}
 end
 if why == 'dedup' then
   refuse_dedup(sid)

@@ -20,9 +20,11 @@ if not is_open() then
   return {'closed', events, '', '', held_flags()}
 end
 local done = redis.call('HMGET', K_DONE, unpack(sids))
-local fresh = {}
+local fresh, settled, any_settled = {}, {}, false
 for j, sid in ipairs(sids) do
   local why, outcome = put_verdict(sid, held[j], done[j], base .. j)
+  settled[j] = why == 'again' and settled_since(sid, held[j]) or 0
+  any_settled = any_settled or settled[j] ~= 0
   if why == 'dedup' then
     refuse_dedup(sid)
     return {'dedup', events, sid, outcome, held_flags()}
@@ -39,5 +41,8 @@ if base == '' then
 end
 if #fresh > 0 then
   put_new(fresh)
+end
+if any_settled then
+  return {'ok', events, settled}
 end
 return {'ok', events}
