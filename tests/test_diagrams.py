@@ -14,11 +14,13 @@ import torch
 from featurestream import LocalFeatureStore, SampleRefQueue, VisibilityTimeout
 from featurestream.cli import main
 from featurestream.core.machines import LEASE, MachineTable, build_machine
+from featurestream.spec.lifecycle import RESIDENCY, SAMPLE
 from featurestream.tools.diagrams import (
     FORMATS,
     LIVE_MACHINES,
     REFRESH_COMMAND,
     REVIEW_DIAGRAMS,
+    SAMPLE_VIEWS,
     GraphvizMissing,
     machine_dot,
     render_source,
@@ -28,6 +30,7 @@ from featurestream.tools.diagrams import (
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 DIAGRAMS = ROOT / "diagrams"
 SPEC = ROOT / "spec" / "LeaseQueue.tla"
+SCREEN_PX = 2500  # the committed PNGs (144 dpi) must fit a review screen, scaled at most by half
 NEEDS_DOT = "graphviz's `dot` binary is missing: install it (apt-get install graphviz / brew install graphviz)"
 
 
@@ -196,7 +199,14 @@ def test_cli_writes_dot_without_the_binary(tmp_path: pathlib.Path, monkeypatch: 
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     assert main(["diagrams", "--out", str(tmp_path / "out"), "--format", "dot"]) == 0
     written = sorted(p.name for p in (tmp_path / "out").iterdir())
-    assert written == ["backpressure.dot", "lease.dot", "lifecycle.dot", "sample.dot"]
+    assert written == [
+        "backpressure.dot",
+        "lease.dot",
+        "lifecycle.dot",
+        "sample-owed.dot",
+        "sample-refused.dot",
+        "sample.dot",
+    ]
     assert stale_diagrams(REVIEW_DIAGRAMS, tmp_path / "out") == []
 
 
@@ -286,10 +296,49 @@ def test_queue_render_refuses_an_unknown_suffix(busy_queue: SampleRefQueue, tmp_
     assert (tmp_path / "snapshot.txt").read_text().startswith("digraph queue_snapshot {")
 
 
-def test_sample_diagram_shows_where_the_bytes_are() -> None:
-    from featurestream.spec.lifecycle import RESIDENCY, SAMPLE
-
-    source = (DIAGRAMS / "sample.dot").read_text()
-    for state, where in RESIDENCY.items():
-        assert f"{state}\\n{where}" in source, f"sample.dot does not label {state!r} with its residency"
+def test_sample_diagrams_show_where_the_bytes_are() -> None:
+    labelled = set()
+    for view in SAMPLE_VIEWS:
+        source = (DIAGRAMS / f"{view.name}.dot").read_text()
+        labels = {
+            name.strip('"'): label for name, label in re.findall(r'^\t("?[\w-]+"?) \[label="(.*?)\\l"', source, re.M)
+        }
+        for state in view.states:
+            # the label is wrapped onto lines; read as one sentence it is the state and its residency
+            assert labels[state].replace("\\n", " ") == f"{state} {RESIDENCY[state]}", f"{view.name}.dot: {state!r}"
+            labelled.add(state)
+    assert labelled == set(RESIDENCY) == set(SAMPLE.states)
     assert {t.spec_action for t in SAMPLE.transitions} >= {"Enqueue", "Ack", "Fail", "Reclaim", "RetryScrub"}
+
+
+def test_the_sample_views_split_the_spec_table_without_losing_a_transition() -> None:
+    drawn = [row for view in SAMPLE_VIEWS for row in view.transitions]
+    assert sorted(drawn, key=repr) == sorted(SAMPLE.transitions, key=repr), "each transition in exactly one view"
+    assert [view.name for view in SAMPLE_VIEWS] == ["sample", "sample-refused", "sample-owed"]
+    main_view = SAMPLE_VIEWS[0]
+    assert main_view.initial == "absent"
+    assert {"absent", "stored", "paused", "pending", "leased", "acked", "dead", "dead-kept"} == set(main_view.states)
+    for view in SAMPLE_VIEWS:
+        assert view.initial in view.states
+        assert all({row.source, row.dest} <= set(view.states) for row in view.transitions)
+
+
+def png_size(data: bytes) -> tuple[int, int]:
+    """(width, height) from a PNG's IHDR chunk."""
+    assert data.startswith(b"\x89PNG\r\n\x1a\n") and data[12:16] == b"IHDR"
+    return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+
+
+def test_the_sample_diagrams_fit_on_one_screen() -> None:
+    for view in SAMPLE_VIEWS:
+        width, height = png_size((DIAGRAMS / f"{view.name}.png").read_bytes())
+        assert width <= SCREEN_PX and height <= SCREEN_PX, f"diagrams/{view.name}.png is {width}x{height}"
+
+
+def test_the_screen_check_has_teeth() -> None:
+    """The whole table on one page, laid out as the small machines are, is far wider than a screen."""
+    if shutil.which("dot") is None:
+        pytest.skip(NEEDS_DOT)
+    whole = dataclasses.replace(SAMPLE, name="lease")  # the lease diagram's layout: left to right, unwrapped
+    width, _ = png_size(render_source(machine_dot(whole, build_machine(whole)), "png"))
+    assert width > 2 * SCREEN_PX

@@ -1,8 +1,9 @@
 """State diagrams of the coordinator, drawn from the very ``transitions`` machines the queue runs.
 
 ``featurestream diagrams [--out DIR] [--format svg|png|dot]`` writes ``lease``,
-``backpressure`` and ``lifecycle`` as DOT (always possible), SVG and PNG (need
-graphviz's ``dot`` binary). ``SampleRefQueue.render(path)`` draws a live
+``backpressure`` and ``lifecycle``, and the spec's sample lifecycle in three
+views (``sample``, ``sample-refused``, ``sample-owed``: see ``sample_views``), as
+DOT (always possible), SVG and PNG (need graphviz's ``dot`` binary). ``SampleRefQueue.render(path)`` draws a live
 queue's snapshot: how many leases sit in each lease state, and the current
 backpressure and lifecycle states.
 
@@ -23,6 +24,7 @@ import pathlib
 import shutil
 import subprocess
 import sys
+import textwrap
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
@@ -51,6 +53,8 @@ __all__ = [
     "LIVE_MACHINES",
     "REVIEW_DIAGRAMS",
     "REFRESH_COMMAND",
+    "SAMPLE_DETOURS",
+    "SAMPLE_VIEWS",
     "GraphvizMissing",
     "QueueSnapshot",
     "configure",
@@ -58,6 +62,7 @@ __all__ = [
     "render_queue",
     "render_source",
     "run",
+    "sample_views",
     "snapshot_dot",
     "write_diagrams",
 ]
@@ -79,12 +84,77 @@ LIVE_MACHINES: tuple[tuple[MachineTable, Machine], ...] = (
     (BACKPRESSURE, BACKPRESSURE_MACHINE),
     (LIFECYCLE, LIFECYCLE_MACHINE),
 )
+# The detours of the sample lifecycle, each drawn on its own: a put the queue refused, and the bytes a
+# failed scrub leaves owed. Every other transition is the main lifecycle's, ``sample``.
+SAMPLE_DETOURS: dict[str, tuple[str, ...]] = {
+    "sample-refused": ("raised", "raised-retained", "discarded", "discarded-owed"),
+    "sample-owed": ("acked-owed", "dead-owed"),
+}
+
+
+def sample_views() -> tuple[MachineTable, ...]:
+    """``SAMPLE`` split into the main lifecycle and its detours; every transition is in exactly one view.
+
+    The 40 transitions of 14 states on one page are five screens wide. A
+    transition belongs to the detour whose states it touches (none touches
+    two), else to ``sample``; a view's states are those its transitions join,
+    and its initial state the first of them no transition of the view enters.
+    """
+    groups: dict[str, list[Transition]] = {SAMPLE.name: [], **{name: [] for name in SAMPLE_DETOURS}}
+    for row in SAMPLE.transitions:
+        touched = [name for name, states in SAMPLE_DETOURS.items() if {row.source, row.dest} & set(states)]
+        groups[touched[0] if touched else SAMPLE.name].append(row)
+    views = []
+    for name, rows in groups.items():
+        states = tuple(s for s in SAMPLE.states if any(s in (row.source, row.dest) for row in rows))
+        entered = {row.dest for row in rows}
+        initial = SAMPLE.initial if name == SAMPLE.name else next(s for s in states if s not in entered)
+        terminal = tuple(s for s in SAMPLE.terminal if s in states)
+        views.append(MachineTable(name, states, initial, terminal, tuple(rows)))
+    return tuple(views)
+
+
 # The sample lifecycle is the spec's, not a running machine: drawn from its table, which a test
 # (tests/spec/test_lifecycle.py) holds to the edges the spec mirror really takes.
-REVIEW_DIAGRAMS: tuple[tuple[MachineTable, Machine], ...] = (*LIVE_MACHINES, (SAMPLE, build_machine(SAMPLE)))
-_NODE_LABELS: dict[str, Mapping[str, str]] = {
-    SAMPLE.name: {state: rf"{state}\n{where}" for state, where in RESIDENCY.items()},
+SAMPLE_VIEWS = sample_views()
+REVIEW_DIAGRAMS: tuple[tuple[MachineTable, Machine], ...] = (
+    *LIVE_MACHINES,
+    *((view, build_machine(view)) for view in SAMPLE_VIEWS),
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Layout:
+    """How one diagram is laid out when the default (left to right, one line per label part) is too wide.
+
+    ``graph`` overrides the graph attributes; each tuple of ``ranks`` is drawn
+    on one row; ``wrap`` breaks every line of the node and edge labels at that
+    many characters (between words), so labels stack instead of widening.
+    """
+
+    graph: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    ranks: tuple[tuple[str, ...], ...] = ()
+    wrap: int | None = None
+
+    def lines(self, text: str) -> str:
+        """``text`` with its lines wrapped at ``wrap``, in DOT's ``\n`` escape."""
+        if self.wrap is None:
+            return text
+        wrapped = (
+            textwrap.wrap(part, self.wrap, break_long_words=False, break_on_hyphens=False) for part in text.split(r"\n")
+        )
+        return r"\n".join(line for lines in wrapped for line in lines or [""])
+
+
+_DEFAULT_LAYOUT = _Layout()
+# The sample views' labels (where the bytes are, the guards) are sentences: wrapped, they stack.
+_SAMPLE_LAYOUT = _Layout(graph={"rankdir": "TB", "nodesep": "0.5", "ranksep": "0.5"}, wrap=30)
+_LAYOUTS: dict[str, _Layout] = {
+    SAMPLE.name: dataclasses.replace(_SAMPLE_LAYOUT, ranks=(("acked", "dead", "dead-kept"),)),  # the settled row
+    **{name: _SAMPLE_LAYOUT for name in SAMPLE_DETOURS},
 }
+_SAMPLE_NODES = {state: _SAMPLE_LAYOUT.lines(rf"{state}\n{where}") for state, where in RESIDENCY.items()}
+_NODE_LABELS: dict[str, Mapping[str, str]] = {view.name: _SAMPLE_NODES for view in SAMPLE_VIEWS}
 
 # Titles in DOT's escapes: "\n" breaks a line. Edge labels read "trigger: queue method / [guard] / (spec action)".
 _TITLES = {
@@ -93,8 +163,12 @@ _TITLES = {
     "backpressure": r"backpressure: the producer in put_blocks_until_below()\n"
     r"between the watermarks the state holds (hysteresis)",
     "lifecycle": r"lifecycle: the queue as a whole\ndrained: acquire() returns None for good",
-    "sample": r"sample: one sample from the producer's store write to acked / dead / discarded (from the spec)\n"
-    r"each state with where its bytes are; owed: a failed scrub or unretain is retried until the bytes leave",
+    "sample": r"sample: one sample from the producer's store write to acked or dead (from the spec)\n"
+    r"each state with where its bytes are; detours: sample-refused (the put raised), sample-owed (a scrub failed)",
+    "sample-refused": r"sample-refused: the producer's put raised (abort, close, a store fault)\n"
+    r"and it discards the sample; owed: the unretain of a refused put failed and is retried",
+    "sample-owed": r"sample-owed: the scrub of a settled sample failed: the settlement stands, the bytes are owed\n"
+    r"and the scrub is retried until they leave",
 }
 _FONT = "Helvetica"
 _GRAPH_ATTRS = {"rankdir": "LR", "nodesep": "0.5", "ranksep": "0.9", "fontname": _FONT, "fontsize": "14"}
@@ -139,9 +213,11 @@ class QueueSnapshot:
     dead_lettered: int
 
 
-def _edge_label(row: Transition) -> str:
+def _edge_label(row: Transition, layout: _Layout = _DEFAULT_LAYOUT) -> str:
     # DOT's own "\n" escape, so the label breaks the same way in every renderer.
-    return rf"{row.trigger}: {row.method}\n[{row.guard}]\n(spec {row.spec_action})"
+    label = layout.lines(rf"{row.trigger}: {row.method}\n[{row.guard}]\n(spec {row.spec_action})")
+    # GraphMachine joins the labels of parallel edges with " | ": wrapped, each then starts a line of its own.
+    return label + r"\n" if layout.wrap is not None else label
 
 
 def _live_edges(table: MachineTable, machine: Machine) -> list[Transition]:
@@ -182,6 +258,7 @@ def _graph(
         raise GraphvizMissing(INSTALL_PYTHON_GRAPHVIZ) from error
     from transitions.extensions import GraphMachine
 
+    layout = _LAYOUTS.get(table.name, _DEFAULT_LAYOUT)
     edges = _live_edges(table, machine)
     # Terminal as the machine runs it: no edge leaves the state (the test checks this equals table.terminal).
     terminal = set(machine.states) - {row.source for row in edges}
@@ -196,13 +273,14 @@ def _graph(
         states=states,
         initial=machine.initial,
         transitions=[
-            {"trigger": row.trigger, "source": row.source, "dest": row.dest, "label": _edge_label(row)} for row in edges
+            {"trigger": row.trigger, "source": row.source, "dest": row.dest, "label": _edge_label(row, layout)}
+            for row in edges
         ],
         auto_transitions=False,
         graph_engine="graphviz",
         title=title,
     )
-    drawer.machine_attributes = _GRAPH_ATTRS  # replaces GraphMachine's, whose directed/strict dot ignores
+    drawer.machine_attributes = {**_GRAPH_ATTRS, **layout.graph}  # replaces GraphMachine's (directed/strict: unused)
     drawer.style_attributes = _STYLES
     styling = drawer.model_graphs[id(model)]
     styling.reset_styling()  # drop GraphMachine's own "active" mark on the initial state
@@ -216,6 +294,11 @@ def _graph(
     start = f"{table.name}__start"
     graph.node(start, label="", shape="point", width="0.12", style="filled", fillcolor="black")
     graph.edge(start, machine.initial, color="black")
+    for row, names in enumerate(layout.ranks):
+        with graph.subgraph(name=f"{table.name}__row{row}") as same:
+            same.attr(rank="same")
+            for name in names:
+                same.node(name)
     return graph
 
 
