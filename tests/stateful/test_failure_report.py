@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from featurestream.core.lease import StaleLog
 from featurestream.testing import InjectedFault
 from featurestream.testing.report import InjectedCallbackError, quiet_injected_faults
 
@@ -126,6 +127,7 @@ def test_only_the_kits_own_injections_are_dropped_from_the_logs(caplog: pytest.L
             except TypeError as bug:
                 logger.warning("kept: %r", bug, exc_info=bug)
             logger.warning("kept: store %s raised %r", "scrub", OSError(errno.EIO, "a real disk error"))
+            logger.warning(StaleLog.MESSAGE, "ack", 7, "s0", "it was settled or reclaimed already")
     finally:
         quiet_injected_faults(False)
     assert [record.getMessage()[:5] for record in caplog.records] == ["kept:", "kept:"]

@@ -81,6 +81,7 @@ class StaleLog:
     """
 
     __slots__ = ("_limit", "_lock", "_logged", "_logger")
+    MESSAGE = "stale %s of lease %s (sample %r) rejected: %s; nothing changed"
 
     def __init__(self, logger: logging.Logger, limit: int = 4096) -> None:
         self._logger = logger
@@ -97,7 +98,7 @@ class StaleLog:
             if len(self._logged) > self._limit:
                 self._logged.popitem(last=False)
         self._logger.warning(
-            "stale %s of lease %s (sample %r) rejected: %s; nothing changed",
+            self.MESSAGE,
             action,
             lease.lease_id,
             getattr(lease.ref, "sample_id", None),

@@ -1,10 +1,11 @@
 """Keeping the kit's failure report short: its own injected faults stay out of the logs, suspects are named.
 
-The machine injects store faults and raising callbacks on purpose; the queue
-logs each one it survives (with a traceback), which is right in production
-and noise in a test report. ``quiet_injected_faults`` drops exactly those
-records, from every handler (pytest's capture included), while a machine
-runs. ``store_history`` and ``suspect`` turn the ``FaultyStore`` call log into
+The machine injects store faults and raising callbacks, and sends stale and
+forged leases, on purpose; the queue logs each one it survives (a fault with
+its traceback), which is right in production and noise in a test report.
+``quiet_injected_faults`` drops exactly those records, from every handler
+(pytest's capture included), while a machine runs: whether the queue handled
+them right is the invariants' verdict. ``store_history`` and ``suspect`` turn the ``FaultyStore`` call log into
 the part of an invariant message that says which store method to look at.
 """
 
@@ -14,6 +15,7 @@ import logging
 import threading
 from collections.abc import Sequence
 
+from featurestream.core.lease import StaleLog
 from featurestream.testing.faults import InjectedFault
 
 __all__ = ["InjectedCallbackError", "quiet_injected_faults", "store_history", "suspect"]
@@ -30,9 +32,12 @@ _INJECTED = (InjectedFault, InjectedCallbackError)
 
 
 class _InjectedFaultFilter(logging.Filter):
-    """Drops records about the kit's own injections: their exception, or one of their arguments, is one."""
+    """Drops records about the kit's own injections: their exception, or one of their arguments, is one,
+    or they report a stale or forged lease rejected."""
 
     def filter(self, record: logging.LogRecord) -> bool:
+        if record.msg == StaleLog.MESSAGE:
+            return False
         if record.exc_info and isinstance(record.exc_info[1], _INJECTED):
             return False
         args = record.args if isinstance(record.args, tuple) else ()
