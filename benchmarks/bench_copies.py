@@ -12,7 +12,11 @@ three rounds (see ``measure``), and the median is reported:
 - ``local pipeline``: ``put(take_ownership=True)`` + ``get`` (the producer hands
   its fresh tensors over: one copy);
 - ``local zero-copy``: ``put(take_ownership=True)`` + ``get(copy=False)`` (no copy);
-- ``shared-dir``: ``put`` + ``get`` + ``release`` through ``SharedDirFeatureStore``.
+- ``shared-dir``: ``put`` + ``get`` + ``release`` through ``SharedDirFeatureStore``;
+- ``ref local`` / ``ref shared``: the same ``put`` + ``get`` + ``release`` through
+  the installed reference package's ``LocalFeatureStore`` and
+  ``SharedDirFeatureStore`` (skipped when ``nemo-automodel`` is not installed),
+  the baselines of the ``default/ref`` and ``shared/ref`` ratios.
 
 Targets (from the data-plane issue): pipeline >= 0.9x one clone; default >=
 0.9x two clones; zero-copy time independent of size; shared-dir >= 0.8x the
@@ -32,6 +36,7 @@ import time
 from collections.abc import Callable
 from functools import partial
 
+import reference_baseline
 import torch
 
 from featurestream import LocalFeatureStore, SharedDirFeatureStore
@@ -77,6 +82,13 @@ def store_round_trip(store: object, ids: itertools.count, tensors: dict[str, tor
     store.release(handle)  # type: ignore[attr-defined]
 
 
+def reference_round_trip(store: object, ids: itertools.count, tensors: dict[str, torch.Tensor]) -> None:
+    """The reference store's put (its run_id is required) + get + release."""
+    ref = store.put(f"b{next(ids)}", tensors, run_id="bench")  # type: ignore[attr-defined]
+    _, handle = store.get(ref)  # type: ignore[attr-defined]
+    store.release(handle)  # type: ignore[attr-defined]
+
+
 def measure(variants: dict[str, Callable[[], None]], repeats: int, rounds: int = 3) -> dict[str, list[float]]:
     """Seconds per call of each variant, ``repeats`` samples each.
 
@@ -105,14 +117,24 @@ def main() -> None:
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     torch.set_num_threads(1)
+    reference = reference_baseline.streaming()
     with tempfile.TemporaryDirectory(prefix="featurestream-bench-", dir=args.dir) as directory:
-        local = LocalFeatureStore(max_samples=None, max_bytes=1 << 40, high_watermark_bytes=None)
-        shared = SharedDirFeatureStore(directory, max_samples=None, max_bytes=1 << 40, high_watermark_bytes=None)
+        caps = {"max_samples": None, "max_bytes": 1 << 40, "high_watermark_bytes": None}
+        local = LocalFeatureStore(**caps)
+        shared = SharedDirFeatureStore(directory, **caps)
+        reference_stores = {}
+        if reference is not None:
+            reference_caps = {**caps, "low_watermark_bytes": None}
+            reference_stores["ref_local"] = reference.LocalFeatureStore(**reference_caps)
+            reference_dir = os.path.join(directory, "reference")
+            reference_stores["ref_shared"] = reference.SharedDirFeatureStore(reference_dir, **reference_caps)
         ids = itertools.count()
         print(f"torch {torch.__version__}, {torch.get_num_threads()} thread, shared-dir in {directory}")
         print("GB/s of put+get+release (sample bytes / median time); ratios against baselines of the same run\n")
         header = f"{'size':>6} | {'1 clone':>8} {'2 clones':>8} {'raw file':>8} | {'default':>8} {'pipeline':>8}"
         header += f" {'zero-copy':>10} {'shared':>8} | {'default/2cl':>11} {'pipe/1cl':>9} {'shared/raw':>10}"
+        if reference_stores:
+            header += f" | {'ref local':>9} {'ref shared':>10} | {'default/ref':>11} {'pipe/ref':>8} {'shared/ref':>10}"
         print(header)
         print("-" * len(header))
         zero_copy_us = {}
@@ -130,6 +152,10 @@ def main() -> None:
                     "pipeline": partial(store_round_trip, local, ids, tensors, take_ownership=True),
                     "zero": partial(store_round_trip, local, ids, tensors, take_ownership=True, copy=False),
                     "shared": partial(store_round_trip, shared, ids, tensors),
+                    **{
+                        name: partial(reference_round_trip, store, ids, tensors)
+                        for name, store in reference_stores.items()
+                    },
                 },
                 args.repeats,
             )
@@ -143,11 +169,18 @@ def main() -> None:
             # A ~30 us operation: its best time, not its median, is what noise from other processes leaves alone.
             zero_copy_us[size] = min(samples["zero"]) * 1e6
             verdicts.append((size, ratios))
-            print(
+            line = (
                 f"{size:>3} MiB | {gbps['clone1']:>8.2f} {gbps['clone2']:>8.2f} {gbps['raw']:>8.2f} | "
                 f"{gbps['default']:>8.2f} {gbps['pipeline']:>8.2f} {gbps['zero']:>10.1f} {gbps['shared']:>8.2f} | "
                 f"{ratios[0]:>10.2f}x {ratios[1]:>8.2f}x {ratios[2]:>9.2f}x"
             )
+            if reference_stores:
+                line += (
+                    f" | {gbps['ref_local']:>9.2f} {gbps['ref_shared']:>10.2f} | "
+                    f"{gbps['default'] / gbps['ref_local']:>10.2f}x {gbps['pipeline'] / gbps['ref_local']:>7.2f}x "
+                    f"{gbps['shared'] / gbps['ref_shared']:>9.2f}x"
+                )
+            print(line)
         print()
         best = ", ".join(f"{size} MiB {us:.1f} us" for size, us in zero_copy_us.items())
         print(f"zero-copy put+get+release, best of each: {best}")
@@ -164,6 +197,8 @@ def main() -> None:
         print(f"zero-copy independent of size (spread <= 2x): {'met' if spread <= 2 else 'MISSED'}")
         shared.close()
         local.close()
+        for store in reference_stores.values():
+            store.close()
 
 
 if __name__ == "__main__":

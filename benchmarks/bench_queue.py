@@ -2,9 +2,13 @@
 
     python benchmarks/bench_queue.py [--depths 1000,100000,1000000] [--ops 20000] [--cpu-time]
 
-Every number is printed next to a baseline measured in the same run:
-a plain ``collections.deque`` + dict queue doing the same bookkeeping without
-the state machine (cost), and CPython's ``queue.Queue`` hand-off (latency).
+Every number is printed next to baselines measured in the same run: the
+installed reference package's ``SampleRefQueue`` (cost and latency; its
+column is skipped when ``nemo-automodel`` is not installed), a plain
+``collections.deque`` + dict queue doing the same bookkeeping without the
+state machine (cost), and CPython's ``queue.Queue`` hand-off (latency). The
+reference's consumer polls (``acquire(poll_interval=0.05)``, what its loader
+calls), so its latency is measured over ``--reference-latency-samples``.
 The cost table also splits featurestream's lifecycle into the ``transitions``
 triggers it fires (``lease`` then ``ack`` on the lease machine, timed alone on
 fresh models) and everything around them (lock, FIFO, heap, counters, store
@@ -24,17 +28,19 @@ import queue as stdlib_queue
 import statistics
 import threading
 import time
+import types
 from collections.abc import Callable, Mapping
 from typing import Protocol
 
+import reference_baseline
 import torch
 
-from featurestream import FeatureSpec, FeatureStore, SampleRef, SampleRefQueue, StoreHandle, StoreHealth
+import featurestream
+from featurestream import FeatureStore, SampleRef, SampleRefQueue, StoreHandle, StoreHealth
 from featurestream.core.machines import LEASE, LEASE_MACHINE, fire
 
 _FEATURES = ("aux_hidden_states", "input_ids", "attention_mask", "loss_mask")
-_SPECS = {name: FeatureSpec((1,), torch.long) for name in _FEATURES}
-_KEYS = {name: name for name in _SPECS}
+_KEYS = {name: name for name in _FEATURES}
 _HEALTH = StoreHealth(0, 0, 0, False, True)
 
 
@@ -62,9 +68,12 @@ class NullStore(FeatureStore):
         pass
 
 
-def make_refs(prefix: str, count: int) -> list[SampleRef]:
+def make_refs(prefix: str, count: int, api: types.ModuleType = featurestream) -> list[SampleRef]:
+    """``count`` refs made with ``api``'s ``SampleRef`` (featurestream's, or the reference's streaming package)."""
+    specs = {name: api.FeatureSpec((1,), torch.long) for name in _FEATURES}
+    algorithm = api.FeatureAlgorithm.EAGLE3
     return [
-        SampleRef(f"{prefix}{i}", "bench", NullStore.store_uri, _KEYS, _SPECS, "eagle3", 1, 1, 32, "0", "0")
+        api.SampleRef(f"{prefix}{i}", "bench", NullStore.store_uri, _KEYS, specs, algorithm, 1, 1, 32, "0", "0")
         for i in range(count)
     ]
 
@@ -172,19 +181,23 @@ def main() -> None:
     parser.add_argument("--ops", type=int, default=20_000)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--latency-samples", type=int, default=300)
+    parser.add_argument("--reference-latency-samples", type=int, default=60)
     parser.add_argument("--cpu-time", action="store_true", help="time the cost table in process CPU time")
     args = parser.parse_args()
     depths = [int(d) for d in args.depths.split(",")]
     timer = time.process_time if args.cpu_time else time.perf_counter
+    reference = reference_baseline.streaming()
 
     clock = "CPU time" if args.cpu_time else "wall time"
     print(f"control plane: cost per lifecycle (put + acquire + ack), best of {args.repeats}, {args.ops} ops, {clock}")
     print(
         f"{'pending':>10} {'featurestream':>15} {'triggers':>10} {'rest':>10} {'deque+dict':>12} "
-        f"{'ratio':>7} {'rest ratio':>11} {'vs first depth':>15}"
+        f"{'ratio':>7} {'rest ratio':>11} {'vs first depth':>15} {'reference':>12} {'fs/ref':>7} {'ref vs first':>13}"
     )
     ops = make_refs("op", args.ops)
-    first = None
+    if reference is not None:
+        reference_ops = make_refs("op", args.ops, reference)
+    first = reference_first = None
     store = NullStore()
     for depth in depths:
         prefill = make_refs("pre", depth)
@@ -193,11 +206,21 @@ def main() -> None:
         triggers = min(trigger_cost(args.ops, timer) for _ in range(args.repeats))
         rest = ours - triggers
         first = first or ours
-        print(
+        line = (
             f"{depth:>10} {ours * 1e6:>12.2f} us {triggers * 1e6:>7.2f} us {rest * 1e6:>7.2f} us "
             f"{base * 1e6:>9.2f} us {ours / base:>6.1f}x {rest / base:>10.1f}x {ours / first:>14.2f}x"
         )
         del prefill
+        if reference is not None:
+            reference_prefill = make_refs("pre", depth, reference)
+            theirs = min(
+                lifecycle_cost(lambda: reference.SampleRefQueue(store), reference_prefill, reference_ops, timer)
+                for _ in range(args.repeats)
+            )
+            del reference_prefill
+            reference_first = reference_first or theirs
+            line += f" {theirs * 1e6:>9.2f} us {ours / theirs:>6.2f}x {theirs / reference_first:>12.2f}x"
+        print(line)
 
     print(f"\nwake-up: put -> lease of a consumer blocked in acquire(timeout=...), {args.latency_samples} samples")
     fs_queue = SampleRefQueue(store)
@@ -205,11 +228,30 @@ def main() -> None:
     ours_lat = wakeup_latencies(lambda i: fs_queue.put(refs[i]), lambda: fs_queue.acquire(timeout=10), len(refs))
     std: stdlib_queue.Queue[int] = stdlib_queue.Queue()
     base_lat = wakeup_latencies(std.put, lambda: std.get(timeout=10), len(refs))
-    for name, lat in (("featurestream", ours_lat), ("queue.Queue", base_lat)):
+    measured = [("featurestream", ours_lat), ("queue.Queue", base_lat)]
+    if reference is not None:
+        ref_queue = reference.SampleRefQueue(store)
+        ref_refs = make_refs("wake", args.reference_latency_samples, reference)
+        measured.append(
+            (
+                "reference",
+                wakeup_latencies(lambda i: ref_queue.put(ref_refs[i]), lambda: _poll(ref_queue), len(ref_refs)),
+            )
+        )
+    for name, lat in measured:
         ordered = sorted(lat)
         p99 = ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
-        print(f"{name:>14}: median {statistics.median(lat) * 1e3:.3f} ms  p99 {p99 * 1e3:.3f} ms")
-    print(f"median ratio featurestream / queue.Queue: {statistics.median(ours_lat) / statistics.median(base_lat):.2f}x")
+        print(f"{name:>14}: median {statistics.median(lat) * 1e3:.3f} ms  p99 {p99 * 1e3:.3f} ms ({len(lat)} samples)")
+    for name, lat in measured[1:]:
+        print(f"median ratio featurestream / {name}: {statistics.median(ours_lat) / statistics.median(lat):.3f}x")
+
+
+def _poll(queue: object) -> object:
+    """The reference consumer's wait: ``acquire`` with its default poll interval until a lease comes back."""
+    while True:
+        lease = queue.acquire(poll_interval=0.05)  # type: ignore[attr-defined]
+        if lease is not None:
+            return lease
 
 
 if __name__ == "__main__":

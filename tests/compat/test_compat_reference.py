@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import unittest.mock
 from pathlib import Path
 from typing import Any
 
@@ -86,6 +87,9 @@ def test_the_producer_infers_eagle3_from_the_references_backends(reference: Refe
         ref = producer.produce(**prompt(0))
         assert ref.algorithm is FeatureAlgorithm.EAGLE3
         producer.discard(ref)
+
+    spec_only = unittest.mock.MagicMock(spec=reference.backend.Eagle3TargetBackend)
+    assert FeatureProducer(spec_only, store, run_id="r").algorithm is FeatureAlgorithm.EAGLE3, "isinstance, as theirs"
 
     class NotATarget:
         def generate_batch(self, **inputs: Any) -> Any:

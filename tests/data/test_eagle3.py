@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import sys
+import types
 
 import pytest
 import torch
@@ -117,6 +119,35 @@ def test_register_refuses_a_second_schema_for_an_algorithm_and_a_wrong_core_set(
     with pytest.raises(TypeError, match=r"batch_type Untrainable has no to_trainer_inputs\(\)"):
         dataclasses.replace(schema, batch_type=Untrainable)
     assert schemas.schema_for(FeatureAlgorithm.EAGLE3) is schema, "a refused registration changes nothing"
+
+
+def test_reference_classes_count_once_their_module_is_imported_and_never_before(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    schema = dataclasses.replace(
+        eagle3.EAGLE3_SCHEMA, reference_backend_type="refpkg.backend.Base", reference_batch_type="refpkg.target.Batch"
+    )
+
+    class Base:
+        pass
+
+    class Backend(Base):
+        pass
+
+    assert not schema.is_backend(Backend()) and schema.default_batch_type() is Eagle3TargetBatch
+    assert "refpkg.backend" not in sys.modules, "looking never imports"
+    for name, attribute, value in (("refpkg.backend", "Base", Base), ("refpkg.target", "Batch", RecipeBatch)):
+        module = types.ModuleType(name)
+        setattr(module, attribute, value)
+        monkeypatch.setitem(sys.modules, name, module)
+    assert schema.is_backend(Backend()) and not schema.is_backend(object())
+    both = schema.default_batch_type()
+    assert issubclass(both, Eagle3TargetBatch) and issubclass(both, RecipeBatch) and schema.default_batch_type() is both
+    batch = schema.make_batch(eagle3_sample(1), both)
+    assert isinstance(batch, RecipeBatch) and "target_logits" in batch.to_trainer_inputs(), "featurestream's methods"
+    for bad in ("Base", "", ".Base", 3):
+        with pytest.raises(ValueError, match=r"reference_backend_type must be a dotted 'module.Class' name"):
+            dataclasses.replace(schema, reference_backend_type=bad)
 
 
 def test_make_batch_uses_from_tensors_when_there_is_one_else_keywords() -> None:

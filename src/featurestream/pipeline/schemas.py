@@ -67,8 +67,9 @@ class AlgorithmSchema:
       (``FeatureProducer`` infers the algorithm from it), or ``None``;
     - ``reference_backend_type``: the dotted name (``package.module.Class``)
       of another package's backend base class that also implies this
-      algorithm. It is matched by name against a backend's MRO, so that
-      package is never imported by featurestream;
+      algorithm. featurestream never imports that package: a backend can only
+      be an instance of the class once its module is imported, so the class
+      is looked up in ``sys.modules``;
     - ``reference_batch_type``: the dotted name of another package's batch
       class. When its module is already imported in the loader's process,
       ``default_batch_type()`` returns a subclass of both ``batch_type`` and
@@ -128,13 +129,11 @@ class AlgorithmSchema:
 
     def is_backend(self, backend: object) -> bool:
         """Whether ``backend`` is one of this algorithm's target backends: an instance of ``backend_type``, or of
-        a class named ``reference_backend_type`` (compared by module and qualified name along its MRO)."""
+        ``reference_backend_type`` when that class's module is imported."""
         if self.backend_type is not None and isinstance(backend, self.backend_type):
             return True
-        if self.reference_backend_type is None:
-            return False
-        module, _, name = self.reference_backend_type.rpartition(".")
-        return any(base.__module__ == module and base.__qualname__ == name for base in type(backend).__mro__)
+        reference = _imported_class(self.reference_backend_type)
+        return reference is not None and isinstance(backend, reference)
 
     def default_batch_type(self) -> type:
         """The class a loader builds batches as when it is given none.
@@ -144,14 +143,20 @@ class AlgorithmSchema:
         then a subclass of both, so the recipe's ``isinstance`` checks against
         its own class pass and featurestream's methods stay available.
         """
-        if self.reference_batch_type is None:
-            return self.batch_type
-        module_name, _, name = self.reference_batch_type.rpartition(".")
-        module = sys.modules.get(module_name)
-        reference = getattr(module, name, None) if module is not None else None
-        if not isinstance(reference, type) or issubclass(self.batch_type, reference):
+        reference = _imported_class(self.reference_batch_type)
+        if reference is None or issubclass(self.batch_type, reference):
             return self.batch_type
         return _batch_type_of_both(self.batch_type, reference)
+
+
+def _imported_class(dotted: str | None) -> type | None:
+    """The class named ``package.module.Class`` if its module is already imported (never importing it), else None."""
+    if dotted is None:
+        return None
+    module_name, _, name = dotted.rpartition(".")
+    module = sys.modules.get(module_name)
+    found = getattr(module, name, None) if module is not None else None
+    return found if isinstance(found, type) else None
 
 
 @functools.cache
