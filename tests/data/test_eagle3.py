@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import pickle
 import sys
 import types
 
@@ -145,6 +146,8 @@ def test_reference_classes_count_once_their_module_is_imported_and_never_before(
     assert issubclass(both, Eagle3TargetBatch) and issubclass(both, RecipeBatch) and schema.default_batch_type() is both
     batch = schema.make_batch(eagle3_sample(1), both)
     assert isinstance(batch, RecipeBatch) and "target_logits" in batch.to_trainer_inputs(), "featurestream's methods"
+    copied = pickle.loads(pickle.dumps(batch))
+    assert type(copied) is both and torch.equal(copied.logits, batch.logits)
     for bad in ("Base", "", ".Base", 3):
         with pytest.raises(ValueError, match=r"reference_backend_type must be a dotted 'module.Class' name"):
             dataclasses.replace(schema, reference_backend_type=bad)

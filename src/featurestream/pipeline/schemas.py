@@ -162,14 +162,24 @@ def _imported_class(dotted: str | None) -> type | None:
 @functools.cache
 def _batch_type_of_both(own: type, reference: type) -> type:
     """One class per pair, so batches of two loaders are of the same type."""
+
+    def __reduce__(self: Any) -> tuple[Any, ...]:
+        # Pickled as its two bases (both importable by name) and its fields: the combined class is rebuilt on load.
+        return _rebuild_batch, (own, reference, dict(vars(self)))
+
     return type(
         own.__name__,
         (own, reference),
         {
             "__module__": own.__module__,
             "__doc__": f"A {own.__qualname__} that is also a {reference.__module__}.{reference.__qualname__}.",
+            "__reduce__": __reduce__,
         },
     )
+
+
+def _rebuild_batch(own: type, reference: type, fields: dict[str, Any]) -> Any:
+    return _batch_type_of_both(own, reference)(**fields)
 
 
 def make_batch(tensors: Mapping[str, torch.Tensor], batch_type: type) -> Any:
