@@ -91,7 +91,8 @@ def train(config: dict[str, Any], rank: int, queue: Any, store: Any, log: TextIO
                 print(f"trained {identifier}", file=log, flush=True)
 
 
-def run_rank(config: dict[str, Any], rank: int) -> None:
+def join_group(config: dict[str, Any], rank: int) -> None:
+    """Join the launch's gloo group as ``rank`` (one CPU thread: the ranks share the machine)."""
     torch.set_num_threads(1)
     dist.init_process_group(
         "gloo",
@@ -100,6 +101,10 @@ def run_rank(config: dict[str, Any], rank: int) -> None:
         world_size=config["world"],
         timeout=datetime.timedelta(seconds=GROUP_TIMEOUT_S),
     )
+
+
+def run_rank(config: dict[str, Any], rank: int) -> None:
+    join_group(config, rank)
     queue, store = open_queue(config, rank)
     with open(os.path.join(config["out"], f"rank{rank}.log"), "w") as log:
         steps = -1

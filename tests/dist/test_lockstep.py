@@ -15,6 +15,7 @@ import os
 import time
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,13 +28,15 @@ from ._rank_worker import eagle3_tensors, run_rank, sample_id
 LAUNCH_LIMIT_S = 45.0
 
 
-def launch(tmp_path: Path, world: int, **config: Any) -> list[dict[str, Any]]:
-    """Run ``world`` rank processes to completion (killing them all past the limit) and parse their logs."""
+def launch(
+    tmp_path: Path, world: int, target: Callable[[dict[str, Any], int], None] = run_rank, **config: Any
+) -> list[dict[str, Any]]:
+    """Run ``world`` rank processes of ``target`` to completion (killing them all past the limit); parse their logs."""
     run = tmp_path / f"run-{uuid.uuid4().hex[:8]}"
     run.mkdir()
     config |= {"world": world, "init": f"file://{run / 'group'}", "out": str(run)}
     context = multiprocessing.get_context("fork")
-    procs = [context.Process(target=run_rank, args=(config, rank), daemon=True) for rank in range(world)]
+    procs = [context.Process(target=target, args=(config, rank), daemon=True) for rank in range(world)]
     for proc in procs:
         proc.start()
     give_up = time.monotonic() + LAUNCH_LIMIT_S
@@ -58,6 +61,7 @@ def launch(tmp_path: Path, world: int, **config: Any) -> list[dict[str, Any]]:
                 "skipped": sum(1 for kind, _ in words if kind == "skipped"),
                 "errors": [rest for kind, rest in words if kind == "error"],
                 "steps": next((int(rest) for kind, rest in words if kind == "steps"), None),
+                "restored": [rest for kind, rest in words if kind == "restored"],
             }
         )
     return results

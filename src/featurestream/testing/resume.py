@@ -35,7 +35,16 @@ from featurestream.pipeline.producer import FeatureProducer
 from featurestream.pipeline.resume import ProducerReport, ResumableProducer
 from featurestream.stores.base import FeatureStore
 
-__all__ = ["KeyTarget", "check_history", "check_ledger", "latest_checkpoint", "produce", "prompts", "train"]
+__all__ = [
+    "KeyTarget",
+    "check_history",
+    "check_ledger",
+    "latest_checkpoint",
+    "produce",
+    "prompts",
+    "save_checkpoint",
+    "train",
+]
 
 _HIDDEN = 4
 _VOCAB = 8
@@ -69,7 +78,8 @@ def latest_checkpoint(directory: str | os.PathLike[str]) -> dict[str, Any] | Non
     return json.loads(found[-1].read_text()) if found else None
 
 
-def _save(directory: Path, checkpoint: dict[str, Any]) -> None:
+def save_checkpoint(directory: Path, checkpoint: dict[str, Any]) -> None:
+    """Write ``checkpoint`` (its loader state names the step) as ``directory/ckpt-<step>.json``, atomically."""
     step = checkpoint["loader"]["step"]
     fd, tmp = tempfile.mkstemp(dir=directory, suffix=".tmp")
     with os.fdopen(fd, "w") as out:
@@ -107,10 +117,10 @@ def train(
         if crash is not None:
             crash("step")
         if len(history) % every == 0:
-            _save(directory, {"loader": loader.state_dict(), "history": history})
+            save_checkpoint(directory, {"loader": loader.state_dict(), "history": history})
             if crash is not None:
                 crash("saved")
-    _save(directory, {"loader": loader.state_dict(), "history": history})
+    save_checkpoint(directory, {"loader": loader.state_dict(), "history": history})
     loader.close()  # after the final checkpoint: ends the producer's run
     return history
 
