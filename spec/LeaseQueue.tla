@@ -30,7 +30,7 @@ CONSTANTS
     LowWatermark,       \* resume at/below this many resident bytes
     MaxHeld,            \* leases one consumer holds at once (a model bound)
     SampleBytes,        \* the size of every sample not in LargeSamples
-    \* Each switch re-enables one defect of the reference (DESIGN.md "Known defects").
+    \* Each switch re-enables one defect of the reference (docs/design.md, defects A-E).
     BugStaleRelease,    \* A: the last handle release frees a sample the queue still holds
     BugNoScrub,         \* B: a settled sample is only un-retained, never scrubbed
     BugNoDedup,         \* C: a re-put of a settled id is accepted
@@ -629,7 +629,7 @@ Drain ==
     /\ UNCHANGED <<status, queue, deliveries, lease, held, handles, storeVars, bp, faultVars, envVars>>
 
 -----------------------------------------------------------------------------
-(* The invariants of DESIGN.md, by number. *)
+(* The invariants of docs/design.md, by number. *)
 
 (* 1. At most one live lease per sample; leased iff it has one, pending iff queued once with a pending lease. *)
 OneLiveLease == \A s \in Samples :

@@ -1,4 +1,4 @@
-"""The reference's known defects A-F (DESIGN.md), each replayed against featurestream.
+"""The reference's known defects A-F (docs/design.md), each replayed against featurestream.
 
 G (O(n) hot paths) is measured by ``benchmarks/bench_queue.py``, not timed here.
 """

@@ -1,6 +1,6 @@
 """Known defects re-introduced one at a time as test-only subclasses.
 
-The reference's A-E (DESIGN.md "Known defects") and issue 9's two: the old
+The reference's A-E (docs/design.md) and issue 9's two: the old
 backpressure rule (P) and an ack whose scrub fault un-settles the sample (S).
 """
 

@@ -1,6 +1,6 @@
 """The invariants of the stateful test, checked after every step (mixed into ``QueueMachine``).
 
-Named after DESIGN.md's invariants; each reads the implementation through its
+Named after the invariants of docs/design.md; each reads the implementation through its
 public API (and the store the machine wraps, ``inner``, directly) and compares
 it with what ``QueueMachine`` observed and with the spec mirror. Violations
 seen while acting are noted by the actions and reported by the invariant they

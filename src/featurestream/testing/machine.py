@@ -17,8 +17,8 @@ what the mirror does not model yet (store faults, the producer rule): a
 settled sample whose scrub failed stays resident until the queue's retry
 goes through, and the mirror's residency is aligned to that.
 
-After every step the named invariants ``inv01`` ... ``inv15`` check DESIGN.md's
-invariants 1-9 and 11-13, bounded reaping (the safety side of 10), the
+After every step the named invariants ``inv01`` ... ``inv15`` check the
+invariants 1-9 and 11-13 of docs/design.md, bounded reaping (the safety side of 10), the
 counters, agreement with the mirror, producer progress, survivable store
 faults and the callbacks. A failure raises ``InvariantViolation`` naming the
 invariant, and Hypothesis prints the shrunk sequence of rules.
