@@ -33,3 +33,9 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 @pytest.fixture
 def queue_name() -> str:
     return f"ops-{uuid.uuid4().hex}"
+
+
+@pytest.fixture
+def not_redis_url() -> Iterator[str]:
+    with _redis_launcher().http_server() as url:
+        yield url

@@ -182,6 +182,38 @@ def test_status_of_an_unreachable_server_exits_2_naming_it(cli: Run) -> None:
     assert url in err and "'q'" in err
 
 
+def test_status_of_a_server_that_is_not_redis_exits_2_saying_so(
+    cli: Run, not_redis_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    status, out, err = cli("status", url=not_redis_url, name="q")
+    assert status == 2 and out == ""
+    assert f"Redis at {not_redis_url} for queue 'q': the server there is not a Redis server" in err
+    assert main(["status", "--redis", not_redis_url]) == 2  # listing the queues: the same
+    assert "is not a Redis server" in capsys.readouterr().err
+
+
+def test_status_without_a_name_lists_the_queues(
+    redis_server: Any, producer: Callable[..., RedisSampleRefQueue], queue_name: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    closed_name = f"{queue_name}-closed"
+    producer()
+    other = RedisSampleRefQueue(LocalFeatureStore(), url=redis_server.url, name=closed_name)
+    other.close()
+    other.disconnect()
+    capsys.readouterr()
+    assert main(["status", "--redis", redis_server.url]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0].endswith(f"featurestream queues at {redis_server.url}:")
+    listed = dict(line.split() for line in out.splitlines()[1:])
+    assert listed[queue_name] == "open" and listed[closed_name] == "drained"
+    assert main(["status", "--redis", redis_server.url, "--json"]) == 0
+    document = json.loads(capsys.readouterr().out)
+    assert document["url"] == redis_server.url
+    assert {"name": queue_name, "lifecycle": "open"} in document["queues"]
+    assert main(["status", "--redis", redis_server.url, "--watch", "1"]) == 2
+    assert "--watch needs --name" in capsys.readouterr().err
+
+
 def test_status_hides_the_password(cli: Run, redis_server: Any) -> None:
     url = redis_server.url.replace("redis://", "redis://:hunter2@")
     _, _, err = cli("status", url=url, name="no-such-queue")

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import http.server
 import re
 import shutil
 import socket
 import subprocess
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -107,6 +109,38 @@ def running(directory: Path, *, appendonly: bool) -> Iterator[RedisServer]:
         yield server
     finally:
         server.stop()
+
+
+@contextlib.contextmanager
+def http_server() -> Iterator[str]:
+    """A real HTTP server on 127.0.0.1 (the standard library's, answering 400 to what Redis clients send); yields
+    a redis:// URL pointing at it, as a user who typed the wrong port would."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _QuietHandler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"redis://127.0.0.1:{server.server_address[1]}/0"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)
+
+
+class _QuietHandler(http.server.BaseHTTPRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def not_redis_url() -> Iterator[str]:
+    with http_server() as url:
+        yield url
+
+
+@pytest.fixture
+def closed_port_url() -> str:
+    """A redis:// URL of a port bound on 127.0.0.1 and closed again: connections to it are refused."""
+    return f"redis://127.0.0.1:{_free_port()}/0"
 
 
 @pytest.fixture(scope="session")

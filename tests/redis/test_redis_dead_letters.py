@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from featurestream import LocalFeatureStore, SampleRefQueue
+from featurestream import LocalFeatureStore, SampleRefQueue, SharedDirFeatureStore
 from featurestream import VisibilityTimeout as VT
 from featurestream.core.refs import SampleRef
 from featurestream.testing import sample_tensors
@@ -103,8 +104,9 @@ def test_kept_bytes_are_retained_up_to_the_cap_and_requeue_delivers_again(
     assert (REQUEUE_EVENT, {"sample_id": "s0", "n": 0, "pending": 1, "outstanding": 0}) in untimed
 
 
-def test_purge_releases_kept_bytes(make: Factory, redis_server: Any, queue_name: str) -> None:
-    producer_store, consumer_store = LocalFeatureStore(max_samples=64), LocalFeatureStore(max_samples=64)
+def test_purge_releases_kept_bytes(make: Factory, redis_server: Any, queue_name: str, tmp_path: Path) -> None:
+    # two processes' instances of one shared store: the same URI, each its own residency
+    producer_store, consumer_store = SharedDirFeatureStore(tmp_path), SharedDirFeatureStore(tmp_path)
     producer = make(producer_store, keep_dead_letter_bytes=10**9)
     kill(producer, producer_store, 0, 1)
     assert producer_store.health().sample_count == 2  # both kept

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -14,6 +15,8 @@ pytest.importorskip("redis", reason="redis-py is missing: pip install 'featurest
 def test_demo_runs_the_pipeline_over_redis(redis_server: Any, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["demo", "--redis", redis_server.url, "--samples", "24", "--no-progress", "--crash-every", "7"]) == 0
     out = capsys.readouterr().out
-    assert f"queue RedisSampleRefQueue at {redis_server.url}," in out.splitlines()[0]
+    shown = re.search(rf"queue RedisSampleRefQueue '(demo-[0-9a-f]{{12}})' at {re.escape(redis_server.url)} ", out)
+    assert shown is not None, out.splitlines()[0]
+    assert main(["status", "--redis", redis_server.url, "--name", shown.group(1)]) == 0  # the name status needs
     assert "[ok] every sample put was acked exactly once" in out
     assert "[ok] nothing pending, leased or resident at the end" in out

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from featurestream import LocalFeatureStore
+from featurestream import LocalFeatureStore, SharedDirFeatureStore
 from featurestream import VisibilityTimeout as VT
 from featurestream.testing import sample_tensors
 
@@ -55,9 +56,10 @@ def retired_count(client: Any, queue_name: str) -> int:
 
 
 def test_samples_settled_by_their_producer_stay_off_the_feed_others_go_on_it(
-    make: Factory, redis_client: Any, queue_name: str
+    make: Factory, redis_client: Any, queue_name: str, tmp_path: Path
 ) -> None:
-    producer_store, consumer_store = LocalFeatureStore(), LocalFeatureStore()
+    # two processes' instances of one shared store: the same URI, each its own residency
+    producer_store, consumer_store = SharedDirFeatureStore(tmp_path), SharedDirFeatureStore(tmp_path)
     producer = make(producer_store, max_deliveries=1)
     for name in ("own-ack", "own-dead", "elsewhere"):
         put(producer_store, producer, name)
@@ -72,9 +74,9 @@ def test_samples_settled_by_their_producer_stay_off_the_feed_others_go_on_it(
     assert producer_store.health().sample_count == 0
 
 
-def test_a_sample_requeued_and_acked_by_another_instance_reaches_its_producer(make: Factory) -> None:
+def test_a_sample_requeued_and_acked_by_another_instance_reaches_its_producer(make: Factory, tmp_path: Path) -> None:
     """A requeue's put token names no instance: the producer still learns the settle from the feed."""
-    producer_store, other_store = LocalFeatureStore(), LocalFeatureStore()
+    producer_store, other_store = SharedDirFeatureStore(tmp_path), SharedDirFeatureStore(tmp_path)
     producer = make(producer_store, max_deliveries=1, keep_dead_letter_bytes=1 << 30)
     other = make(other_store, max_deliveries=1, keep_dead_letter_bytes=1 << 30)
     put(producer_store, producer, "s0")

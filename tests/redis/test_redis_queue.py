@@ -6,17 +6,28 @@ import dataclasses
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from featurestream import DeadLetter, Lease, LeaseLost, LocalFeatureStore, SampleRefQueue, StoreHealth
+from featurestream import (
+    DeadLetter,
+    Lease,
+    LeaseLost,
+    LocalFeatureStore,
+    SampleRefQueue,
+    SharedDirFeatureStore,
+    StoreHealth,
+)
 from featurestream import VisibilityTimeout as VT
+from featurestream.core import errors
 from featurestream.core.protocol import LeaseQueue
 from featurestream.spec.trace import TraceRecorder
 from featurestream.testing import FakeClock, sample_tensors
 
 redis = pytest.importorskip("redis", reason="redis-py is missing: pip install 'featurestream[redis]'")
+from featurestream.backends.redis.link import FIRST_CONTACT_TIMEOUT, NotRedisServer, RedisUnreachable  # noqa: E402
 from featurestream.backends.redis.queue import RedisLease, RedisSampleRefQueue  # noqa: E402 - needs redis-py
 
 Factory = Callable[..., RedisSampleRefQueue]
@@ -644,9 +655,9 @@ def test_is_a_lease_queue(make: Factory, store: LocalFeatureStore) -> None:
     assert isinstance(queue, LeaseQueue) and not isinstance(queue, SampleRefQueue) and queue.store is store
 
 
-def test_the_producing_instance_forgets_samples_settled_elsewhere(make: Factory) -> None:
+def test_the_producing_instance_forgets_samples_settled_elsewhere(make: Factory, tmp_path: Path) -> None:
     """Each process has its own store instance: the producer's residency must fall when a consumer acks."""
-    producer_store, consumer_store = LocalFeatureStore(), LocalFeatureStore()
+    producer_store, consumer_store = SharedDirFeatureStore(tmp_path), SharedDirFeatureStore(tmp_path)
     producer, consumer = make(producer_store), make(consumer_store)
     for i in range(3):
         put(producer_store, producer, i)
@@ -744,3 +755,52 @@ def test_put_refuses_a_ref_subclass_carrying_a_tensor(make: Factory, store: Loca
     with pytest.raises(TypeError, match=r"ref\.cached holds a Tensor"):
         queue.put(carrying)
     assert queue.pending_count() == 0 and queue.stats().put == 0
+
+
+def test_a_first_connection_to_a_closed_port_fails_fast_naming_url_queue_and_timeout(
+    closed_port_url: str, store: LocalFeatureStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level("WARNING"), pytest.raises(RedisUnreachable) as caught:
+        RedisSampleRefQueue(store, url=closed_port_url, name="run-7", reconnect_timeout=45.0)
+    message = str(caught.value)
+    assert message.startswith(f"cannot reach Redis at {closed_port_url} for queue 'run-7': ")
+    assert "Connection refused" in message and f"tried for {FIRST_CONTACT_TIMEOUT:g} s" in message
+    assert "reconnect_timeout=45 s" in message
+    assert isinstance(caught.value, redis.ConnectionError)  # what callers catching redis-py's error expect
+    assert not [r for r in caplog.records if "retrying" in r.getMessage()]  # no retry chatter before giving up
+    with pytest.raises(RedisUnreachable, match="for queue 'run-7'"):
+        RedisSampleRefQueue.open(closed_port_url, "run-7")
+
+
+def test_a_server_that_is_not_redis_is_reported_as_such(not_redis_url: str, store: LocalFeatureStore) -> None:
+    for open_it in (
+        lambda: RedisSampleRefQueue(store, url=not_redis_url, name="run-7"),
+        lambda: RedisSampleRefQueue.open(not_redis_url, "run-7"),
+    ):
+        with pytest.raises(
+            NotRedisServer, match=f"Redis at {not_redis_url} for queue 'run-7': the server there is not"
+        ):
+            open_it()
+
+
+def test_the_queue_pins_its_store_and_refuses_an_instance_of_another(
+    make: Factory, store: LocalFeatureStore, redis_server: Any, queue_name: str, tmp_path: Path
+) -> None:
+    first = make(store)
+    make(store)  # the same store (another thread's instance): fine
+    other = LocalFeatureStore(max_samples=64)
+    with pytest.raises(errors.StoreMismatch) as caught:
+        make(other)
+    assert str(caught.value) == (
+        f"queue {queue_name!r} is bound to the store {store.store_uri} (pinned by its first instance), but this "
+        f"instance's store is {other.store_uri}: every instance of a queue must use the same store (or use another "
+        "queue name)"
+    )
+    operator = RedisSampleRefQueue.open(redis_server.url, queue_name)  # no store: pins and checks nothing
+    operator.disconnect()
+    put(store, first, 0)
+    assert first.pending_count() == 1  # the refused instance changed nothing
+    shared = [SharedDirFeatureStore(tmp_path), SharedDirFeatureStore(tmp_path)]  # two processes' instances
+    with pytest.raises(errors.StoreMismatch):
+        make(shared[0])
+    assert len({s.store_uri for s in shared}) == 1

@@ -22,6 +22,7 @@ __all__ = [
     "RepeatedInBatch",
     "ScrubOwed",
     "SettledSample",
+    "StoreMismatch",
     "TensorInRef",
     "store_error",
 ]
@@ -147,6 +148,20 @@ class TensorInRef(_Built, TypeError):
         super().__init__(f"sample {sample_id!r} cannot travel as a ref: {where}")
         self.sample_id = sample_id
         self.where = where
+
+
+class StoreMismatch(_Built, ValueError):
+    """A queue instance bound to a store other than the one the queue is pinned to (its first instance's): its
+    consumers could not read the samples the others put, nor the others read its own. Nothing was changed."""
+
+    def __init__(self, queue: str, pinned: str, store_uri: str) -> None:
+        super().__init__(
+            f"queue {queue!r} is bound to the store {pinned} (pinned by its first instance), but this instance's "
+            f"store is {store_uri}: every instance of a queue must use the same store (or use another queue name)"
+        )
+        self.queue = queue
+        self.pinned = pinned
+        self.store_uri = store_uri
 
 
 class NotDeadLetter(_Built, LookupError):

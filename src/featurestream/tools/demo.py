@@ -368,6 +368,13 @@ def _leftover_files(directory: str, run_id: str) -> list[str]:
     return sorted(name for name in os.listdir(directory) if name.startswith(prefixes) and name.endswith(suffixes))
 
 
+def _queue_description(queue: object, args: argparse.Namespace) -> str:
+    """In-process, or the Redis queue's server and name (what ``featurestream status --name`` needs)."""
+    if not getattr(args, "redis", None):
+        return "in-process"
+    return f"RedisSampleRefQueue {getattr(queue, 'name', '?')!r} at {args.redis} (featurestream status --name)"
+
+
 def _summary(
     args: argparse.Namespace,
     store: FeatureStore,
@@ -405,7 +412,7 @@ def _summary(
     }
     lines = [
         f"featurestream demo: {args.samples} samples -> {store.store_uri}, queue "
-        f"{'RedisSampleRefQueue at ' + args.redis if getattr(args, 'redis', None) else 'in-process'}, "
+        f"{_queue_description(queue, args)}, "
         f"{args.consumers} consumers, "
         f"fail-rate {args.fail_rate}, crash-every {args.crash_every}, visibility {args.visibility_timeout} s, "
         f"seed {args.seed}",

@@ -35,11 +35,77 @@ try:
 except ImportError:  # pragma: no cover - hiredis is optional; redis-py packs in Python then
     hiredis = None
 
-__all__ = ["RETRYABLE", "Link"]
+__all__ = ["FIRST_CONTACT_TIMEOUT", "RETRYABLE", "Link", "NotRedisServer", "RedisUnreachable", "first_contact"]
 
 logger = logging.getLogger(__name__)
 
 RETRYABLE = (redis.ConnectionError, redis.TimeoutError)
+
+# How long a queue's very first connection is tried (at most its reconnect_timeout): a wrong URL should fail in
+# seconds; once a server has answered, an outage is ridden out for the whole reconnect_timeout.
+FIRST_CONTACT_TIMEOUT = 3.0
+
+
+class RedisUnreachable(redis.ConnectionError):
+    """A queue's first connection found no server answering: nothing was created."""
+
+
+class NotRedisServer(redis.ConnectionError):
+    """The server at the URL answered, but not in the Redis protocol (an HTTP server, another service's port)."""
+
+
+def describe(client: redis.Redis) -> str:
+    """Where ``client`` connects, as a URL without its password (for messages)."""
+    kwargs = client.connection_pool.connection_kwargs
+    if "path" in kwargs:
+        return f"unix://{kwargs['path']}?db={kwargs.get('db', 0)}"
+    scheme = "rediss" if kwargs.get("ssl") or "ssl_cert_reqs" in kwargs else "redis"
+    return f"{scheme}://{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}/{kwargs.get('db', 0)}"
+
+
+def first_contact(client: redis.Redis, name: str | None, reconnect_timeout: float) -> None:
+    """``PING`` the server ``client`` names until it answers, for at most ``FIRST_CONTACT_TIMEOUT`` seconds.
+
+    Raises ``RedisUnreachable`` when nothing answers in time and ``NotRedisServer`` when something answers in
+    another protocol, each naming the URL, the queue (``None``: a look at every queue) and ``reconnect_timeout``.
+    The probe's connection has
+    socket timeouts of that length, so a server that accepts and never replies cannot hang it either.
+    """
+    limit = min(reconnect_timeout, FIRST_CONTACT_TIMEOUT)
+    where = f"Redis at {describe(client)} for " + (f"queue {name!r}" if name is not None else "its queues")
+    pool = client.connection_pool
+    probe = client
+    if type(pool) is redis.ConnectionPool:
+        seconds = max(limit, 0.5)  # never None: a probe without timeouts could wait for ever
+        timeouts = {"socket_timeout": seconds, "socket_connect_timeout": seconds}
+        probe = redis.Redis(
+            connection_pool=redis.ConnectionPool(pool.connection_class, **{**pool.connection_kwargs, **timeouts})
+        )
+    give_up = time.monotonic() + limit
+    delay = 0.05
+    try:
+        while True:
+            try:
+                probe.ping()
+                return
+            except redis.exceptions.InvalidResponse as exc:
+                raise NotRedisServer(
+                    f"{where}: the server there is not a Redis server (it answered outside the Redis protocol: "
+                    f"{exc}); check the host and port of the URL"
+                ) from None
+            except RETRYABLE as exc:
+                if time.monotonic() + delay > give_up:
+                    raise RedisUnreachable(
+                        f"cannot reach {where}: {exc} (tried for {limit:g} s: a first connection fails fast; "
+                        f"reconnect_timeout={reconnect_timeout:g} s rides out outages once connected)"
+                    ) from None
+                logger.debug("Redis at %s not answering yet (%s); retrying in %.2fs", describe(client), exc, delay)
+                time.sleep(delay)
+                delay = min(delay * 2, 0.5)
+    finally:
+        if probe is not client:
+            probe.connection_pool.disconnect()  # a pool passed in is not closed with its client
+
 
 Arg = str | int | bytes
 
@@ -72,6 +138,7 @@ class Link:
             self._pack = _hiredis_pack
         self._conn_lock = threading.Lock()
         self._pid = os.getpid()  # a forked child shares the socket: it must not use the connection
+        first_contact(client, name, reconnect_timeout)
         self.load()
 
     def load(self) -> None:

@@ -65,7 +65,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the opti
     ) from exc
 
 from featurestream.backends.redis import functions
-from featurestream.backends.redis.link import Link
+from featurestream.backends.redis.link import Link, first_contact
 from featurestream.backends.redis.resume import RedisTrainingLedger
 from featurestream.backends.redis.wire import dead_letter_from_json, ref_from_json, ref_to_json
 from featurestream.core import errors, events
@@ -81,7 +81,7 @@ from featurestream.core.reaper import start_reaper
 from featurestream.core.refs import SampleRef
 from featurestream.stores.base import FeatureStore, StoreHealth
 
-__all__ = ["DEFAULT_REDIS_URL", "RedisLease", "RedisSampleRefQueue"]
+__all__ = ["DEFAULT_REDIS_URL", "RedisLease", "RedisSampleRefQueue", "list_queues"]
 
 logger = logging.getLogger(__name__)
 
@@ -312,7 +312,9 @@ class RedisSampleRefQueue:
         self._sent_now: float | None = None
         self._producing = False
         self._ledger: RedisTrainingLedger | None = None
-        layout, *stored, self._feed_cursor = (_text(v) for v in self._run("init", keep_dead_letter_bytes))
+        store_uri = getattr(store, "store_uri", "") if not isinstance(store, _NoStore) else ""
+        reply = (_text(v) for v in self._run("init", keep_dead_letter_bytes, store_uri))
+        layout, *stored, pinned, self._feed_cursor = reply
         if layout != functions.LAYOUT:
             raise ValueError(
                 f"queue {name!r} on Redis has key layout {layout!r}; this version reads layout {functions.LAYOUT!r} "
@@ -326,6 +328,8 @@ class RedisSampleRefQueue:
                 f"queue {name!r} on Redis was created with {_settings(found)}; this instance asks for "
                 f"{_settings(asked)} (use the same settings everywhere, or another name)"
             )
+        if store_uri and pinned != store_uri:
+            raise errors.StoreMismatch(name, pinned, store_uri)
         self.keep_dead_letter_bytes = keep_dead_letter_bytes
         if reaper_interval is not None:
             start_reaper(self, reaper_interval, self._reaper_stop, name="featurestream-redis-reaper")
@@ -675,6 +679,7 @@ class RedisSampleRefQueue:
         check_seconds("reconnect_timeout", reconnect_timeout)
         client = redis.Redis.from_url(url)
         try:
+            first_contact(client, name, reconnect_timeout)
             layout, *settings = client.hmget(
                 f"featurestream:{{{name}}}:meta", "layout", "max_deliveries", "dedup_window", "keep_bytes"
             )
@@ -1142,6 +1147,27 @@ class RedisSampleRefQueue:
     def _reaper_finished(self) -> bool:
         """Whether the reaper has nothing left to do here: the queue drained and no store call owed."""
         return self.lifecycle_state == "drained" and not self._owed
+
+
+def list_queues(url: str, *, reconnect_timeout: float = 30.0) -> dict[str, str]:
+    """The featurestream queues on the Redis server at ``url``: name -> lifecycle state, sorted by name.
+
+    Reads their ``meta`` keys (a ``SCAN``, never ``KEYS``); changes nothing. ``RedisUnreachable`` /
+    ``NotRedisServer`` as for a queue's first connection.
+    """
+    check_seconds("reconnect_timeout", reconnect_timeout)
+    client = redis.Redis.from_url(url)
+    try:
+        first_contact(client, None, reconnect_timeout)
+        prefix, suffix = "featurestream:{", "}:meta"
+        keys = sorted(_text(key) for key in client.scan_iter(match=f"{prefix}*{suffix}", count=1000))
+        with client.pipeline(transaction=False) as pipe:
+            for key in keys:
+                pipe.hget(key, "state")
+            states = [_text(state) if state is not None else "unknown" for state in pipe.execute()]
+        return {key[len(prefix) : -len(suffix)]: state for key, state in zip(keys, states, strict=True)}
+    finally:
+        client.close()
 
 
 class _NoStore(FeatureStore):

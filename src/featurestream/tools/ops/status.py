@@ -2,8 +2,10 @@
 
 A table by default, one JSON object per line with ``--json`` (the keys of
 ``featurestream.tools.status.snapshot`` plus ``url`` and ``name``); ``--watch S``
-refreshes every S seconds until Ctrl-C (or ``--count`` refreshes). Exit status
-2 when the server is unreachable or holds no queue of that name.
+refreshes every S seconds until Ctrl-C (or ``--count`` refreshes). Without
+``--name`` it lists the server's queues and their lifecycle states instead. Exit
+status 2 when the server is unreachable, is no Redis server, or holds no queue of
+that name.
 """
 
 from __future__ import annotations
@@ -16,7 +18,14 @@ from typing import Any
 
 from featurestream.core.protocol import LeaseQueue
 from featurestream.tools.ops import quiet_when_output_closes
-from featurestream.tools.ops.target import TargetError, add_target_arguments, open_target, positive_float, redact
+from featurestream.tools.ops.target import (
+    TargetError,
+    add_target_arguments,
+    list_target_queues,
+    open_target,
+    positive_float,
+    redact,
+)
 from featurestream.tools.status import COUNTERS, GAUGES, StatusWatcher
 
 # Clear the terminal and home the cursor, so --watch redraws in place.
@@ -24,7 +33,7 @@ _CLEAR = "\x1b[H\x1b[J"
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    add_target_arguments(parser)
+    add_target_arguments(parser, name_required=False)
     parser.add_argument(
         "--watch",
         type=positive_float,
@@ -47,6 +56,13 @@ def run(args: argparse.Namespace) -> int:
         return _fail(f"--count must be >= 1, got {args.count}")
     if args.dead_letters < 0:
         return _fail(f"--dead-letters must be >= 0, got {args.dead_letters}")
+    if args.name is None:
+        if args.watch:
+            return _fail("--watch needs --name (the queue to watch)")
+        try:
+            return _list(args, list_target_queues(args))
+        except TargetError as exc:
+            return _fail(str(exc))
     try:
         with open_target(args) as queue:
             return _show(queue, args)
@@ -71,6 +87,20 @@ def _show(queue: LeaseQueue, args: argparse.Namespace) -> int:
         if not args.json and not redraw:
             print(flush=True)  # a blank line between tables in a log
         time.sleep(args.watch)
+
+
+def _list(args: argparse.Namespace, queues: dict[str, str]) -> int:
+    url = redact(args.redis)
+    if args.json:
+        print(
+            json.dumps({"url": url, "queues": [{"name": name, "lifecycle": state} for name, state in queues.items()]})
+        )
+        return 0
+    print(f"{len(queues)} featurestream queue{'' if len(queues) == 1 else 's'} at {url}" + (":" if queues else ""))
+    width = max((len(name) for name in queues), default=0)
+    for name, state in queues.items():
+        print(f"  {name:{width}}  {state}")
+    return 0
 
 
 def render(status: dict[str, Any]) -> str:

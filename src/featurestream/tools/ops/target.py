@@ -16,7 +16,7 @@ import urllib.parse
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["TargetError", "add_target_arguments", "open_target", "positive_float", "redact"]
+__all__ = ["TargetError", "add_target_arguments", "list_target_queues", "open_target", "positive_float", "redact"]
 
 # An operator command gives up on an unreachable server after this long (a queue's own default is 30 s).
 RECONNECT_TIMEOUT = 2.0
@@ -26,7 +26,7 @@ class TargetError(Exception):
     """The queue cannot be reached or does not exist; the message says which and where."""
 
 
-def add_target_arguments(parser: argparse.ArgumentParser) -> None:
+def add_target_arguments(parser: argparse.ArgumentParser, *, name_required: bool = True) -> None:
     """``--redis URL`` (default ``$FEATURESTREAM_REDIS_URL``), ``--name NAME`` and ``--json``."""
     default_url = os.environ.get("FEATURESTREAM_REDIS_URL")
     parser.add_argument(
@@ -36,7 +36,12 @@ def add_target_arguments(parser: argparse.ArgumentParser) -> None:
         required=default_url is None,
         help="the Redis server holding the queue (default: $FEATURESTREAM_REDIS_URL)",
     )
-    parser.add_argument("--name", required=True, help="the queue name (RedisSampleRefQueue(name=...))")
+    parser.add_argument(
+        "--name",
+        required=name_required,
+        help="the queue name (RedisSampleRefQueue(name=...))"
+        + ("" if name_required else "; omit it to list the queues"),
+    )
     parser.add_argument("--json", action="store_true", help="print JSON for scripts instead of a table")
 
 
@@ -61,12 +66,15 @@ def open_target(args: argparse.Namespace) -> Iterator[Any]:
     where = f"queue {args.name!r} at {redact(args.redis)}"
     try:
         import redis
+        from featurestream.backends.redis.link import NotRedisServer, RedisUnreachable
         from featurestream.backends.redis.queue import RedisSampleRefQueue
     except ImportError as exc:
         raise TargetError(f"cannot open {where}: {exc}") from None
     try:
         queue = RedisSampleRefQueue.open(args.redis, args.name, reconnect_timeout=RECONNECT_TIMEOUT)
-    except (redis.ConnectionError, redis.TimeoutError) as exc:  # refused, timed out, wrong password
+    except (NotRedisServer, RedisUnreachable) as exc:  # the first connection: nothing answered, or not Redis
+        raise TargetError(f"cannot open {where}: {exc}") from None
+    except (redis.ConnectionError, redis.TimeoutError) as exc:  # timed out, wrong password
         raise TargetError(f"cannot reach Redis for {where}: {exc}") from None
     except LookupError:
         raise TargetError(f"no {where}") from None
@@ -78,6 +86,23 @@ def open_target(args: argparse.Namespace) -> Iterator[Any]:
         raise TargetError(f"lost Redis while reading {where}: {exc}") from None
     finally:
         queue.disconnect()
+
+
+def list_target_queues(args: argparse.Namespace) -> dict[str, str]:
+    """The queues on the server ``args.redis`` (name -> lifecycle state); every failure is a ``TargetError``."""
+    where = f"the queues at {redact(args.redis)}"
+    try:
+        import redis
+        from featurestream.backends.redis.link import NotRedisServer, RedisUnreachable
+        from featurestream.backends.redis.queue import list_queues
+    except ImportError as exc:
+        raise TargetError(f"cannot list {where}: {exc}") from None
+    try:
+        return list_queues(args.redis, reconnect_timeout=RECONNECT_TIMEOUT)
+    except (NotRedisServer, RedisUnreachable) as exc:
+        raise TargetError(f"cannot list {where}: {exc}") from None
+    except (redis.RedisError, ValueError) as exc:  # timed out, wrong password, a malformed URL
+        raise TargetError(f"cannot list {where}: {exc}") from None
 
 
 def positive_float(text: str) -> float:
