@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install everything the test suite needs into .venv and run every test.
-# As root on Debian/Ubuntu it also installs the system tools (graphviz, redis-server, Java);
+# As root on Debian/Ubuntu it also installs the system tools (graphviz, redis-server, Java, the RDMA/netlink
+# libraries mooncake_master needs);
 # elsewhere, tests that need a missing tool skip with the reason.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -9,6 +10,10 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   command -v dot >/dev/null || need="$need graphviz"
   command -v redis-server >/dev/null || need="$need redis-server"
   command -v java >/dev/null || need="$need default-jre-headless"
+  # Mooncake's transfer engine links these even when it only speaks TCP.
+  for lib in libibverbs1 libnl-3-200 libnl-route-3-200; do
+    dpkg -s "$lib" >/dev/null 2>&1 || need="$need $lib"
+  done
   if [ -n "$need" ]; then
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq && apt-get install -y -qq --no-install-recommends $need >/dev/null

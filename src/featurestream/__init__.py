@@ -42,13 +42,17 @@ _EXPORTS: dict[str, str] = {
     "FeatureStore": "featurestream.stores.base",
     "StoreHandle": "featurestream.stores.base",
     "StoreHealth": "featurestream.stores.base",
+    "SampleLostError": "featurestream.stores.base",
     "LocalFeatureStore": "featurestream.stores.local",
     "CorruptSampleError": "featurestream.stores.shared_dir",
     "SharedDirFeatureStore": "featurestream.stores.shared_dir",
 }
-# redis-py is optional: RedisSampleRefQueue loads on first use and stays out of
-# __all__, so ``from featurestream import *`` never needs it.
-_OPTIONAL: dict[str, str] = {"RedisSampleRefQueue": "featurestream.backends.redis.queue"}
+# redis-py and Mooncake are optional: RedisSampleRefQueue and MooncakeFeatureStore load
+# on first use and stay out of __all__, so ``from featurestream import *`` needs neither.
+_OPTIONAL: dict[str, str] = {
+    "RedisSampleRefQueue": "featurestream.backends.redis.queue",
+    "MooncakeFeatureStore": "featurestream.stores.mooncake",
+}
 
 __all__ = [
     "AsyncFeaturePipeline",
@@ -68,6 +72,7 @@ __all__ = [
     "LocalFeatureStore",
     "PromptSource",
     "QueueStats",
+    "SampleLostError",
     "SampleRef",
     "SampleRefQueue",
     "SharedDirFeatureStore",
@@ -88,8 +93,9 @@ if TYPE_CHECKING:
     from featurestream.pipeline.eagle3 import Eagle3TargetBackend, Eagle3TargetBatch
     from featurestream.pipeline.loader import FeatureDataLoader, LoaderCloseTimeout
     from featurestream.pipeline.producer import FeatureProducer, TargetBackend
-    from featurestream.stores.base import FeatureStore, StoreHandle, StoreHealth
+    from featurestream.stores.base import FeatureStore, SampleLostError, StoreHandle, StoreHealth
     from featurestream.stores.local import LocalFeatureStore
+    from featurestream.stores.mooncake import MooncakeFeatureStore as MooncakeFeatureStore
     from featurestream.stores.shared_dir import CorruptSampleError, SharedDirFeatureStore
 
 

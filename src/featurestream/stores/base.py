@@ -12,7 +12,7 @@ import torch
 
 from featurestream.core.refs import FeatureAlgorithm, SampleRef
 
-__all__ = ["FeatureStore", "StoreHandle", "StoreHealth", "new_handle_id"]
+__all__ = ["FeatureStore", "SampleLostError", "StoreHandle", "StoreHealth", "new_handle_id"]
 
 # ``next`` on an ``itertools.count`` is atomic in CPython, so ids are unique across threads without a lock.
 _handle_ids = itertools.count(1)
@@ -21,6 +21,25 @@ _handle_ids = itertools.count(1)
 def new_handle_id() -> int:
     """A process-wide unique handle id (what ``StoreHandle`` gets when none is given)."""
     return next(_handle_ids)
+
+
+class SampleLostError(KeyError):
+    """A sample a ref names is gone from a store that never freed it on purpose (its bytes were lost).
+
+    Its owner process died, the store evicted it, or the store's server
+    restarted without its data. A ``KeyError`` (what a freed sample raises),
+    so callers that only know that contract still treat it as gone; the queue's
+    rule for it is a dead letter with reason ``lost``, never a redelivery.
+    """
+
+    def __init__(self, sample_id: str, store_uri: str, cause: str) -> None:
+        super().__init__(sample_id)
+        self.sample_id = sample_id
+        self.store_uri = store_uri
+        self.cause = cause
+
+    def __str__(self) -> str:
+        return f"sample {self.sample_id!r} was lost from {self.store_uri}: {self.cause}"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import abc
 import threading
+import uuid
 from collections.abc import Mapping
 
 import torch
@@ -155,11 +156,12 @@ class LedgerFeatureStore(FeatureStore):
         if not isinstance(tensors, Mapping) or not tensors:
             raise ValueError(f"sample {sample_id!r}: tensors must be a non-empty mapping of name -> tensor")
         specs = feature_specs(tensors)
+        incarnation = uuid.uuid4().hex  # tells this put's bytes apart from any other put of the same id
         ref = SampleRef(
             sample_id=sample_id,
             run_id=run_id,
             store_uri=self.store_uri,
-            feature_keys={name: self._feature_key(sample_id, name) for name in specs},
+            feature_keys={name: self._feature_key(sample_id, name, incarnation) for name in specs},
             feature_specs=specs,
             algorithm=algorithm,
             schema_version=schema_version,
@@ -282,7 +284,8 @@ class LedgerFeatureStore(FeatureStore):
         if not isinstance(sample_id, str) or not sample_id:
             raise ValueError(f"sample_id must be a non-empty str, got {sample_id!r}")
 
-    def _feature_key(self, sample_id: str, name: str) -> str:
+    def _feature_key(self, sample_id: str, name: str, incarnation: str) -> str:
+        """Where feature ``name`` of this put of ``sample_id`` lives; stores whose bytes outlive a scrub name it."""
         return f"{sample_id}/{name}"
 
     def _require_open(self, action: str) -> None:

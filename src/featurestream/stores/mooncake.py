@@ -1,0 +1,423 @@
+"""``MooncakeFeatureStore``: samples as objects in a Mooncake store, moved over TCP or RDMA between machines.
+
+Mooncake (``mooncake-transfer-engine``) keeps object metadata in a master
+(``mooncake_master``) and the bytes in the memory segments its clients mount;
+its transfer engine moves them between processes and machines. This store
+needs no shared filesystem: producers and trainers only need to reach the
+master and each other.
+
+Layout: one Mooncake object per sample, keyed ``<namespace>/<sample_id>@<incarnation>``
+(a fresh incarnation per ``put``, so a stale ref or handle of an earlier put of
+the same id can never read, free or scrub a later one). The object holds a
+32-byte header (magic, incarnation, payload length) followed by every
+feature's bytes in ``ref.feature_names()`` order; ``put`` sends them straight
+from the tensors' memory and ``get`` receives them straight into the tensors it
+returns (no staging copy either way). Objects are hard-pinned: the master never
+evicts them, so the only way a sample's bytes vanish without a ``scrub`` is a
+fault (the segment holding it unmounted or its process dead, the master
+restarted without snapshots): ``get`` then raises ``SampleLostError``.
+
+Residency as every process sees it: caps and ``health`` count the samples this
+instance wrote that Mooncake still holds. Before deciding (``health``, a
+``put``), the instance asks the master which of its objects still exist (one
+``batch_is_exist`` call), so a sample a trainer in another process scrubbed, or
+one that was lost, stops counting at the producer at once. A reader's last
+``release`` of a sample it did not write frees nothing: the writer (its own
+last release) or the queue's ``scrub`` frees it, so a stale reader can never
+remove a sample a queue is about to redeliver.
+
+Where the bytes live: in the segment of a client that mounted one
+(``global_segment_size > 0``). A producer-hosted segment dies with the
+producer; ``close`` therefore refuses while a queue still holds samples this
+instance wrote (see ``docs/data-plane.md`` for the deployment choices).
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import threading
+import time
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from featurestream.core.checks import check_count, check_seconds
+from featurestream.core.refs import SampleRef
+from featurestream.stores.base import SampleLostError, StoreHealth
+from featurestream.stores.ledger import (
+    DEFAULT_HIGH_WATERMARK,
+    DEFAULT_LOW_WATERMARK,
+    DEFAULT_MAX_BYTES,
+    DEFAULT_MAX_SAMPLES,
+    LedgerFeatureStore,
+)
+from featurestream.stores.shared_dir import CorruptSampleError
+
+__all__ = ["MooncakeFeatureStore"]
+
+_MAGIC = b"FSMOON01"
+_HEADER = struct.Struct("<8s16sQ")  # magic, incarnation (uuid bytes), payload length
+_INCARNATION_SEP = "@"
+
+# Mooncake's error codes this store tells apart (mooncake-store ``ErrorCode``).
+_BUFFER_OVERFLOW = -600
+_OBJECT_NOT_FOUND = -704
+_TRANSFER_FAIL = -800
+_CODE_NAMES = {
+    -600: "BUFFER_OVERFLOW",
+    -700: "INVALID_KEY",
+    -703: "OBJECT_ALREADY_EXISTS",
+    -704: "OBJECT_NOT_FOUND",
+    -706: "OBJECT_HAS_LEASE",
+    -800: "TRANSFER_FAIL",
+    -900: "RPC_FAIL",
+}
+# A transfer that fails while the object still exists is retried this often before get gives up with EIO.
+_TRANSFER_RETRIES = 3
+_TRANSFER_RETRY_PAUSE = 0.05
+_CLOSE_POLL = 0.05
+_LOST_CAUSE = (
+    "Mooncake no longer holds its object: unless a queue already scrubbed it, its bytes were lost (the "
+    "segment that held it is gone with its process, or the master restarted without its data)"
+)
+
+
+def _code(rc: int) -> str:
+    return f"{_CODE_NAMES.get(rc, 'error')} ({rc})"
+
+
+def _load_mooncake() -> Any:
+    try:
+        from mooncake import store
+    except ImportError as exc:
+        raise ImportError(
+            "MooncakeFeatureStore needs Mooncake's transfer engine: pip install 'featurestream[mooncake]' "
+            "(the CPU/TCP wheel; on GPU clusters install mooncake-transfer-engine), and on Debian/Ubuntu "
+            "apt-get install libibverbs1 libnl-3-200 libnl-route-3-200"
+        ) from exc
+    return store
+
+
+class MooncakeFeatureStore(LedgerFeatureStore):
+    """Samples in a Mooncake store, reachable from every process that can reach its master.
+
+    Constructed with Mooncake's own setup keywords, or from its JSON config
+    file with ``from_config_file``. ``namespace`` names the run: objects are
+    keyed under it and ``store_uri`` is ``mooncake://<master>/<namespace>``,
+    so a ref is served only by stores of the same cluster and run. Set
+    ``global_segment_size=0`` in a process that only reads (a trainer): it then
+    hosts no bytes. Errors: a sample Mooncake lost -> ``SampleLostError``; an
+    object whose size or header does not match its ref -> ``CorruptSampleError``;
+    a transfer that keeps failing, an unreachable master -> ``OSError`` naming
+    the sample and Mooncake's error code; a put Mooncake has no room for ->
+    ``MemoryError``.
+
+    ``client``: an already set-up ``mooncake.store.MooncakeDistributedStore``
+    to share (e.g. the serving engine's own); the setup keywords then only name
+    the cluster, and ``close`` leaves that client open.
+    """
+
+    adopts_foreign = True
+
+    def __init__(
+        self,
+        *,
+        master_server_address: str,
+        metadata_server: str,
+        local_hostname: str,
+        protocol: str = "tcp",
+        global_segment_size: int = 512 * 1024 * 1024,
+        local_buffer_size: int = 64 * 1024 * 1024,
+        device_name: str = "",
+        namespace: str = "featurestream",
+        max_samples: int | None = DEFAULT_MAX_SAMPLES,
+        max_bytes: int | None = DEFAULT_MAX_BYTES,
+        high_watermark_bytes: int | None = DEFAULT_HIGH_WATERMARK,
+        low_watermark_bytes: int | None = DEFAULT_LOW_WATERMARK,
+        close_timeout: float = 60.0,
+        client: Any = None,
+    ) -> None:
+        check_seconds("close_timeout", close_timeout)
+        for name, value in (
+            ("master_server_address", master_server_address),
+            ("metadata_server", metadata_server),
+            ("local_hostname", local_hostname),
+            ("protocol", protocol),
+            ("namespace", namespace),
+        ):
+            if not isinstance(value, str) or not value:
+                raise ValueError(f"{name} must be a non-empty str, got {value!r}")
+        if not isinstance(device_name, str):
+            raise ValueError(f"device_name must be a str, got {device_name!r}")
+        if _INCARNATION_SEP in namespace:
+            raise ValueError(f"namespace {namespace!r} may not contain {_INCARNATION_SEP!r}")
+        check_count("global_segment_size", global_segment_size)
+        check_count("local_buffer_size", local_buffer_size)
+        super().__init__(
+            f"mooncake://{master_server_address}/{namespace}",
+            max_samples=max_samples,
+            max_bytes=max_bytes,
+            high_watermark_bytes=high_watermark_bytes,
+            low_watermark_bytes=low_watermark_bytes,
+        )
+        self.namespace = namespace
+        self.close_timeout = close_timeout
+        self.master_server_address = master_server_address
+        self.protocol = protocol
+        self._register = protocol != "tcp"  # RDMA (and the other fabrics) read and write registered memory only
+        self._config = _load_mooncake().ReplicateConfig()
+        self._config.with_hard_pin = True  # never evicted: only a scrub, a release or a fault removes a sample
+        self._config.replica_num = 1
+        self._keys: dict[str, str] = {}  # sample id -> object key, for the samples this instance wrote
+        self._writing: set[str] = set()  # object keys whose put is in flight (not yet visible to the master)
+        self._client_lock = threading.Lock()
+        self._client_closed = False
+        self._owns_client = client is None
+        if client is not None:
+            self._client = client
+            return
+        self._client = _load_mooncake().MooncakeDistributedStore()
+        rc = self._client.setup(
+            local_hostname,
+            metadata_server,
+            global_segment_size,
+            local_buffer_size,
+            protocol,
+            device_name,
+            master_server_address,
+        )
+        if rc != 0:
+            raise ConnectionError(
+                f"cannot set up a Mooncake client of master {master_server_address} (metadata {metadata_server}, "
+                f"{protocol}, hostname {local_hostname}): {_code(rc)}; is mooncake_master running there?"
+            )
+
+    @classmethod
+    def from_config_file(cls, path: str | os.PathLike[str] | None = None, **options: Any) -> MooncakeFeatureStore:
+        """Build one from Mooncake's JSON config file (default: ``$MOONCAKE_CONFIG_PATH``), as SGLang and vLLM do.
+
+        ``options`` are this class's own keywords (``namespace``, caps, watermarks).
+        """
+        config_module = _load_mooncake_config()
+        if path is None:
+            path = os.environ.get("MOONCAKE_CONFIG_PATH")
+            if not path:
+                raise ValueError("no config file given and MOONCAKE_CONFIG_PATH is not set")
+        config = config_module.MooncakeConfig.from_file(os.fspath(path))
+        return cls(
+            master_server_address=config.master_server_address,
+            metadata_server=config.metadata_server,
+            local_hostname=config.local_hostname,
+            protocol=config.protocol,
+            global_segment_size=config.global_segment_size,
+            local_buffer_size=config.local_buffer_size,
+            device_name=config.device_name or "",
+            **options,
+        )
+
+    # -- keys -------------------------------------------------------------
+    def _feature_key(self, sample_id: str, name: str, incarnation: str) -> str:
+        return f"{self.namespace}/{sample_id}{_INCARNATION_SEP}{incarnation}/{name}"
+
+    @staticmethod
+    def object_key(ref: SampleRef) -> str:
+        """The Mooncake key of ``ref``'s object (every feature key is it plus ``/<feature name>``)."""
+        name, key = next(iter(ref.feature_keys.items()))
+        return key[: -len(name) - 1]
+
+    @staticmethod
+    def _incarnation(key: str) -> bytes:
+        return uuid.UUID(key.rsplit(_INCARNATION_SEP, 1)[1]).bytes
+
+    # -- ledger hooks -----------------------------------------------------
+    def _write(self, sample_id: str, ref: SampleRef, tensors: Mapping[str, torch.Tensor], take_ownership: bool) -> None:
+        key = self.object_key(ref)
+        # ``contiguous``/``cpu`` copy only a strided or device tensor; Mooncake reads dense CPU ones in place.
+        dense = [tensors[name].detach().cpu().contiguous() for name in ref.feature_names()]
+        payload = sum(t.numel() * t.element_size() for t in dense)
+        header = torch.frombuffer(bytearray(_HEADER.pack(_MAGIC, self._incarnation(key), payload)), dtype=torch.uint8)
+        parts = [header, *(t for t in dense if t.numel())]
+        with self._lock:
+            self._writing.add(key)
+        try:
+            rc = self._transfer("put", key, parts, lambda ptrs, sizes: self._put_parts(key, ptrs, sizes))
+        finally:
+            with self._lock:
+                self._writing.discard(key)
+        if rc == 0:
+            with self._lock:
+                self._keys[sample_id] = key
+            return
+        if rc in (-200, -201, -202):  # no segment has room (NO_AVAILABLE_HANDLE and its kin)
+            raise MemoryError(f"sample {sample_id!r} refused: Mooncake has no room for {payload} B ({_code(rc)})")
+        raise OSError(f"cannot put sample {sample_id!r} into {self.store_uri}: Mooncake returned {_code(rc)}")
+
+    def _put_parts(self, key: str, ptrs: list[int], sizes: list[int]) -> int:
+        return int(self._client.batch_put_from_multi_buffers([key], [ptrs], [sizes], self._config)[0])
+
+    def _load(self, ref: SampleRef, device: torch.device | str | None, copy: bool) -> dict[str, torch.Tensor]:
+        key = self.object_key(ref)
+        header = torch.empty(_HEADER.size, dtype=torch.uint8)
+        out = {name: torch.empty(spec.shape, dtype=spec.dtype) for name, spec in ref.feature_specs.items()}
+        parts = [header, *(t for t in out.values() if t.numel())]
+        expected = sum(t.numel() * t.element_size() for t in parts)
+        for attempt in range(_TRANSFER_RETRIES + 1):
+            rc = self._transfer(
+                "get",
+                key,
+                parts,
+                lambda ptrs, sizes: int(self._client.batch_get_into_multi_buffers([key], [ptrs], [sizes])[0]),
+            )
+            if rc != _TRANSFER_FAIL:
+                break
+            # A failed transfer: the object may be gone, or shorter than the buffers (a size mismatch fails so too).
+            size = int(self._client.get_size(key))
+            if size == _OBJECT_NOT_FOUND or (size >= 0 and size != expected) or attempt == _TRANSFER_RETRIES:
+                rc = size if size == _OBJECT_NOT_FOUND or size < expected else rc
+                break
+            time.sleep(_TRANSFER_RETRY_PAUSE)
+        where = f"sample {ref.sample_id!r} (object {key!r} in {self.store_uri})"
+        if rc == _OBJECT_NOT_FOUND:
+            raise SampleLostError(ref.sample_id, self.store_uri, f"{_LOST_CAUSE} (object {key!r})")
+        if rc == _BUFFER_OVERFLOW:
+            raise CorruptSampleError(f"{where}: the object is larger than the {expected} B its ref describes")
+        if rc < 0:
+            raise OSError(f"cannot read {where}: Mooncake returned {_code(rc)}")
+        if rc != expected:
+            raise CorruptSampleError(f"{where}: read {rc} B, but its ref describes {expected} B (truncated?)")
+        magic, incarnation, payload = _HEADER.unpack(header.numpy().tobytes())
+        if magic != _MAGIC or incarnation != self._incarnation(key) or payload != expected - _HEADER.size:
+            raise CorruptSampleError(f"{where}: its header does not match the ref (another writer's object?)")
+        if device is not None:
+            return {name: t.to(device) for name, t in out.items()}
+        return out
+
+    def _transfer(self, action: str, key: str, parts: list[torch.Tensor], call: Any) -> int:
+        ptrs = [t.data_ptr() for t in parts]
+        sizes = [t.numel() * t.element_size() for t in parts]
+        with self._client_lock:
+            if self._client_closed:
+                raise RuntimeError(f"cannot {action} {key!r}: {type(self).__name__} {self.store_uri} is closed")
+        if not self._register:
+            return int(call(ptrs, sizes))
+        registered = []
+        try:
+            for ptr, size in zip(ptrs, sizes, strict=True):
+                rc = self._client.register_buffer(ptr, size)
+                if rc != 0:
+                    raise OSError(f"cannot register {size} B for {action} of {key!r}: Mooncake returned {_code(rc)}")
+                registered.append(ptr)
+            return int(call(ptrs, sizes))
+        finally:
+            for ptr in registered:
+                self._client.unregister_buffer(ptr)
+
+    def _remove(self, key: str, what: str) -> None:
+        # force: a reader's get leases the object against removal for default_kv_lease_ttl; a scrub must not wait.
+        rc = int(self._client.remove(key, True))
+        if rc not in (0, _OBJECT_NOT_FOUND):
+            raise OSError(f"cannot {what} {key!r} in {self.store_uri}: Mooncake returned {_code(rc)}")
+
+    def _drop(self, sample_id: str) -> None:
+        with self._lock:
+            key = self._keys.pop(sample_id, None)
+        if key is not None:
+            self._remove(key, "free")
+
+    def _drop_scrubbed(self, sample_id: str) -> None:
+        # scrub removed the object by the ref's key already; only this instance's note of it is left
+        with self._lock:
+            self._keys.pop(sample_id, None)
+
+    # A reader's release frees only what this instance wrote: ``_drop`` finds no key for a foreign sample.
+    _drop_released = _drop
+
+    # -- residency as Mooncake sees it --------------------------------------
+    def _reconcile(self) -> None:
+        """Forget the samples this instance wrote that Mooncake no longer holds (scrubbed elsewhere, or lost)."""
+        with self._lock:
+            if self._closed:
+                return
+            written = {sid: key for sid, key in self._keys.items() if key not in self._writing}
+        if not written:
+            return
+        with self._client_lock:
+            if self._client_closed:
+                return
+            found = self._client.batch_is_exist(list(written.values()))
+        gone = [sid for (sid, _), exists in zip(written.items(), found, strict=True) if int(exists) == 0]
+        if not gone:
+            return
+        with self._lock:
+            for sample_id in gone:
+                if self._keys.get(sample_id) == written[sample_id]:
+                    del self._keys[sample_id]
+                    self._forget(sample_id)
+
+    def _admit(self, ref: SampleRef) -> None:
+        self._reconcile()  # the caps count what Mooncake still holds of this instance's samples
+        super()._admit(ref)
+
+    def health(self) -> StoreHealth:
+        """Residency of this instance's samples as the master sees them (one ``batch_is_exist`` call)."""
+        self._reconcile()
+        return super().health()
+
+    def is_resident(self, sample_id: str) -> bool:
+        self._reconcile()
+        return super().is_resident(sample_id)
+
+    def scrub(self, ref: SampleRef) -> None:
+        """Remove ``ref``'s object, whichever instance wrote it; an ``OSError`` leaves it counted for a retry."""
+        if ref.store_uri == self.store_uri:
+            self._remove(self.object_key(ref), f"scrub sample {ref.sample_id!r}:")
+            super().scrub(ref)
+
+    def queued_samples(self) -> list[str]:
+        """Ids of the samples this instance wrote that a queue still holds (Mooncake still has them)."""
+        self._reconcile()
+        with self._lock:
+            return sorted(sid for sid, entry in self._resident.items() if entry.retained)
+
+    def close(self, *, force: bool = False) -> None:
+        """Free every sample this instance wrote and leave the cluster (idempotent).
+
+        Samples a queue still holds live in this process's segment and would
+        vanish with it (the trainer would find them lost), so ``close`` first
+        waits up to ``close_timeout`` seconds for them to be scrubbed (the
+        trainer acks them), then raises ``RuntimeError`` naming them, closing
+        nothing: drain the queue first, or host the bytes in a dedicated
+        storage process. ``force=True`` closes at once anyway (an aborted run:
+        the queue dead-letters those samples as lost when they are leased).
+        """
+        give_up = time.monotonic() + self.close_timeout
+        queued = [] if force else self.queued_samples()
+        while queued and time.monotonic() < give_up:
+            time.sleep(_CLOSE_POLL)
+            queued = self.queued_samples()
+        if queued:
+            shown = ", ".join(repr(sid) for sid in queued[:5]) + (" ..." if len(queued) > 5 else "")
+            raise RuntimeError(
+                f"cannot close {self.store_uri}: after {self.close_timeout} s a queue still holds {len(queued)} "
+                f"sample(s) this process wrote ({shown}), and their bytes would vanish with it; wait until the "
+                "trainer acks them "
+                "(queue.close() then wait for the drain), host the bytes in a dedicated storage process, or "
+                "close(force=True) to drop them (the queue then dead-letters them as lost)"
+            )
+        super().close()
+        with self._client_lock:
+            if self._client_closed:
+                return
+            self._client_closed = True
+        if self._owns_client:
+            self._client.close()
+
+
+def _load_mooncake_config() -> Any:
+    _load_mooncake()
+    from mooncake import mooncake_config
+
+    return mooncake_config

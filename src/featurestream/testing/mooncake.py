@@ -1,0 +1,154 @@
+"""``MooncakeMaster``: a real ``mooncake_master`` on 127.0.0.1 for tests, benchmarks and the demo.
+
+It listens on free ports with its built-in HTTP metadata server, and sets
+``MC_TCP_BIND_ADDRESS=127.0.0.1`` in this process (children inherit it) so
+the transfer engine binds loopback instead of the machine's external
+interface, where transfers between local processes fail intermittently.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+__all__ = ["MooncakeMaster", "find_master_binary", "missing_reason"]
+
+HOST = "127.0.0.1"
+
+
+def find_master_binary() -> str | None:
+    """The ``mooncake_master`` the Mooncake wheel installed next to this interpreter, else the one on PATH."""
+    beside = Path(sys.executable).with_name("mooncake_master")
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return str(beside)
+    return shutil.which("mooncake_master")
+
+
+INSTALL_HINT = (
+    "pip install 'featurestream[mooncake]' and, on Debian/Ubuntu, apt-get install libibverbs1 libnl-3-200 "
+    "libnl-route-3-200 (scripts/test.sh does both)"
+)
+
+
+def missing_reason() -> str | None:
+    """Why Mooncake cannot run here (its client does not load, or no ``mooncake_master``); ``None`` when it can."""
+    try:
+        import mooncake.store  # noqa: F401 - only probing that the wheel and its libraries load
+    except ImportError as exc:
+        return f"Mooncake's client does not load ({exc}); {INSTALL_HINT}"
+    if find_master_binary() is None:
+        return f"mooncake_master is not installed; {INSTALL_HINT}"
+    return None
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((HOST, 0))
+        return int(sock.getsockname()[1])
+
+
+def _listening(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.settimeout(0.2)
+        return sock.connect_ex((HOST, port)) == 0
+
+
+class MooncakeMaster:
+    """One ``mooncake_master`` process; ``restart(kill=True)`` SIGKILLs it and starts a fresh one on the same ports.
+
+    A restarted master forgets every object (no HA, no snapshots): what a
+    lost-bytes test needs. ``client_ttl`` (seconds) is how long the master
+    keeps a client's segment, and the objects in it, after its heartbeats stop.
+    """
+
+    def __init__(self, *, binary: str | None = None, client_ttl: int = 10, log: str | os.PathLike[str] | None = None):
+        found = binary or find_master_binary()
+        if found is None:
+            raise FileNotFoundError(
+                "mooncake_master is not installed: pip install 'featurestream[mooncake]' (it ships the binary)"
+            )
+        self.binary = found
+        self.client_ttl = client_ttl
+        self.log = log
+        self.metadata_port, self.rpc_port, self.metrics_port = _free_port(), _free_port(), _free_port()
+        self.process: subprocess.Popen[bytes] | None = None
+        os.environ["MC_TCP_BIND_ADDRESS"] = HOST
+
+    @property
+    def master_server_address(self) -> str:
+        return f"{HOST}:{self.rpc_port}"
+
+    @property
+    def metadata_server(self) -> str:
+        return f"http://{HOST}:{self.metadata_port}/metadata"
+
+    def store_kwargs(self, **overrides: Any) -> dict[str, Any]:
+        """``MooncakeFeatureStore`` keywords for a client of this master (``overrides`` win)."""
+        return {
+            "master_server_address": self.master_server_address,
+            "metadata_server": self.metadata_server,
+            "local_hostname": HOST,
+            "protocol": "tcp",
+            **overrides,
+        }
+
+    def start(self, timeout: float = 30.0) -> None:
+        command = [
+            self.binary,
+            "--enable_http_metadata_server=true",
+            f"--http_metadata_server_host={HOST}",
+            f"--http_metadata_server_port={self.metadata_port}",
+            f"--rpc_address={HOST}",
+            f"--rpc_port={self.rpc_port}",
+            f"--metrics_host={HOST}",
+            f"--metrics_port={self.metrics_port}",
+            f"--client_ttl={self.client_ttl}",
+        ]
+        out = open(self.log, "ab") if self.log is not None else subprocess.DEVNULL
+        try:
+            self.process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+        finally:
+            if self.log is not None:
+                out.close()  # type: ignore[union-attr]
+        give_up = time.monotonic() + timeout
+        while not (_listening(self.rpc_port) and _listening(self.metadata_port)):
+            if self.process.poll() is not None:
+                raise RuntimeError(f"mooncake_master exited with {self.process.returncode} (command: {command})")
+            if time.monotonic() > give_up:
+                self.stop(kill=True)
+                raise TimeoutError(f"mooncake_master did not listen on ports {self.rpc_port}/{self.metadata_port}")
+            time.sleep(0.05)
+
+    def stop(self, *, kill: bool = False) -> None:
+        if self.process is None:
+            return
+        if kill:
+            self.process.kill()
+        else:
+            self.process.terminate()
+        try:
+            self.process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(timeout=15)
+        self.process = None
+
+    def restart(self, *, kill: bool = True) -> None:
+        self.stop(kill=kill)
+        self.start()
+
+    def __enter__(self) -> MooncakeMaster:
+        self.start()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
