@@ -150,3 +150,23 @@ def test_sigkilled_trainer_and_producer_processes_train_every_prompt_once(
     for path in checkpoints.glob("ckpt-*.json"):
         saved = json.loads(path.read_text())["history"]
         assert saved == final["history"][: len(saved)], path.name
+
+
+def test_the_resume_machine_on_redis(redis_server: Any) -> None:
+    """spec/Resume.tla's actions on RedisSampleRefQueue and its ledger (a fresh queue name per example)."""
+    from hypothesis import settings
+
+    from featurestream.testing.resume_machine import make_resume_machine
+
+    client = redis.Redis.from_url(redis_server.url)
+
+    def queue_factory(store: Any, clock: Any) -> RedisSampleRefQueue:
+        name = f"resume-machine-{uuid.uuid4().hex}"
+        return RedisSampleRefQueue(store, VisibilityTimeout(5.0), client=client, name=name, clock=clock)
+
+    case = make_resume_machine(queue_factory, name="RedisResumeMachine").TestCase
+    case.settings = settings(max_examples=40, stateful_step_count=30, deadline=None)
+    try:
+        case("runTest").runTest()
+    finally:
+        client.close()
