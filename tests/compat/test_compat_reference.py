@@ -266,3 +266,75 @@ def test_a_paused_producer_over_an_empty_queue_differs_as_documented(reference: 
                 queue.put_blocks_until_below(ref, poll_interval=0.0, abort_when=lambda p=polls: next(p, None) is None)
             assert queue.pending_count() == 0
         assert len(paused) == 1 and resumed == [], streaming.__name__
+
+
+# -- a recipe written for the reference, its streaming imports aliased to featurestream ------------------------
+
+ALIASED_RECIPE = """
+import importlib, json, sys
+import featurestream
+
+STREAMING = "nemo_automodel.components.speculative.streaming"
+sys.modules[STREAMING] = featurestream
+for name in ("refs", "store", "queue", "stores", "stores.local", "stores.shared_dir", "eagle3", "producer", "loader",
+             "async_pipeline"):
+    sys.modules[f"{STREAMING}.{name}"] = importlib.import_module(f"featurestream.{name}")
+
+# The recipe, unchanged: its imports, its target, its batch check, its trainer.
+import torch
+import transformers
+from nemo_automodel.components.speculative.eagle.core import Eagle3TrainerModule
+from nemo_automodel.components.speculative.eagle.draft_llama import LlamaEagle3DraftModel
+from nemo_automodel.components.speculative.eagle.target import Eagle3TargetBatch, HFEagle3TargetModel
+from nemo_automodel.components.speculative.streaming.async_pipeline import AsyncFeaturePipeline
+from nemo_automodel.components.speculative.streaming.loader import FeatureDataLoader
+from nemo_automodel.components.speculative.streaming.producer import FeatureProducer
+from nemo_automodel.components.speculative.streaming.queue import SampleRefQueue
+from nemo_automodel.components.speculative.streaming.stores.local import LocalFeatureStore
+from featurestream.tools.models import TinyConfig, tiny_hf_causal_lm
+
+config = TinyConfig(vocab_size=96, hidden_size=32, num_layers=4, num_heads=4, max_seq_len=32)
+target = HFEagle3TargetModel(tiny_hf_causal_lm("llama", config, num_layers=8))
+draft_config = transformers.LlamaConfig(
+    vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+    num_key_value_heads=2, head_dim=8, max_position_embeddings=32,
+)
+trainer = Eagle3TrainerModule(
+    LlamaEagle3DraftModel(draft_config), selected_token_ids=torch.arange(96),
+    selected_token_mask=torch.ones(96, dtype=torch.bool), ttt_steps=2,
+)
+generator = torch.Generator().manual_seed(0)
+prompts = []
+for _ in range(3):
+    input_ids = torch.randint(96, (2, 12), generator=generator)
+    loss_mask = torch.ones_like(input_ids)
+    loss_mask[:, :3] = 0
+    prompts.append((input_ids, torch.ones_like(input_ids), loss_mask))
+store = LocalFeatureStore()
+queue = SampleRefQueue(store)
+producer = FeatureProducer(target, store, run_id="recipe")
+losses, colocated = [], []
+with AsyncFeaturePipeline(producer, queue, iter(prompts)):
+    with FeatureDataLoader(queue, store) as loader:
+        for batch in loader:
+            assert isinstance(batch, Eagle3TargetBatch), type(batch).__mro__
+            losses.append(float(trainer(**batch.to_trainer_inputs()).loss))
+for input_ids, attention_mask, loss_mask in prompts:
+    batch = target.generate_batch(input_ids, attention_mask, loss_mask)
+    colocated.append(float(trainer(**batch.to_trainer_inputs()).loss))
+print(json.dumps({"streamed": losses, "colocated": colocated, "acked": queue.stats().acked}))
+"""
+
+
+def test_a_recipe_for_the_reference_runs_on_featurestream_by_import_aliasing(reference: Reference) -> None:
+    """Its HF target, its Eagle3TargetBatch check and its EAGLE-3 trainer, with featurestream as its streaming
+    package: the streamed batches train to the same losses as the colocated ones."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    result = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(ALIASED_RECIPE)],
+        capture_output=True, text=True, env=env, timeout=300, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-4000:]
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report["acked"] == 3 and len(report["streamed"]) == 3
+    assert report["streamed"] == report["colocated"], "bit-identical supervision gives identical losses"
