@@ -227,6 +227,22 @@ FIELDS = (
 )  # fmt: skip
 
 
+@pytest.mark.parametrize(
+    "item", [(torch.zeros(1, 2, dtype=torch.long),) * 2, [torch.zeros(1, 2, dtype=torch.long)] * 3]
+)
+def test_a_prompt_of_the_wrong_shape_fails_both_pipelines_with_type_error(reference: Reference, item: Any) -> None:
+    for streaming in (featurestream, reference.streaming):
+        store = streaming.LocalFeatureStore()
+        queue = streaming.SampleRefQueue(store)
+        producer = streaming.FeatureProducer(reference_echo(reference), store, run_id="r")
+        pipeline = streaming.AsyncFeaturePipeline(producer, queue, iter([prompt(0)["input_ids"], item]))
+        pipeline.start()
+        pipeline.join(timeout=30)
+        with pytest.raises(TypeError, match="prompt iterator must yield"):
+            pipeline.stop()
+        assert queue.is_closed and queue.pending_count() == 1, streaming.__name__
+
+
 # -- core behaviours ------------------------------------------------------------------------------------------
 
 

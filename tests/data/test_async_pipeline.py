@@ -105,7 +105,7 @@ def test_the_threads_error_is_reraised_from_stop() -> None:
     pipeline = AsyncFeaturePipeline(producer, queue, iter([*prompts(1), (torch.zeros(1),)])).start()
     pipeline.join(30)
     assert queue.is_closed, "consumers are not left waiting on a dead producer"
-    with pytest.raises(ValueError, match=r"3-tuple"):
+    with pytest.raises(TypeError, match=r"prompt iterator must yield .*3-tuple"):
         pipeline.stop()
     pipeline.stop()  # the error is raised once
 

@@ -43,9 +43,9 @@ def _prompt_kwargs(prompt: Prompt) -> dict[str, torch.Tensor]:
         ones = torch.ones_like(prompt)
         return {"input_ids": prompt, "attention_mask": ones, "loss_mask": ones.clone()}
     if not isinstance(prompt, tuple) or len(prompt) not in (3, 6):
-        raise ValueError(
-            "a prompt must be an input_ids tensor or a 3-tuple (input_ids, attention_mask, loss_mask) or 6-tuple "
-            f"(+ position_ids, seq_lens, doc_remaining), got {type(prompt).__name__}"
+        raise TypeError(
+            "prompt iterator must yield an input_ids tensor, a 3-tuple (input_ids, attention_mask, loss_mask) or a "
+            f"6-tuple (+ position_ids, seq_lens, doc_remaining), got {type(prompt).__name__}"
             + (f" of length {len(prompt)}" if isinstance(prompt, tuple) else "")
         )
     return dict(zip(_PROMPT_FIELDS, prompt, strict=False))
