@@ -86,10 +86,10 @@ Init ==
 
 Admitted(s) == BugNoAdmission \/ (trained[s[1]] = 0 /\ s[2] = gen[s[1]])
 
-(* ResumableProducer.produce_missing: the held read ...                    *)
+(* ResumableProducer.produce_missing: the generations, then the held read *)
+(* (a trained key is observed too: the claim refuses it) ...                *)
 Observe(p) ==
     /\ palive /\ seen[p] = -1
-    /\ trained[p] = 0
     /\ gen[p] < MaxGen
     /\ <<p, gen[p]>> \notin queue
     /\ ~\E s \in inflight : s[1] = p

@@ -19,6 +19,7 @@ finite run)::
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
@@ -40,6 +41,7 @@ QueueFactory = Callable[[FeatureStore, FakeClock], LeaseQueue]
 
 KEYS = ("0", "1", "2")
 MAX_CRASHES = 3
+MAX_GEN = MAX_CRASHES + 1  # the spec's bound on a prompt's generations
 # Longer than any visibility timeout the machine's queues use: advancing the clock by it expires every lease.
 EXPIRY = 1_000.0
 # Crash-free rounds the final run may take to train every prompt (each round: one plan and one step per prompt).
@@ -48,11 +50,19 @@ FINAL_ROUNDS = 4 * len(KEYS)
 _key = st.sampled_from(KEYS)
 
 
-def make_resume_machine(queue_factory: QueueFactory, *, name: str = "ResumeMachine") -> type[RuleBasedStateMachine]:
-    """A state machine class running ``spec/Resume.tla``'s actions on ``queue_factory(store, clock)``'s queue."""
+def make_resume_machine(
+    queue_factory: QueueFactory, *, name: str = "ResumeMachine", traces: list[list[dict[str, Any]]] | None = None
+) -> type[RuleBasedStateMachine]:
+    """A state machine class running ``spec/Resume.tla``'s actions on ``queue_factory(store, clock)``'s queue.
+
+    With ``traces``, each run appends its behaviour there: the state after
+    its start and after every rule, as the spec's variables (the ledger's and
+    the queue's read from them), for ``featurestream.spec.resume_trace``.
+    """
 
     class Machine(_ResumeMachine):
         make_queue = staticmethod(queue_factory)
+        recorded = traces
 
     Machine.__name__ = Machine.__qualname__ = name
     return Machine
@@ -60,6 +70,7 @@ def make_resume_machine(queue_factory: QueueFactory, *, name: str = "ResumeMachi
 
 class _ResumeMachine(RuleBasedStateMachine):
     make_queue: Callable[[FeatureStore, FakeClock], LeaseQueue]
+    recorded: list[list[dict[str, Any]]] | None = None
 
     def __init__(self) -> None:
         super().__init__()
@@ -80,7 +91,12 @@ class _ResumeMachine(RuleBasedStateMachine):
         self.model: list[str] = []
         self.held: Lease | None = None
         self.phase = "idle"
+        self.expired = False
         self.checkpoint: tuple[int, list[str]] = (0, [])
+        self.trace: list[dict[str, Any]] | None = None
+        if self.recorded is not None:
+            self.trace = []
+            self.recorded.append(self.trace)
 
     def _new_trainer(self, step: int) -> TrainerResume:
         trainer = TrainerResume(self.ledger, 0, 1)
@@ -107,6 +123,8 @@ class _ResumeMachine(RuleBasedStateMachine):
             return
         (generation,) = self.ledger.generations([key])
         assert generation is not None, f"key {key!r} was declared"
+        if generation >= MAX_GEN:
+            return
         if generation and self.ledger.holds([sample_id_for("machine", key, generation)]):
             return
         self.seen[key] = generation
@@ -150,7 +168,7 @@ class _ResumeMachine(RuleBasedStateMachine):
         if lease is None:
             return
         if self.trainer.admit(self.queue, [lease]):
-            self.held, self.phase = lease, "holding"
+            self.held, self.phase, self.expired = lease, "holding", False
 
     @precondition(lambda self: self.phase == "holding")
     @rule()
@@ -182,6 +200,7 @@ class _ResumeMachine(RuleBasedStateMachine):
         """The step outlives the visibility timeout: the held batch's lease is reclaimed."""
         self.clock.advance(EXPIRY)
         self.queue.reclaim_expired()
+        self.expired = True
 
     @precondition(lambda self: self.trainer is not None and self.phase == "idle")
     @rule()
@@ -195,7 +214,7 @@ class _ResumeMachine(RuleBasedStateMachine):
     @rule()
     def trainer_crash(self) -> None:
         """SIGKILL: the model and the held batch are lost; the lease is reclaimed once it expires."""
-        self.trainer, self.model, self.held, self.phase = None, [], None, "idle"
+        self.trainer, self.model, self.held, self.phase, self.expired = None, [], None, "idle", False
         self.crashes += 1
         self.clock.advance(EXPIRY)
         self.queue.reclaim_expired()
@@ -221,8 +240,42 @@ class _ResumeMachine(RuleBasedStateMachine):
         for step, keys in history.items():
             assert step <= len(self.model) and keys == [self.model[step - 1]], (history, self.model)
 
+    @invariant()
+    def record(self) -> None:
+        """Append the state, as the spec's variables, to this run's trace (when recording)."""
+        if self.trace is None:
+            return
+        trained = dict.fromkeys(KEYS, 0)
+        for step, keys in self.ledger.history(0).items():
+            trained.update(dict.fromkeys(keys, step))
+        candidates = {sample_id_for("machine", k, g): [k, g] for k in KEYS for g in range(1, MAX_GEN + 1)}
+        held = self.ledger.holds(list(candidates))
+        batch = None
+        if self.held is not None:
+            parsed = parse_sample_id(self.held.ref.sample_id)
+            assert parsed is not None
+            batch = list(parsed)
+        self.trace.append(
+            {
+                "gen": dict(zip(KEYS, self.ledger.generations(KEYS), strict=True)),
+                "trained": trained,
+                "queue": sorted(candidates[sample_id] for sample_id in held),
+                "alive": self.trainer is not None,
+                "model": list(self.model),
+                "batch": batch,
+                "phase": self.phase,
+                "expired": self.expired,
+                "ckpt": {"step": self.checkpoint[0], "model": list(self.checkpoint[1])},
+                "palive": self.producing,
+                "seen": {key: self.seen.get(key, -1) for key in KEYS},
+                "inflight": sorted([key, generation] for key, generation in self.inflight.items()),
+                "crashes": self.crashes,
+            }
+        )
+
     def finish(self) -> list[str]:
         """Run crash free to the end (the spec's fairness, for a finite run); return the model it ends with."""
+        self.trace = None  # the run's behaviour ends here: the rest is the test's, not the spec's
         self.producing = True
         if self.trainer is None:
             self.trainer_restore()
