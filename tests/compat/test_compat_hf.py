@@ -7,6 +7,7 @@ alignment), and so must featurestream's.
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import pytest
@@ -98,3 +99,26 @@ def test_explicit_layers_with_the_last_and_bfloat16_equal_the_references(referen
         batch = ours.generate_batch(**given)
         assert batch.logits is not None and batch.logits.dtype == torch.bfloat16
         assert_identical(batch, theirs.generate_batch(**given))
+
+
+def test_the_constructor_and_generate_batch_take_the_references_arguments(reference: Reference) -> None:
+    ours, theirs = HFEagle3TargetModel, reference.target.HFEagle3TargetModel
+    assert list(inspect.signature(ours).parameters) == list(inspect.signature(theirs).parameters)
+    assert list(inspect.signature(ours.generate_batch).parameters) == list(
+        inspect.signature(theirs.generate_batch).parameters
+    )
+    model = tiny_hf_causal_lm("mistral", CONFIG, num_layers=8)
+    given = padded()
+    positional = (given["input_ids"], given["attention_mask"], given["loss_mask"])
+    assert_identical(ours(model, None, None).generate_batch(*positional), theirs(model).generate_batch(*positional))
+
+    class Mesh:
+        def __init__(self, size: int) -> None:
+            self._size = size
+
+        def size(self) -> int:
+            return self._size
+
+    assert ours(model, cp_mesh=Mesh(1)).aux_layer_ids == (1, 3, 4), "a mesh of one rank shards nothing"
+    with pytest.raises(ValueError, match=r"context-parallel mesh of size 2"):
+        ours(model, cp_mesh=Mesh(2))

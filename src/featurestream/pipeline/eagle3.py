@@ -293,7 +293,6 @@ class Eagle3TargetBackend(abc.ABC):
     @abc.abstractmethod
     def generate_batch(
         self,
-        *,
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor,
         loss_mask: torch.Tensor,
@@ -301,7 +300,11 @@ class Eagle3TargetBackend(abc.ABC):
         seq_lens: torch.Tensor | None = None,
         doc_remaining: torch.Tensor | None = None,
     ) -> object:
-        """One no-grad forward over the batch; packing metadata is passed through."""
+        """One no-grad forward over the batch; packing metadata is passed through.
+
+        ``FeatureProducer`` passes every argument by keyword; the reference's recipes also call a target with
+        ``(input_ids, attention_mask, loss_mask)`` positionally.
+        """
 
     def get_input_embeddings(self) -> torch.nn.Module:
         """The target's input embedding (a draft head may share it)."""
@@ -352,7 +355,6 @@ class Eagle3ForwardBackend(Eagle3TargetBackend):
 
     def generate_batch(
         self,
-        *,
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor,
         loss_mask: torch.Tensor,

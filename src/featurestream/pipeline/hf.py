@@ -167,6 +167,9 @@ class HFEagle3TargetModel(Eagle3ForwardBackend):
     the last layer (``n - 1``), where Hugging Face's ``hidden_states[n]`` is
     the final norm's output instead.
 
+    ``cp_mesh``: the reference's context-parallel mesh argument; ``None`` or a
+    mesh of size 1 (no sharding) is accepted, a larger one is ``ValueError``.
+
     Each forward runs under ``torch.no_grad()`` in eval mode (every
     submodule's train/eval flag is restored afterwards, also on error); its
     hooks are removed when it returns or raises. Forwards are serialised
@@ -176,7 +179,12 @@ class HFEagle3TargetModel(Eagle3ForwardBackend):
     store, run_id=...)`` infers ``FeatureAlgorithm.EAGLE3``.
     """
 
-    def __init__(self, model: nn.Module, aux_layer_ids: Sequence[int] | None = None) -> None:
+    def __init__(self, model: nn.Module, aux_layer_ids: Sequence[int] | None = None, cp_mesh: Any = None) -> None:
+        if cp_mesh is not None and cp_mesh.size() > 1:
+            raise ValueError(
+                f"featurestream's HFEagle3TargetModel runs the target forward unsharded; a context-parallel mesh of "
+                f"size {cp_mesh.size()} needs the reference's HFEagle3TargetModel (FeatureProducer accepts it as is)"
+            )
         if not isinstance(model, nn.Module):
             raise TypeError(f"model must be a torch.nn.Module (a Hugging Face causal LM), got {type(model).__name__}")
         if not callable(getattr(model, "get_output_embeddings", None)) or model.get_output_embeddings() is None:
