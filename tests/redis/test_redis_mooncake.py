@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -94,3 +95,20 @@ def test_every_sample_reaches_the_trainer_bit_exact_and_acked_once_with_nothing_
     assert not run.events("train", "DeadLetter")
     # The producer's close returned only once every sample it hosted was scrubbed; then nothing was resident.
     assert run.events("produce", "resident") == {"0": 1} and run.events("train", "resident") == {"0": 1}
+
+
+def test_a_producer_killed_with_samples_queued_ends_in_lost_dead_letters_not_redeliveries(
+    redis_server: Any, master: MooncakeMaster, tmp_path: Path
+) -> None:
+    run = Run(redis_server.url, master, tmp_path)
+    run.spawn("produce", 6, "exit")
+    run.wait_for("the producer to queue its samples", lambda: "queued" in _lines(run.log("produce")))
+    run.procs["produce"].send_signal(signal.SIGKILL)
+    run.spawn("train")
+    codes = run.finish()
+    assert codes == {"produce": -signal.SIGKILL, "train": 0}, run.stderr("train")[-3000:]
+    dead, lost = run.events("train", "DeadLetter"), run.events("train", "lost")
+    everything = {f"s{i}" for i in range(6)}
+    assert set(dead) == everything and max(dead.values()) == 1, "each lost sample is dead-lettered once"
+    assert set(lost) == everything and max(lost.values()) == 1, "each loss is reported to the trainer once"
+    assert not run.events("train", "consumed") and not run.events("train", "Ack")

@@ -17,6 +17,9 @@ __all__ = ["DeadLetter", "Lease", "StaleLog", "VisibilityTimeout", "check_lease"
 
 _lease_id_counter = itertools.count()
 
+# The reason of a dead letter whose sample the store lost (``LeaseQueue.lose``); the Redis Lua spells it the same.
+LOST_REASON = "lost: the store lost its bytes (it was never scrubbed); no redelivery could serve it"
+
 
 def _next_lease_id() -> int:
     """Mint a fresh ``Lease.lease_id``, unique process-wide."""

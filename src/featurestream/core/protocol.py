@@ -55,6 +55,9 @@ class LeaseQueue(Protocol):
         """Redeliver the lease's sample from the tail, or dead-letter it: ``True``; a stale lease changes nothing:
         ``False`` (logged once). ``TypeError`` for anything that is not a ``Lease``."""
 
+    def lose(self, lease: Lease) -> bool:
+        """The store lost the lease's sample: dead-letter it at once (reason ``lost``), never redeliver it."""
+
     def ack_many(self, leases: Iterable[Lease]) -> None:
         """``ack`` each lease in order; each stale one is rejected on its own (``TypeError``, none acked, for a
         non-lease)."""

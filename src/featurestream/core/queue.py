@@ -19,6 +19,7 @@ from featurestream.core.backpressure import Backpressure, HealthCallback
 from featurestream.core.checks import check_count, check_seconds
 from featurestream.core.errors import LeaseLost
 from featurestream.core.lease import (
+    LOST_REASON,
     DeadLetter,
     Lease,
     StaleLog,
@@ -453,13 +454,24 @@ class SampleRefQueue:
             for lease in batch:
                 self._fail_locked(lease)
 
-    def _fail_locked(self, lease: Lease) -> bool:
+    def _fail_locked(self, lease: Lease, *, lost: bool = False) -> bool:
         record = self._settle(lease, "fail")
         if record is None:
             return False
         self._counts["failed"] += 1
-        self._redeliver(record, events.FAIL, "failed")
+        self._redeliver(record, events.FAIL, "failed", lost=lost)
         return True
+
+    def lose(self, lease: Lease) -> bool:
+        """The store lost ``lease``'s sample (``SampleLostError``): dead-letter it now, reason ``lost``.
+
+        No redelivery could serve bytes that are gone, so none is made, whatever deliveries are left, and the
+        dead letter's bytes are never kept. Returns ``False`` for a stale lease (nothing changed).
+        """
+        check_lease(lease, "lose")
+        with self._op:
+            self._reap_due()
+            return self._fail_locked(lease, lost=True)
 
     def extend(self, lease: Lease, seconds: float | None = None) -> None:
         """Push ``lease.deadline`` to now + ``seconds`` (default: the visibility timeout).
@@ -765,22 +777,26 @@ class SampleRefQueue:
             count += 1
         return count
 
-    def _redeliver(self, record: _Record, action: str, reason: str, **fields: object) -> None:
-        """Finish a Fail or Reclaim: the sample goes back to the tail, or is dead once deliveries are spent."""
+    def _redeliver(self, record: _Record, action: str, reason: str, *, lost: bool = False, **fields: object) -> None:
+        """Finish a Fail or Reclaim: the sample goes back to the tail, or is dead once deliveries are spent.
+
+        ``lost``: the store lost the sample's bytes: dead at once, and never kept (there is nothing to keep).
+        """
         assert record.lease is not None
         lease_id = record.lease.lease_id
         deliveries = record.redelivery_count + 1
         sample_id = record.ref.sample_id
-        if deliveries < self.max_deliveries:
+        if deliveries < self.max_deliveries and not lost:
             del self._held[sample_id]
             self._push_pending(_Record(record.ref, deliveries))
             self._emit(action, record, lease_id=lease_id, **fields)
             return
-        dead = DeadLetter(record.ref, f"{reason} {deliveries} times (max_deliveries={self.max_deliveries})", deliveries)
+        why = LOST_REASON if lost else f"{reason} {deliveries} times (max_deliveries={self.max_deliveries})"
+        dead = DeadLetter(record.ref, why, deliveries)
         self._dead.append(dead)
         self._counts["dead_lettered"] += 1
         self._release_hold(sample_id, "dead-lettered")
-        kept = self._keep(record.ref)
+        kept = not lost and self._keep(record.ref)
         self._emit(action, record, lease_id=lease_id, **fields)
         self._emit(events.DEAD_LETTER, record, kept=kept)
         if self._on_dead_letter is not None:

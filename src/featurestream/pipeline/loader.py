@@ -92,8 +92,11 @@ class FeatureDataLoader:
     Errors, each leaving nothing leased: a ref of another algorithm -> its
     lease is failed (another consumer may take it) and ``ValueError``
     (``bound to algorithm=...``); a schema-invalid ref -> dropped (acked,
-    never redelivered) and ``ValueError``; an error from ``store.get`` or
-    ``collate_fn`` -> the lease(s) failed and the error re-raised. Each is
+    never redelivered) and ``ValueError``; a sample whose bytes the store
+    lost (``SampleLostError``) -> dead-lettered at once (``queue.lose``,
+    reason ``lost``; never redelivered) and the error re-raised; any other
+    error from ``store.get`` or ``collate_fn`` -> the lease(s) failed and the
+    error re-raised. Each is
     raised by the pull at the sample's place in the stream.
     """
 

@@ -21,7 +21,7 @@ from featurestream.core.refs import FeatureAlgorithm
 from featurestream.pipeline.batching import acquire_many, concat_samples, fail_many
 from featurestream.pipeline.prefetch import LeaseBook, Pulled
 from featurestream.pipeline.schemas import AlgorithmSchema, make_batch
-from featurestream.stores.base import FeatureStore, StoreHandle
+from featurestream.stores.base import FeatureStore, SampleLostError, StoreHandle
 
 __all__ = ["Collate", "PullSpec", "Puller", "stream_ended"]
 
@@ -156,6 +156,11 @@ class Puller:
                 tensors, handle = spec.store.get(ref, spec.device)
             else:
                 tensors, handle = spec.store.get(ref)
+        except SampleLostError:
+            # Its bytes are gone for good: a redelivery could only fail again, so it is dead-lettered now.
+            self.book.forget(lease)
+            spec.queue.lose(lease)
+            raise
         except Exception:
             self.book.forget(lease)
             spec.queue.fail(lease)

@@ -1,4 +1,4 @@
-"""``FaultyStore``: wrap any ``FeatureStore`` so chosen calls raise ``OSError``, once or until cleared."""
+"""``FaultyStore``: wrap any ``FeatureStore`` so chosen calls raise ``OSError`` (once or until cleared) or bytes vanish."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from featurestream.core.refs import SampleRef
-from featurestream.stores.base import FeatureStore, StoreHandle, StoreHealth
+from featurestream.stores.base import FeatureStore, SampleLostError, StoreHandle, StoreHealth
 
 __all__ = ["CALLS", "QUEUE_CALLS", "UNTIL_CLEARED", "FaultyStore", "InjectedFault"]
 
@@ -48,6 +48,7 @@ class FaultyStore(FeatureStore):
         self.raised: collections.Counter[str] = collections.Counter()
         self.log: list[tuple[str, str | None, bool]] = []
         self.last_health: StoreHealth | None = None
+        self._lost: set[str] = set()
 
     # -- arming -------------------------------------------------------------
     def arm(self, call: str, times: int | None = 1) -> None:
@@ -88,13 +89,35 @@ class FaultyStore(FeatureStore):
         what = call if sample_id is None else f"{call}({sample_id!r})"
         raise InjectedFault(errno.EIO, f"injected fault: store {what} failed")
 
+    # -- lost bytes ---------------------------------------------------------------
+    def lose(self, sample_id: str) -> None:
+        """The store loses ``sample_id``'s bytes (its segment's owner died, it was evicted, the server restarted).
+
+        Every later ``get`` of it raises ``SampleLostError`` until the id is put
+        again (a new incarnation); the inner store is left as it is, so the
+        queue's scrub of the dead letter still frees its bookkeeping.
+        """
+        with self._lock:
+            self._lost.add(sample_id)
+
+    def lost(self) -> frozenset[str]:
+        """The ids whose bytes are lost now."""
+        with self._lock:
+            return frozenset(self._lost)
+
     # -- the store contract, delegated ------------------------------------------
     def put(self, sample_id: str, tensors: Mapping[str, torch.Tensor], **kwargs: Any) -> SampleRef:
         self._enter("put", sample_id)
-        return self.inner.put(sample_id, tensors, **kwargs)
+        ref = self.inner.put(sample_id, tensors, **kwargs)
+        with self._lock:
+            self._lost.discard(sample_id)
+        return ref
 
     def get(self, ref: SampleRef, device: torch.device | str | None = None, **kwargs: Any) -> Any:
         self._enter("get", ref.sample_id)
+        with self._lock:
+            if ref.sample_id in self._lost:
+                raise SampleLostError(ref.sample_id, self.store_uri, "injected loss (FaultyStore.lose)")
         tensors, handle = self.inner.get(ref, device, **kwargs)
         return tensors, handle
 

@@ -122,7 +122,20 @@ CONSTANTS: dict[str, str | int | dict[str, int]] = {
     "PENDING_TERMS": PENDING_TERMS,
 }
 
-FUNCTIONS = ("init", "put", "put_many", "acquire", "ack", "fail", "extend", "reclaim", "close", "requeue", "purge")
+FUNCTIONS = (
+    "init",
+    "put",
+    "put_many",
+    "acquire",
+    "ack",
+    "fail",
+    "lose",
+    "extend",
+    "reclaim",
+    "close",
+    "requeue",
+    "purge",
+)
 
 
 def _lua(name: str) -> str:

@@ -492,6 +492,15 @@ class RedisSampleRefQueue:
         """
         self._settle("fail", _batch("leases", check_leases(leases, "fail_many")))
 
+    def lose(self, lease: Lease) -> bool:
+        """The store lost ``lease``'s sample (``SampleLostError``): dead-letter it now, reason ``lost``.
+
+        No redelivery could serve bytes that are gone, so none is made, whatever deliveries are left, and the
+        dead letter's bytes are never kept. Returns ``False`` for a stale lease (nothing changed).
+        """
+        check_lease(lease, "lose")
+        return self._settle("fail", [lease], function="lose")[0]
+
     def extend(self, lease: Lease, seconds: float | None = None) -> None:
         """Push ``lease.deadline`` to now + ``seconds`` (default: the visibility timeout).
 
@@ -1019,8 +1028,9 @@ class RedisSampleRefQueue:
         token = issued.token if issued is lease and issued is not None else ""
         return f"{lease_id:016d}", token, sample_id if isinstance(sample_id, str) else ""
 
-    def _settle(self, trigger: str, leases: list[Any]) -> list[bool]:
-        """Ack or fail ``leases`` in one server call; each is settled or rejected as stale on its own.
+    def _settle(self, trigger: str, leases: list[Any], function: str | None = None) -> list[bool]:
+        """Ack or fail ``leases`` in one server call (``function``, default ``trigger``); each is settled or
+        rejected as stale on its own.
 
         Returns, per lease, whether it took effect."""
         if not leases:
@@ -1032,7 +1042,7 @@ class RedisSampleRefQueue:
             proofs.append((key, token if key not in seen else "", sample_id))
             seen.add(key)
         with self._op:
-            statuses, reply_events = self._run(trigger, *(part for proof in proofs for part in proof))
+            statuses, reply_events = self._run(function or trigger, *(part for proof in proofs for part in proof))
             texts = [_text(raw) for raw in statuses]
             # Acked samples are scrubbed at their "ack" event (traced calls get one), so a failed scrub is traced
             # right after its Ack, before a Drain the same call caused; untraced calls scrub them after.

@@ -248,14 +248,17 @@ local function retire(items, outcome, kept)
 end
 
 local REASONS = {fail = 'failed', reclaim = 'expired'}
+local LOST_REASON = 'lost: the store lost its bytes (it was never scrubbed); no redelivery could serve it'
 
 -- Finish the fail or reclaim (event ``kind``) of lease ``key`` of sample ``sid``: the sample goes to the tail as
 -- a new entry, or is dead once its deliveries are spent. ``n``: the lease's redelivery count, as its lease record
--- holds it (text); ``deadline``: a reclaimed lease's (traced).
-local function redeliver(kind, sid, n, key, token, put_token, deadline)
+-- holds it (text); ``deadline``: a reclaimed lease's (traced). ``lost``: a fail because the store lost the
+-- sample's bytes: dead at once, whatever deliveries are left, and never kept (there is nothing to keep).
+local function redeliver(kind, sid, n, key, token, put_token, deadline, lost)
   local deliveries = tonumber(n) + 1
-  if deliveries >= MAX_DELIVERIES then
-    local why = REASONS[kind] .. ' ' .. deliveries .. ' times (max_deliveries=' .. MAX_DELIVERIES .. ')'
+  if deliveries >= MAX_DELIVERIES or lost then
+    local why = lost and LOST_REASON
+      or REASONS[kind] .. ' ' .. deliveries .. ' times (max_deliveries=' .. MAX_DELIVERIES .. ')'
     local _, ref = split_held(redis.call('HGET', K_REFS, sid))
     local letter = '{"ref":' .. ref .. ',"reason":"' .. why .. '","deliveries":' .. deliveries .. '}'
     redis.call('RPUSH', K_DEAD, letter)
@@ -264,7 +267,7 @@ local function redeliver(kind, sid, n, key, token, put_token, deadline)
     read_meta()
     local cap = KEEP_BYTES
     local size = tonumber(string.match(ref, '"estimated_bytes":(%d+)'))
-    local kept = cap > 0 and tonumber(redis.call('HGET', K_META, 'kept_bytes') or '0') + size <= cap
+    local kept = not lost and cap > 0 and tonumber(redis.call('HGET', K_META, 'kept_bytes') or '0') + size <= cap
     if kept then
       redis.call('HSET', K_KEPT, sid, size)
       redis.call('HINCRBY', K_META, 'kept_bytes', size)
@@ -518,6 +521,13 @@ local function fail_live(live)
   for _, lease in ipairs(live) do
     stale_each('fail', lease[6])
     redeliver('fail', lease[1], lease[4], lease[2], lease[3], lease[5])
+  end
+end
+
+local function lose_live(live)
+  for _, lease in ipairs(live) do
+    stale_each('fail', lease[6])
+    redeliver('fail', lease[1], lease[4], lease[2], lease[3], lease[5], nil, true)
   end
 end
 

@@ -1,0 +1,57 @@
+"""Lost bytes: a sample whose bytes the store lost is dead-lettered at once with reason ``lost``, never redelivered."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from featurestream import FeatureDataLoader, LocalFeatureStore, SampleLostError, SampleRefQueue
+from featurestream.core.lease import LOST_REASON
+from featurestream.testing import FaultyStore
+
+from .samples import eagle3_tensors
+
+
+def sample(index: int) -> dict[str, torch.Tensor]:
+    tensors = eagle3_tensors(seed=index)
+    tensors["logits"] = torch.zeros(1, 4, 16)  # what the loader's schema needs for supervision
+    return tensors
+
+
+def test_a_lost_sample_is_dead_lettered_once_through_the_loader_and_the_rest_are_trained() -> None:
+    store = FaultyStore(LocalFeatureStore())
+    queue = SampleRefQueue(store, max_deliveries=5)
+    for index in range(3):
+        queue.put(store.put(f"s{index}", sample(index)))
+    store.lose("s1")
+    queue.close()
+    trained, raised = [], []
+    with FeatureDataLoader(queue, store, prefetch=0) as loader:
+        while True:
+            try:
+                next(loader)
+            except SampleLostError as exc:
+                raised.append(exc)
+                continue
+            except StopIteration:
+                break
+            trained.append(loader.current_lease.ref.sample_id)  # type: ignore[union-attr]
+    assert trained == ["s0", "s2"]
+    assert [exc.sample_id for exc in raised] == ["s1"] and "injected loss" in str(raised[0])
+    [letter] = queue.dead_letters()
+    assert (letter.ref.sample_id, letter.reason, letter.deliveries) == ("s1", LOST_REASON, 1)
+    stats = queue.stats()
+    assert (stats.acked, stats.dead_lettered, stats.pending, stats.outstanding) == (2, 1, 0, 0)
+    assert queue.lifecycle_state == "drained" and store.inner.health().sample_count == 0
+
+
+def test_lose_on_a_stale_lease_changes_nothing_and_a_lost_letter_is_never_kept() -> None:
+    store = LocalFeatureStore()
+    queue = SampleRefQueue(store, keep_dead_letter_bytes=1 << 20)
+    queue.put(store.put("s1", sample(1)))
+    lease = queue.acquire(timeout=1)
+    assert lease is not None and queue.lose(lease) is True
+    assert queue.lose(lease) is False and len(queue.dead_letters()) == 1
+    assert not store.is_resident("s1"), "a lost sample's dead letter keeps no bytes"
+    with pytest.raises(TypeError, match="lose"):
+        queue.lose("s1")  # type: ignore[arg-type]
