@@ -1,4 +1,4 @@
-"""``FaultyStore``: wrap any ``FeatureStore`` so chosen calls raise ``OSError`` (once or until cleared) or bytes vanish."""
+"""``FaultyStore``: a ``FeatureStore`` wrapper whose chosen calls raise ``OSError``, or whose bytes vanish."""
 
 from __future__ import annotations
 
