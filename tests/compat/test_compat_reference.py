@@ -246,12 +246,17 @@ def test_a_prompt_of_the_wrong_shape_fails_both_pipelines_with_type_error(refere
 # -- core behaviours ------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("high", [0, -1])
-def test_a_non_positive_high_watermark_is_refused_by_both(reference: Reference, high: int) -> None:
-    with pytest.raises(ValueError, match="positive"):
-        SampleRefQueue(LocalFeatureStore(), high_watermark_bytes=high)
-    with pytest.raises(ValueError, match="positive"):
-        reference.streaming.SampleRefQueue(reference.streaming.LocalFeatureStore(), high_watermark_bytes=high)
+@pytest.mark.parametrize(
+    ("watermarks", "phrase"),
+    [({"high_watermark_bytes": 0}, "positive"), ({"high_watermark_bytes": -1}, "positive"),
+     ({"low_watermark_bytes": -1}, "non-negative")],
+)  # fmt: skip
+def test_out_of_range_watermarks_are_refused_by_both(
+    reference: Reference, watermarks: dict[str, int], phrase: str
+) -> None:
+    for streaming in (featurestream, reference.streaming):
+        with pytest.raises(ValueError, match=phrase):
+            streaming.SampleRefQueue(streaming.LocalFeatureStore(), **watermarks)
 
 
 def test_a_dflash_ref_without_a_required_feature_is_refused_by_both(reference: Reference) -> None:

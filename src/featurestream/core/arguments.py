@@ -33,8 +33,11 @@ def check_queue_arguments(
         raise TypeError(f"store must be a FeatureStore, got {type(store).__name__}")
     if visibility_timeout is not None and not isinstance(visibility_timeout, VisibilityTimeout):
         raise TypeError(f"visibility_timeout must be a VisibilityTimeout, got {visibility_timeout!r}")
+    # The reference's phrases for out-of-range watermarks; check_count words the wrong types.
     if type(high_watermark_bytes) is int and high_watermark_bytes < 1:
         raise ValueError(f"high_watermark_bytes must be positive, got {high_watermark_bytes!r}")
+    if type(low_watermark_bytes) is int and low_watermark_bytes < 0:
+        raise ValueError(f"low_watermark_bytes must be non-negative, got {low_watermark_bytes!r}")
     check_count("high_watermark_bytes", high_watermark_bytes, allow_none=True)
     check_count("low_watermark_bytes", low_watermark_bytes, allow_none=True)
     if high_watermark_bytes is not None and low_watermark_bytes is not None:
