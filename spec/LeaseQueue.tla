@@ -54,14 +54,17 @@ BugProducerBytesCounted == FALSE     \* the OLD backpressure rule: a paused prod
 BugScrubFailUnsettles == FALSE       \* the OLD fault behaviour: an ack whose scrub fails is not recorded as settled
 KeepDead == FALSE                    \* SampleRefQueue(keep_dead_letter_bytes > 0): a dead letter's bytes stay retained
 BugRequeueAnySettled == FALSE        \* requeue_dead_letters takes any settled id, acked or bytes gone (a seeded defect)
+MaxSamples == Cardinality(Samples) + 1  \* the store's sample-count cap (max_samples): by default never reached
+BugOnlyBytes == FALSE                \* the OLD backpressure rule: only bytes pause producers, not the count cap
 
 ASSUME /\ MaxDeliveries \in Nat \ {0}
        /\ LowWatermark \in Nat /\ HighWatermark \in Nat /\ LowWatermark < HighWatermark
        /\ MaxHeld \in Nat \ {0} /\ SampleBytes \in Nat \ {0} /\ LargeBytes \in Nat \ {0}
        /\ LargeSamples \subseteq Samples
-       /\ MaxFaults \in Nat /\ DedupWindow \in Nat \ {0}
+       /\ MaxFaults \in Nat /\ DedupWindow \in Nat \ {0} /\ MaxSamples \in Nat \ {0}
        /\ \A b \in {BugStaleRelease, BugNoScrub, BugNoDedup, BugNoDeliveryLimit, BugNoReaper,
-                    BugProducerBytesCounted, BugScrubFailUnsettles, KeepDead, BugRequeueAnySettled} : b \in BOOLEAN
+                    BugProducerBytesCounted, BugScrubFailUnsettles, KeepDead, BugRequeueAnySettled,
+                    BugOnlyBytes} : b \in BOOLEAN
 
 NoLease == "none"            \* an attempt that was never created
 NoSample == "nothing"        \* what an idle producer holds
@@ -327,16 +330,21 @@ Crash(c) ==
     /\ handles' = [handles EXCEPT ![c] = {}]
     /\ UNCHANGED <<status, queue, deliveries, lease, storeVars, bp, lifecycle, faultVars, envVars>>
 
+(* The store holds as many samples as its count cap allows: its next put raises MemoryError.  The *)
+(* backpressure reads it from StoreHealth (sample_count, sample_capacity); BugOnlyBytes ignores it.  *)
+AtSampleCap == ~BugOnlyBytes /\ Cardinality(resident) >= MaxSamples
+
 (* SampleRefQueue._update_backpressure, evaluated on a fresh store.health():        *)
-(* pause at/above the high watermark, resume at/below the low one, keep the state   *)
-(* inside the band.  (on_pause / on_resume run after each, outside the lock.)       *)
+(* pause at/above the high watermark or at the sample-count cap, resume at/below    *)
+(* the low watermark once below the cap, keep the state inside the band.           *)
+(* (on_pause / on_resume run after each, outside the lock.)                         *)
 Pause ==
-    /\ bp = "flowing" /\ residentBytes >= HighWatermark
+    /\ bp = "flowing" /\ (residentBytes >= HighWatermark \/ AtSampleCap)
     /\ bp' = "paused"
     /\ UNCHANGED <<status, queue, deliveries, lease, held, handles, storeVars, lifecycle, faultVars, envVars>>
 
 Resume ==
-    /\ bp = "paused" /\ residentBytes <= LowWatermark
+    /\ bp = "paused" /\ residentBytes <= LowWatermark /\ ~AtSampleCap
     /\ bp' = "flowing"
     /\ UNCHANGED <<status, queue, deliveries, lease, held, handles, storeVars, lifecycle, faultVars, envVars>>
 
@@ -377,8 +385,8 @@ RetryScrub(s, fault) ==
 (* runs the callback and polls again): flowing below the high watermark -- or, the fix, paused with  *)
 (* nothing pending or leased.                                                                         *)
 MayEnqueue ==
-    \/ bp = "flowing" /\ residentBytes < HighWatermark
-    \/ bp = "paused" /\ residentBytes > LowWatermark /\ ~BugProducerBytesCounted /\ QueueEmpty
+    \/ bp = "flowing" /\ residentBytes < HighWatermark /\ ~AtSampleCap
+    \/ bp = "paused" /\ (residentBytes > LowWatermark \/ AtSampleCap) /\ ~BugProducerBytesCounted /\ QueueEmpty
 
 (* An id a producer may store: a fresh one, or a settled one the queue has forgotten (evicted from *)
 (* the dedup window, its bytes gone).  Model bound: no consumer still holds a lease or handle of   *)
@@ -389,9 +397,11 @@ Storable(s) ==
        /\ \A c \in Consumers : s \notin handles[c] /\ \A k \in Attempts : <<s, k>> \notin held[c]
 
 (* FeatureStore.put, then the producer enters put_blocks_until_below.  (A store after close is the *)
-(* same as a store just before it, whose put then raises: ClosedRaise.)                             *)
+(* same as a store just before it, whose put then raises: ClosedRaise.)  A store at its count cap  *)
+(* refuses the put (MemoryError): SampleCapRoom checks a producer is never left to that.           *)
 ProducerStore(p, s) ==
     /\ pc[p] = "idle" /\ lifecycle = "open"
+    /\ Cardinality(resident) < MaxSamples
     /\ Storable(s)
     /\ status' = [status EXCEPT ![s] = "stored"]
     /\ deliveries' = [deliveries EXCEPT ![s] = 0]
@@ -686,9 +696,10 @@ ResidencyExact ==
 (* 7. Bounded delivery: redelivery_count < max_deliveries. *)
 BoundedDelivery == \A s \in Samples : deliveries[s] < MaxDeliveries
 
-(* 8. Backpressure hysteresis: pause only at/above high, resume only at/below low. *)
-Hysteresis == [][/\ (bp = "flowing" /\ bp' = "paused") => residentBytes >= HighWatermark
-                 /\ (bp = "paused" /\ bp' = "flowing") => residentBytes <= LowWatermark]_vars
+(* 8. Backpressure hysteresis: pause only at/above high (or at the count cap), resume only at/below low *)
+(* (and below the count cap).                                                                          *)
+Hysteresis == [][/\ (bp = "flowing" /\ bp' = "paused") => residentBytes >= HighWatermark \/ AtSampleCap
+                 /\ (bp = "paused" /\ bp' = "flowing") => residentBytes <= LowWatermark /\ ~AtSampleCap]_vars
 
 (***************************************************************************)
 (* 8/11. The residency bound the backpressure rule guarantees.  A sample   *)
@@ -714,6 +725,24 @@ ResidencyBound ==
     /\ Cardinality({s \in Samples : status[s] = "stored"}) <= Cardinality(Producers)
     /\ \A p \in Producers : (pc[p] = "idle") <=> (owns[p] = NoSample)
     /\ \A p \in Producers : pc[p] # "idle" => status[owns[p]] = "stored"
+
+(***************************************************************************)
+(* 14. The count cap.  A producer stores its sample before it enters       *)
+(* put_blocks_until_below, so the put is let through only below the cap, *)
+(* its own sample counted -- or into an empty queue, where nothing the     *)
+(* queue does could free a slot: the queue holds fewer than MaxSamples     *)
+(* samples (or that one).  So once every producer is between puts, with    *)
+(* no scrub owed and no dead letter's bytes kept, the store has room for   *)
+(* the next FeatureStore.put: a producer that could have waited never      *)
+(* meets MemoryError.  (Slots other producers' unqueued samples, the scrub *)
+(* backlog or kept bytes take are outside the queue's reach, as in the     *)
+(* residency bound.)  BugOnlyBytes breaks it.                              *)
+(***************************************************************************)
+QueuedCount == Cardinality({s \in Samples : status[s] \in HeldByQueue})
+SampleCapRoom ==
+    /\ KeepDead \/ QueuedCount < Max(MaxSamples, 2)
+    /\ (MaxSamples >= 2 /\ backlog = {} /\ kept = {} /\ \A p \in Producers : pc[p] = "idle")
+           => Cardinality(resident) < MaxSamples
 
 (* 9. Close/drain: drained only when nothing is pending or leased ... *)
 CloseDrain == lifecycle = "drained" => QueueEmpty

@@ -17,6 +17,7 @@ from featurestream.spec.tlc import ToolMissing, find_jar, find_java
 CI_DISTINCT_STATES = 27_202  # spec/LeaseQueue.cfg
 WINDOW_DISTINCT_STATES = 15_476  # spec/LeaseQueueWindow.cfg
 KEEP_DISTINCT_STATES = 6_276  # spec/LeaseQueueKeep.cfg (dead-letter repair)
+COUNT_DISTINCT_STATES = 30_192  # spec/LeaseQueueCount.cfg (the store's sample-count cap)
 DEEP_DISTINCT_STATES = 218_132  # spec/LeaseQueueDeep.cfg (nightly)
 
 
@@ -52,5 +53,6 @@ def pinned_states() -> dict[str, int]:
         "LeaseQueue.cfg": CI_DISTINCT_STATES,
         "LeaseQueueWindow.cfg": WINDOW_DISTINCT_STATES,
         "LeaseQueueKeep.cfg": KEEP_DISTINCT_STATES,
+        "LeaseQueueCount.cfg": COUNT_DISTINCT_STATES,
         "LeaseQueueDeep.cfg": DEEP_DISTINCT_STATES,
     }

@@ -41,7 +41,7 @@ def test_ci_model_has_no_error_and_the_pinned_state_count(tlc_available: None, c
     )
 
 
-@pytest.mark.parametrize("config", ["LeaseQueueWindow.cfg", "LeaseQueueKeep.cfg"])
+@pytest.mark.parametrize("config", ["LeaseQueueWindow.cfg", "LeaseQueueKeep.cfg", "LeaseQueueCount.cfg"])
 def test_small_model_has_no_error_and_the_pinned_state_count(
     tlc_available: None, pinned_states: dict[str, int], config: str
 ) -> None:
@@ -52,7 +52,9 @@ def test_small_model_has_no_error_and_the_pinned_state_count(
     assert result.distinct_states == pinned_states[config]
 
 
-@pytest.mark.parametrize("config", ["LeaseQueue.cfg", "LeaseQueueWindow.cfg", "LeaseQueueKeep.cfg"])
+@pytest.mark.parametrize(
+    "config", ["LeaseQueue.cfg", "LeaseQueueWindow.cfg", "LeaseQueueKeep.cfg", "LeaseQueueCount.cfg"]
+)
 def test_mirror_reaches_exactly_the_states_tlc_explores(config: str, pinned_states: dict[str, int]) -> None:
     expected = pinned_states[config]
     constants = constants_from_config((spec_dir() / config).read_text())
@@ -79,6 +81,36 @@ def test_window_model_evicts_and_stores_a_forgotten_id_anew() -> None:
                 seen.add(nxt)
                 frontier.append(nxt)
     assert reborn
+
+
+def test_count_model_pauses_a_producer_at_the_sample_cap_and_resumes_it() -> None:
+    """In the sample-count cap config only the count pauses (bytes stay below the high watermark): a producer
+    really waits paused at the cap while the queue holds a sample, and is resumed once a slot is free."""
+    from featurestream.spec.mirror import initial_state, labelled_successors
+
+    constants = constants_from_config((spec_dir() / "LeaseQueueCount.cfg").read_text())
+    assert constants.max_samples == 2 and not constants.bugs
+    assert sum(constants.sizes()) < constants.high_watermark  # bytes alone never pause here
+    start = initial_state(constants)
+    seen, frontier, waited, resumed = {start}, [start], False, False
+    while frontier:
+        state = frontier.pop()
+        waited |= (
+            state.backpressure == "paused"
+            and len(state.resident) == constants.max_samples
+            and "waiting" in state.pc
+            and any(status in ("pending", "leased") for status in state.status)
+        )
+        for name, step in labelled_successors(constants, state):
+            if step is None:
+                continue
+            if name == "PauseP":
+                assert len(state.resident) == constants.max_samples, "a pause below the count cap"
+            resumed |= name == "ResumeP"
+            if step.state not in seen:
+                seen.add(step.state)
+                frontier.append(step.state)
+    assert waited and resumed
 
 
 def test_keep_model_requeues_and_purges_kept_dead_letters() -> None:
@@ -109,6 +141,7 @@ def test_every_shipped_config_is_checked_by_a_test() -> None:
     shipped = sorted(p.name for p in spec_dir().glob("*.cfg"))
     assert shipped == [
         "LeaseQueue.cfg",
+        "LeaseQueueCount.cfg",
         "LeaseQueueDeep.cfg",
         "LeaseQueueKeep.cfg",
         "LeaseQueueSim.cfg",
@@ -145,6 +178,7 @@ def test_simulation_of_the_large_model_finds_no_error(tlc_available: None) -> No
         ("ProducerBytesCounted", "ProducerProgress"),
         ("ScrubFailUnsettles", "ExactlyOnce"),
         ("RequeueAnySettled", "ExactlyOnce"),
+        ("OnlyBytes", "SampleCapRoom"),
     ],
 )
 def test_each_defect_switch_yields_a_counterexample(tlc_available: None, bug: str, violated: str) -> None:
@@ -200,6 +234,7 @@ def test_producer_progress_needs_strong_fairness_on_the_enqueue(tlc_available: N
         ("ProducerBytesCounted", None),
         ("ScrubFailUnsettles", "NoLeak"),
         ("RequeueAnySettled", "ExactlyOnce"),
+        ("OnlyBytes", "SampleCapRoom"),
     ],
 )
 def test_the_mirror_finds_the_same_safety_violations(bug: str, violated: str | None) -> None:
@@ -240,13 +275,21 @@ def test_every_design_invariant_is_named_in_the_spec_and_checked_in_ci() -> None
         "NoLeak",
         "ResidencyExact",
         "ResidencyBound",
+        "SampleCapRoom",
         "BoundedDelivery",
         "Hysteresis",
         "CloseDrain",
         "ClosedRefusesPuts",
         *LIVENESS,
     ]
-    for config_name in ("LeaseQueue.cfg", "LeaseQueueWindow.cfg", "LeaseQueueKeep.cfg", "LeaseQueueDeep.cfg"):
+    configs = (
+        "LeaseQueue.cfg",
+        "LeaseQueueWindow.cfg",
+        "LeaseQueueKeep.cfg",
+        "LeaseQueueCount.cfg",
+        "LeaseQueueDeep.cfg",
+    )
+    for config_name in configs:
         config = (spec_dir() / config_name).read_text()
         for name in names:
             assert re.search(rf"^{name} ==", spec, re.M), f"{name} is not defined in LeaseQueue.tla"

@@ -143,6 +143,7 @@ BUGS = {
     "P": "BugProducerBytesCounted: a paused producer never enqueues, even into an empty queue",
     "S": "BugScrubFailUnsettles: an ack whose scrub fails is not recorded as settled (re-put accepted)",
     "R": "BugRequeueAnySettled: requeue_dead_letters takes any settled id, acked or its bytes gone",
+    "O": "BugOnlyBytes: only bytes pause producers, not the store's sample-count cap",
 }
 _COUNTER_OF_EVENT = {
     "Put": "put",
@@ -176,7 +177,9 @@ class SpecConstants:
     fail in one behaviour; ``None``: no bound, for the step API),
     ``dedup_window`` (settled ids remembered; ``None``: all of them, the spec's
     default ``Cardinality(Samples)``), ``keep_dead`` (``KeepDead``: a dead
-    letter's bytes stay retained for a requeue), ``bugs`` (see ``BUGS``).
+    letter's bytes stay retained for a requeue), ``max_samples`` (``MaxSamples``,
+    the store's sample-count cap; ``None``: the spec's default, never reached),
+    ``bugs`` (see ``BUGS``).
     """
 
     samples: tuple[str, ...] = ("s1", "s2")
@@ -193,6 +196,7 @@ class SpecConstants:
     max_faults: int | None = None
     dedup_window: int | None = None
     keep_dead: bool = False
+    max_samples: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("samples", "consumers", "producers"):
@@ -215,6 +219,8 @@ class SpecConstants:
             raise ValueError(f"large_samples {sorted(self.large_samples)} must be among samples {self.samples}")
         if self.max_faults is not None and self.max_faults < 0:
             raise ValueError(f"max_faults must be >= 0 or None, got {self.max_faults!r}")
+        if self.max_samples is not None and self.max_samples < 1:
+            raise ValueError(f"max_samples must be >= 1 or None, got {self.max_samples!r}")
         if self.dedup_window is not None and self.dedup_window < 1:
             raise ValueError(f"dedup_window must be >= 1 or None, got {self.dedup_window!r}")
         unknown = set(self.bugs) - set(BUGS)
@@ -588,16 +594,21 @@ def a_crash(k: SpecConstants, st: SpecState, c: int) -> _Step | None:
     return _Step(st._replace(held=_set(st.held, c, frozenset()), handles=_set(st.handles, c, frozenset())), ())
 
 
+def _at_sample_cap(k: SpecConstants, st: SpecState) -> bool:
+    """``AtSampleCap``: the store holds as many samples as its count cap allows (``BugOnlyBytes`` ignores it)."""
+    return k.max_samples is not None and "O" not in k.bugs and len(st.resident) >= k.max_samples
+
+
 def a_pause(k: SpecConstants, st: SpecState) -> _Step | None:
-    """Pause: ``_update_backpressure`` sees resident bytes at/above the high watermark."""
-    if st.backpressure != "flowing" or st.resident_bytes < k.high_watermark:
+    """Pause: ``_update_backpressure`` sees resident bytes at/above the high watermark, or the count cap."""
+    if st.backpressure != "flowing" or (st.resident_bytes < k.high_watermark and not _at_sample_cap(k, st)):
         return None
     return _Step(st._replace(backpressure="paused"), (("Pause", -1, ""),))
 
 
 def a_resume(k: SpecConstants, st: SpecState) -> _Step | None:
-    """Resume: ``_update_backpressure`` sees resident bytes at/below the low watermark."""
-    if st.backpressure != "paused" or st.resident_bytes > k.low_watermark:
+    """Resume: ``_update_backpressure`` sees resident bytes at/below the low watermark, below the count cap."""
+    if st.backpressure != "paused" or st.resident_bytes > k.low_watermark or _at_sample_cap(k, st):
         return None
     return _Step(st._replace(backpressure="flowing"), (("Resume", -1, ""),))
 
@@ -683,9 +694,10 @@ def a_purge_dead_letter(
 def _may_enqueue(k: SpecConstants, st: SpecState) -> bool:
     """``MayEnqueue``: once the hysteresis settled, flowing below the high watermark, or (the fix) paused
     with nothing pending or leased."""
+    capped = _at_sample_cap(k, st)
     if st.backpressure == "flowing":
-        return st.resident_bytes < k.high_watermark
-    return st.resident_bytes > k.low_watermark and "P" not in k.bugs and _queue_empty(st)
+        return st.resident_bytes < k.high_watermark and not capped
+    return (st.resident_bytes > k.low_watermark or capped) and "P" not in k.bugs and _queue_empty(st)
 
 
 def _storable(st: SpecState, s: int) -> bool:
@@ -702,8 +714,11 @@ def _storable(st: SpecState, s: int) -> bool:
 
 
 def a_producer_store(k: SpecConstants, st: SpecState, p: int, s: int, sizes: tuple[int, ...]) -> _Step | None:
-    """ProducerStore(p, s): ``FeatureStore.put``, then the producer enters ``put_blocks_until_below``."""
+    """ProducerStore(p, s): ``FeatureStore.put``, then the producer enters ``put_blocks_until_below``; a store
+    at its count cap refuses the put."""
     if st.pc[p] != "idle" or st.lifecycle != "open" or not _storable(st, s):
+        return None
+    if k.max_samples is not None and len(st.resident) >= k.max_samples:
         return None
     return _Step(
         st._replace(
@@ -885,7 +900,7 @@ def check_state(k: SpecConstants, st: SpecState, sizes: Mapping[int, int] | None
     """Assert every state invariant of the spec; the message starts with the invariant's TLA+ name.
 
     ``sizes`` overrides sample sizes by index; ``bound=False`` skips
-    ``ResidencyBound`` (for runs that enqueue outside the producer path).
+    ``ResidencyBound`` and ``SampleCapRoom`` (for runs that enqueue outside the producer path).
     """
     n = len(k.samples)
     base = k.sizes()
@@ -947,6 +962,15 @@ def check_state(k: SpecConstants, st: SpecState, sizes: Mapping[int, int] | None
             assert where == "idle" or st.status[s] == "stored", (
                 f"ResidencyBound: producer {k.producers[p]} holds {name(s)!r}, which is {st.status[s]}"
             )
+        cap = len(k.samples) + 1 if k.max_samples is None else k.max_samples
+        queued_count = sum(st.status[s] in HELD_BY_QUEUE for s in range(n))
+        assert k.keep_dead or queued_count < max(cap, 2), (
+            f"SampleCapRoom: the queue holds {queued_count} samples, the store's count cap is {cap}"
+        )
+        if cap >= 2 and not st.backlog and not st.kept and all(where == "idle" for where in st.pc):
+            assert len(st.resident) < cap, (
+                f"SampleCapRoom: every producer is between puts and the store is full ({len(st.resident)} of {cap})"
+            )
 
 
 def check_step(k: SpecConstants, before: SpecState, after: SpecState) -> None:
@@ -969,13 +993,15 @@ def check_step(k: SpecConstants, before: SpecState, after: SpecState) -> None:
                 )
         if before.lifecycle != "open" and was not in HELD_BY_QUEUE:
             assert now not in HELD_BY_QUEUE, f"ClosedRefusesPuts: sample {sample!r} was enqueued after close ({now!r})"
+    capped = _at_sample_cap(k, before)
     if before.backpressure == "flowing" and after.backpressure == "paused":
-        assert before.resident_bytes >= k.high_watermark, (
+        assert before.resident_bytes >= k.high_watermark or capped, (
             f"Hysteresis: paused at {before.resident_bytes} B, below the high watermark {k.high_watermark}"
         )
     if before.backpressure == "paused" and after.backpressure == "flowing":
-        assert before.resident_bytes <= k.low_watermark, (
-            f"Hysteresis: resumed at {before.resident_bytes} B, above the low watermark {k.low_watermark}"
+        assert before.resident_bytes <= k.low_watermark and not capped, (
+            f"Hysteresis: resumed at {before.resident_bytes} B, above the low watermark {k.low_watermark} "
+            "or at the count cap"
         )
     assert before.lifecycle != "drained" or after.lifecycle == "drained", "ClosedRefusesPuts: a drained queue reopened"
 
@@ -1385,6 +1411,7 @@ _BUG_SWITCHES = {
     "BugProducerBytesCounted": "P",
     "BugScrubFailUnsettles": "S",
     "BugRequeueAnySettled": "R",
+    "BugOnlyBytes": "O",
 }
 
 
@@ -1417,5 +1444,6 @@ def constants_from_config(text: str) -> SpecConstants:
         max_faults=int(values.get("MaxFaults", "0")),
         dedup_window=int(values["DedupWindow"]) if "DedupWindow" in values else None,
         keep_dead=values.get("KeepDead") == "TRUE",
+        max_samples=int(values["MaxSamples"]) if "MaxSamples" in values else None,
         bugs=frozenset(bug for switch, bug in _BUG_SWITCHES.items() if values.get(switch) == "TRUE"),
     )
