@@ -62,6 +62,14 @@ def lose_reply(queue: RedisSampleRefQueue, function: str, meanwhile: Callable[[]
     return lost
 
 
+def one_store_twice() -> tuple[LocalFeatureStore, LocalFeatureStore]:
+    """Two instances of one store, each keeping its own accounting, as two processes' SharedDirFeatureStore
+    instances over one mount do: the queue pins one store URI, so the second takes the first's."""
+    store, other = LocalFeatureStore(max_samples=64), LocalFeatureStore(max_samples=64)
+    other.store_uri = store.store_uri
+    return store, other
+
+
 def stored(store: LocalFeatureStore, *indices: int) -> list[SampleRef]:
     return [store.put(f"s{i}", sample_tensors(i)) for i in indices]
 
@@ -81,7 +89,7 @@ def settled_everywhere(*stores: LocalFeatureStore) -> None:
 
 @pytest.mark.parametrize("batch", [False, True], ids=["put", "put_many"])
 def test_a_retried_put_that_was_consumed_meanwhile_is_scrubbed(make: Factory, batch: bool) -> None:
-    store, other = LocalFeatureStore(max_samples=64), LocalFeatureStore(max_samples=64)
+    store, other = one_store_twice()
     producer, consumer = make(store), make(other)
     refs = stored(store, 0, 1)
     lost = lose_reply(producer, "put_many" if batch else "put", lambda: consume_one(consumer))
@@ -101,7 +109,7 @@ def test_a_retried_put_that_was_consumed_meanwhile_is_scrubbed(make: Factory, ba
 
 @pytest.mark.parametrize("batch", [False, True], ids=["ack", "ack_many"])
 def test_a_retried_ack_scrubs_once(make: Factory, batch: bool) -> None:
-    store, other = LocalFeatureStore(max_samples=64), LocalFeatureStore(max_samples=64)
+    store, other = one_store_twice()
     queue, consumer = make(store), make(other)
     queue.put_many(stored(store, 0, 1, 2))
     leases = queue.acquire_many(2, timeout=0)
@@ -119,7 +127,7 @@ def test_a_retried_ack_scrubs_once(make: Factory, batch: bool) -> None:
 
 
 def test_a_retried_fail_that_dead_lettered_scrubs_once(make: Factory) -> None:
-    store, other = LocalFeatureStore(max_samples=64), LocalFeatureStore(max_samples=64)
+    store, other = one_store_twice()
     queue, consumer = make(store, max_deliveries=1), make(other, max_deliveries=1)
     queue.put_many(stored(store, 0, 1))
     lease = queue.acquire(timeout=0)
@@ -135,7 +143,7 @@ def test_a_retried_fail_that_dead_lettered_scrubs_once(make: Factory) -> None:
 
 
 def test_a_retried_fail_that_redelivered_leaves_the_redelivery(make: Factory) -> None:
-    store, other = LocalFeatureStore(max_samples=64), LocalFeatureStore(max_samples=64)
+    store, other = one_store_twice()
     queue, consumer = make(store), make(other)
     queue.put(stored(store, 0)[0])
     lease = queue.acquire(timeout=0)
@@ -150,7 +158,7 @@ def test_a_retried_fail_that_redelivered_leaves_the_redelivery(make: Factory) ->
 
 
 def test_a_retried_extend_extends_once(make: Factory, clock: FakeClock) -> None:
-    store, other = LocalFeatureStore(max_samples=64), LocalFeatureStore(max_samples=64)
+    store, other = one_store_twice()
     queue, consumer = make(store), make(other)
     queue.put_many(stored(store, 0, 1))
     lease = queue.acquire(timeout=0)
@@ -171,7 +179,7 @@ def test_a_retried_extend_extends_once(make: Factory, clock: FakeClock) -> None:
 # The calls below are not exact yet under a lost reply; each strict xfail fails the run once it becomes exact.
 @pytest.mark.xfail(strict=True, reason="a retried extend runs twice on the server and counts twice in extended")
 def test_a_retried_extend_counts_once(make: Factory) -> None:
-    store, other = LocalFeatureStore(max_samples=64), LocalFeatureStore(max_samples=64)
+    store, other = one_store_twice()
     queue, consumer = make(store), make(other)
     queue.put_many(stored(store, 0, 1))
     lease = queue.acquire(timeout=0)
@@ -182,7 +190,7 @@ def test_a_retried_extend_counts_once(make: Factory) -> None:
 
 
 def dead_and_kept(make: Factory) -> tuple[RedisSampleRefQueue, RedisSampleRefQueue]:
-    store, other = LocalFeatureStore(max_samples=64), LocalFeatureStore(max_samples=64)
+    store, other = one_store_twice()
     queue = make(store, max_deliveries=1, keep_dead_letter_bytes=1 << 20)
     consumer = make(other, max_deliveries=1, keep_dead_letter_bytes=1 << 20)
     queue.put_many(stored(store, 0, 1))
