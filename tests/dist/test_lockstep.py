@@ -29,13 +29,21 @@ LAUNCH_LIMIT_S = 45.0
 
 
 def launch(
-    tmp_path: Path, world: int, target: Callable[[dict[str, Any], int], None] = run_rank, **config: Any
+    tmp_path: Path,
+    world: int,
+    target: Callable[[dict[str, Any], int], None] = run_rank,
+    start_method: str = "fork",
+    **config: Any,
 ) -> list[dict[str, Any]]:
-    """Run ``world`` rank processes of ``target`` to completion (killing them all past the limit); parse their logs."""
+    """Run ``world`` rank processes of ``target`` to completion (killing them all past the limit); parse their logs.
+
+    Forked by default (the ranks reuse the imported torch); ``start_method="spawn"`` starts clean interpreters,
+    for a test whose parent process runs threads of its own at the fork.
+    """
     run = tmp_path / f"run-{uuid.uuid4().hex[:8]}"
     run.mkdir()
     config |= {"world": world, "init": f"file://{run / 'group'}", "out": str(run)}
-    context = multiprocessing.get_context("fork")
+    context = multiprocessing.get_context(start_method)
     procs = [context.Process(target=target, args=(config, rank), daemon=True) for rank in range(world)]
     for proc in procs:
         proc.start()

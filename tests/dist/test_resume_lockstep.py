@@ -29,17 +29,19 @@ def test_lockstep_ranks_restore_from_the_same_step_and_train_every_prompt_once(
         "name": name,
         "dir": str(shared),
         "checkpoints": str(checkpoints),
-        "visibility": 1.0,
+        "visibility": 5.0,  # long enough that a loaded machine never expires a live lease
         "every": 2,
     }
     command = [sys.executable, "-m", "featurestream.testing.resume", "producer", "--url", redis_server.url]
     command += ["--name", name, "--store-dir", str(shared), "--prompts", str(n)]
-    producer = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    err = tmp_path / "producer.err"
+    with err.open("wb") as stderr:  # a file, not a pipe nobody reads until the end: it never blocks the producer
+        producer = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=stderr)
     try:
-        first = launch(tmp_path, 2, target=run_resume_rank, crash={"rank": 1, "at": 3}, **config)
+        first = launch(tmp_path, 2, target=run_resume_rank, start_method="spawn", crash={"rank": 1, "at": 3}, **config)
         assert first[1]["exit"] == 3, first[1]
         assert first[0]["errors"] and first[0]["steps"] == -1, "the survivor stopped with the collective's error"
-        second = launch(tmp_path, 2, target=run_resume_rank, **config)
+        second = launch(tmp_path, 2, target=run_resume_rank, start_method="spawn", **config)
     finally:
         from featurestream.backends.redis.queue import RedisSampleRefQueue
         from featurestream.stores.shared_dir import SharedDirFeatureStore
@@ -48,8 +50,8 @@ def test_lockstep_ranks_restore_from_the_same_step_and_train_every_prompt_once(
         queue.close()  # ends the producer's run
         ledger = queue.training_ledger()
         queue.disconnect()
-        out, err = producer.communicate(timeout=60)
-    assert producer.returncode == 0, err.decode()[-3000:]
+        producer.wait(timeout=60)
+    assert producer.returncode == 0, err.read_text()[-3000:]
     for rank, result in enumerate(second):
         assert result["exit"] == 0 and not result["errors"], (rank, result)
         assert result["restored"] == ["2 1"], "each rank restored at step 2, giving back its step 3's prompt"

@@ -108,7 +108,7 @@ def test_sigkilled_trainer_and_producer_processes_train_every_prompt_once(
     def spawn(role: str) -> subprocess.Popen[bytes]:
         command = [sys.executable, "-m", "featurestream.testing.resume", role, *roles[role]]
         with errors[role].open("ab") as err:
-            return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=err)
+            return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=err)
 
     procs = {role: spawn(role) for role in roles}
     killed = {"trainer": 0, "producer": 0, "redis": 0}
@@ -170,3 +170,14 @@ def test_the_resume_machine_on_redis(redis_server: Any) -> None:
         case("runTest").runTest()
     finally:
         client.close()
+
+
+def test_a_queue_with_a_ledger_is_listed_once(make: Any, redis_server: Any, queue_name: str) -> None:
+    from featurestream.backends.redis.queue import list_queues
+
+    queue = make(LocalFeatureStore())
+    ledger = queue.training_ledger()
+    ledger.declare(["0"])
+    ledger.restore(0, 0)
+    listed = [name for name in list_queues(redis_server.url) if queue_name in name]
+    assert listed == [queue_name]

@@ -7,7 +7,8 @@ under the queue's prefix (its hash tag, so a cluster keeps them together):
 the claim that set its generation, so a retried claim is recognised),
 ``resume:trained`` (prompt key -> ``rank:step``), ``resume:steps:<rank>``
 (a sorted set of the rank's trained keys by step), ``resume:ranks``
-(``inc:<rank>`` -> incarnation) and ``resume:meta`` (restores, duplicates).
+(``inc:<rank>`` -> incarnation) and ``resume:counts`` (restores, duplicates; not ``meta``, which
+names a queue to ``list_queues``).
 """
 
 from __future__ import annotations
@@ -138,7 +139,7 @@ class RedisTrainingLedger(TrainingLedger):
         self._holds = holds
         base = prefix + "resume:"
         self._gen, self._owner, self._trained = base + "gen", base + "owner", base + "trained"
-        self._ranks, self._meta, self._steps_base = base + "ranks", base + "meta", base + "steps:"
+        self._ranks, self._counts, self._steps_base = base + "ranks", base + "counts", base + "steps:"
         self._redis = client
         self._declare = client.register_script(_DECLARE)
         self._claim = client.register_script(_CLAIM)
@@ -177,13 +178,13 @@ class RedisTrainingLedger(TrainingLedger):
 
     def restore(self, rank: int, step: int) -> Restore:
         check_rank_step(rank, step)
-        keys = [self._ranks, self._steps(rank), self._trained, self._meta]
+        keys = [self._ranks, self._steps(rank), self._trained, self._counts]
         incarnation, later = self._retrying(self._restore, keys, [rank, step])
         return Restore(rank, step, int(incarnation), tuple(_text(key) for key in later))
 
     def commit(self, rank: int, incarnation: int, step: int, keys: Sequence[str]) -> int:
         check_rank_step(rank, step)
-        names = [self._ranks, self._steps(rank), self._trained, self._gen, self._meta]
+        names = [self._ranks, self._steps(rank), self._trained, self._gen, self._counts]
         ok, value = self._retrying(self._commit, names, [rank, incarnation, step, *keys])
         if not int(ok):
             raise StaleTrainer(
@@ -197,7 +198,7 @@ class RedisTrainingLedger(TrainingLedger):
             with self._redis.pipeline(transaction=True) as pipe:
                 pipe.hlen(self._gen)
                 pipe.hlen(self._trained)
-                pipe.hmget(self._meta, ["restores", "duplicates"])
+                pipe.hmget(self._counts, ["restores", "duplicates"])
                 return pipe.execute()  # type: ignore[no-any-return]
 
         declared, trained, (restores, duplicates) = self._retrying(read)
