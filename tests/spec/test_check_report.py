@@ -34,7 +34,7 @@ def test_bug_a_from_another_directory_is_summarised_step_by_step(
     assert code == 1, out
     assert f"with {spec_dir() / 'mutants' / 'BugA.cfg'} ..." in out
     assert "Error: Invariant NoLoss is violated." in out
-    assert "counterexample, 6 states (18 variables):" in out
+    assert re.search(r"^counterexample, 6 states \(\d+ variables\):$", out, re.M), out
     steps = re.findall(r"^  (\d+) (\w+)", out, re.M)
     assert steps == [
         ("1", "Init"),
@@ -49,7 +49,7 @@ def test_bug_a_from_another_directory_is_summarised_step_by_step(
     assert "retained: {s1} -> {}" in release and "resident: {s1} -> {}" in release
     assert "status" not in release and "lease[" not in release
     assert "/\\ retained" not in out, "TLC's raw states are left to --verbose"
-    assert re.search(r"^TLC: VIOLATED NoLoss; 34 distinct states, 52 generated, depth 6, ", out, re.M), out
+    assert re.search(r"^TLC: VIOLATED NoLoss; \d+ distinct states, \d+ generated, depth 6, ", out, re.M), out
 
 
 def test_a_liveness_mutant_shows_its_loop_and_no_depth_none(

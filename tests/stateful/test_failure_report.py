@@ -53,16 +53,28 @@ class ReleaseFreesStore(LocalFeatureStore):
         pass
 
 
+class ScrubRaisesStore(LocalFeatureStore):
+    def scrub(self, ref):
+        raise KeyError(ref.sample_id)
+
+
 TestNoScrub = make_queue_machine(NoScrubStore).TestCase
 TestHealthOffByOne = make_queue_machine(HealthOffByOneStore).TestCase
 TestReleaseFrees = make_queue_machine(ReleaseFreesStore).TestCase
+TestScrubRaises = make_queue_machine(ScrubRaisesStore).TestCase
 """
 
-# test class -> (invariant, what the message must say about the culprit)
+# test class -> (invariant, what the message must say about the culprit, log records captured)
 EXPECTED = {
-    "TestNoScrub": ("inv05_no_leak", r"suspect: store\.scrub\(\) ran and left it resident"),
-    "TestHealthOffByOne": ("inv06_residency_exact", r"suspect: store\.health\(\) \(resident_bytes off by \+1\)"),
-    "TestReleaseFrees": ("inv04_no_loss", r"suspect: store\.retain\(\) did not retain it, or store\.release\(\) frees"),
+    "TestNoScrub": ("inv05_no_leak", r"suspect: store\.scrub\(\) was called for it and did not free it", 0),
+    "TestHealthOffByOne": ("inv06_residency_exact", r"suspect: store\.health\(\) \(resident_bytes off by \+1\)", 0),
+    "TestReleaseFrees": (
+        "inv04_no_loss",
+        r"suspect: store\.retain\(\) did not retain it, or store\.release\(\) frees",
+        0,
+    ),
+    # the store's own error, which the queue survives and logs: once with its traceback, not once per example
+    "TestScrubRaises": ("inv05_no_leak", r"suspect: store\.scrub\(\) was called for it and did not free it", 1),
 }
 
 
@@ -85,8 +97,8 @@ def reports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     sections = re.split(r"^_{3,} (\w+)\.runTest _{3,}$", done.stdout, flags=re.MULTILINE)
     found = dict(zip(sections[1::2], sections[2::2], strict=True))
     assert set(found) == set(EXPECTED), done.stdout
-    last = found["TestReleaseFrees"]  # the summary after the last section is not part of any report
-    found["TestReleaseFrees"] = last.split("= short test summary info =")[0]
+    last = list(found)[-1]  # the summary after the last section is not part of any report
+    found[last] = found[last].split("= short test summary info =")[0]
     return found
 
 
@@ -95,7 +107,7 @@ def test_a_broken_store_is_reported_on_one_screen_by_the_invariant_that_names_it
     reports: dict[str, str], test_class: str
 ) -> None:
     report = reports[test_class]
-    invariant, culprit = EXPECTED[test_class]
+    invariant, culprit, logged = EXPECTED[test_class]
     violation = re.search(r"^E\s+featurestream\.testing\.invariants\.InvariantViolation: (\w+): (.*)$", report, re.M)
     assert violation is not None, report
     assert violation.group(1) == invariant, report
@@ -104,11 +116,13 @@ def test_a_broken_store_is_reported_on_one_screen_by_the_invariant_that_names_it
     steps = re.findall(r"^E\s+(?:\w+ = )?state\.(\w+)\(", report, re.M)
     assert steps and steps[-1] == "teardown", report
     assert not [step for step in steps if step.startswith("inv")], "the shrunk steps list rules only"
-    assert "Captured log" not in report and "injected fault" not in report, "the kit's own faults stay out"
+    assert "injected fault" not in report and "stale" not in report, "the kit's own faults stay out"
+    records = re.findall(r"^(?:WARNING|ERROR) ", report, re.M)
+    assert len(records) == logged and ("Captured log" in report) == bool(logged), report
     assert len(report.strip().splitlines()) < SCREEN_LINES, report
 
 
-def test_only_the_kits_own_injections_are_dropped_from_the_logs(caplog: pytest.LogCaptureFixture) -> None:
+def test_the_kits_own_injections_and_repeats_are_dropped_from_the_logs(caplog: pytest.LogCaptureFixture) -> None:
     logger = logging.getLogger("featurestream.core.queue")
     fault = InjectedFault(errno.EIO, "injected fault: store scrub('s0') failed")
     quiet_injected_faults(True)
@@ -126,11 +140,15 @@ def test_only_the_kits_own_injections_are_dropped_from_the_logs(caplog: pytest.L
                     raise TypeError("the queue's own bug while handling the fault") from None
             except TypeError as bug:
                 logger.warning("kept: %r", bug, exc_info=bug)
-            logger.warning("kept: store %s raised %r", "scrub", OSError(errno.EIO, "a real disk error"))
+            for sample in ("s0", "s1"):  # the user's own store error: logged once, not once per example
+                logger.warning("kept: store scrub(%r) raised %r", sample, OSError(errno.EIO, "a real disk error"))
             logger.warning(StaleLog.MESSAGE, "ack", 7, "s0", "it was settled or reclaimed already")
     finally:
         quiet_injected_faults(False)
-    assert [record.getMessage()[:5] for record in caplog.records] == ["kept:", "kept:"]
+    assert [record.getMessage() for record in caplog.records] == [
+        'kept: TypeError("the queue\'s own bug while handling the fault")',
+        "kept: store scrub('s0') raised OSError(5, 'a real disk error')",
+    ]
     with caplog.at_level(logging.WARNING):  # another test may have raised the root logger's level
         logger.warning("after the machine: %r", fault)
     assert caplog.records[-1].getMessage().startswith("after the machine"), "the filter is gone with the machine"

@@ -204,7 +204,7 @@ class QueueMachine(QueueInvariants, RuleBasedStateMachine):
         self._forged_ids = itertools.count(2**30)  # never issued here; below TLC's 2**31 int limit
         self._notes: dict[str, list[str]] = collections.defaultdict(list)
         self._resident_check: bool | None = None  # whether the store implements is_resident
-        quiet_injected_faults(True)  # until teardown: the queue's logs of the faults injected here are noise
+        quiet_injected_faults(True, type(self))  # until teardown: logs of the faults injected here are noise
 
     # -- plumbing ---------------------------------------------------------------
     def _observe_residency(self) -> None:
@@ -864,8 +864,10 @@ class QueueMachine(QueueInvariants, RuleBasedStateMachine):
             self._note("inv13_producer_progress", f"blocked puts outlived close: {sorted(self.producers)}")
 
     def teardown(self) -> None:
-        for producer in self.producers.values():
-            producer.put.abort()
-        self.queue.close()
-        self.store.close()
-        quiet_injected_faults(False)
+        try:
+            for producer in self.producers.values():
+                producer.put.abort()
+            self.queue.close()
+            self.store.close()
+        finally:
+            quiet_injected_faults(False)

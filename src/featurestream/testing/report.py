@@ -5,7 +5,10 @@ forged leases, on purpose; the queue logs each one it survives (a fault with
 its traceback), which is right in production and noise in a test report.
 ``quiet_injected_faults`` drops exactly those records, from every handler
 (pytest's capture included), while a machine runs: whether the queue handled
-them right is the invariants' verdict. ``store_history`` and ``suspect`` turn the ``FaultyStore`` call log into
+them right is the invariants' verdict. Of the records it lets through, a
+repeat (the same logger, message template and exception type, from any of the
+test's examples) is dropped too: a store bug hit in hundreds of examples is
+logged once, with its traceback. ``store_history`` and ``suspect`` turn the ``FaultyStore`` call log into
 the part of an invariant message that says which store method to look at.
 """
 
@@ -31,37 +34,59 @@ class InjectedCallbackError(RuntimeError):
 _INJECTED = (InjectedFault, InjectedCallbackError)
 
 
-class _InjectedFaultFilter(logging.Filter):
-    """Drops records about the kit's own injections: their exception, or one of their arguments, is one,
-    or they report a stale or forged lease rejected."""
+class _QuietFilter(logging.Filter):
+    """Drops records about the kit's own injections (their exception, or one of their arguments, is one, or
+    they report a stale or forged lease rejected) and repeats of the others."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        # The first record let through per (logger, template, exception type). Each handler filters the same
+        # record object, so the first one passes every handler and only later records count as repeats.
+        self.first: dict[tuple[str, object, type | None], logging.LogRecord] = {}
 
     def filter(self, record: logging.LogRecord) -> bool:
+        if self._injected(record):
+            return False
+        error = record.exc_info[1] if record.exc_info else None
+        key = (record.name, record.msg, None if error is None else type(error))
+        return self.first.setdefault(key, record) is record
+
+    @staticmethod
+    def _injected(record: logging.LogRecord) -> bool:
         if record.msg == StaleLog.MESSAGE:
-            return False
+            return True
         if record.exc_info and isinstance(record.exc_info[1], _INJECTED):
-            return False
+            return True
         args = record.args if isinstance(record.args, tuple) else ()
-        return not any(isinstance(arg, _INJECTED) for arg in args)
+        return any(isinstance(arg, _INJECTED) for arg in args)
 
 
-_FILTER = _InjectedFaultFilter()
+_FILTER = _QuietFilter()
 _lock = threading.Lock()
 _users = 0
+_owner: object = None
 _filtered: list[logging.Handler] = []
 
 
-def quiet_injected_faults(on: bool) -> None:
-    """Start (``on``) or stop dropping the injections' log records; nested machines count.
+def quiet_injected_faults(on: bool, owner: object = None) -> None:
+    """Start (``on``) or stop dropping the injections' log records and repeats; nested machines count.
 
-    Handler filters, not logger ones: a logger's filter never sees the records
-    its children propagate, and the queue logs under its own module's name.
-    Every handler present when the first machine starts is filtered (pytest
-    installs its capture handlers before the test body runs), and the
-    last-resort handler that prints when there is none.
+    A machine starts when it is built and stops at its ``teardown`` (whoever
+    builds one must tear it down, as Hypothesis does). ``owner`` (the machine
+    class) scopes the repeats: the examples of one test share what was
+    logged, a machine of another class starts afresh. Handler filters, not
+    logger ones: a logger's filter never sees the records its children
+    propagate, and the queue logs under its own module's name. Every handler
+    present when the first machine starts is filtered (pytest installs its
+    capture handlers before the test body runs), and the last-resort handler
+    that prints when there is none.
     """
-    global _users
+    global _users, _owner
     with _lock:
         if on:
+            if owner is not _owner:
+                _owner = owner
+                _FILTER.first.clear()
             _users += 1
             if _users == 1:
                 _filtered[:] = _handlers()
@@ -102,7 +127,7 @@ def suspect(log: StoreLog, sample_id: str, problem: str) -> str:
     done = set(calls)
     if problem == "leaked":
         culprit = (
-            "store.scrub() ran and left it resident"
+            "store.scrub() was called for it and did not free it"
             if "scrub" in done
             else "the queue never called store.scrub() for it after it settled"
         )

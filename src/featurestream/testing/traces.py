@@ -65,13 +65,16 @@ def duplicate_delivery_trace(machine: type[QueueMachine]) -> Trace:
     trace validator has teeth.
     """
     state = machine()
-    state.do_put("s0", blocking=False)
-    lease = state.do_acquire("c0")
-    assert lease is not None, "the first put must be leasable"
-    state.do_ack(lease)
-    state.do_put("s0", blocking=False)
-    assert state.do_acquire("c1") is not None, "the re-put sample was not delivered again"
-    return list(state.trace.events)
+    try:
+        state.do_put("s0", blocking=False)
+        lease = state.do_acquire("c0")
+        assert lease is not None, "the first put must be leasable"
+        state.do_ack(lease)
+        state.do_put("s0", blocking=False)
+        assert state.do_acquire("c1") is not None, "the re-put sample was not delivered again"
+        return list(state.trace.events)
+    finally:
+        state.teardown()
 
 
 def backpressure_trace(machine: type[QueueMachine]) -> Trace:
@@ -84,20 +87,22 @@ def backpressure_trace(machine: type[QueueMachine]) -> Trace:
     ``config`` needs samples that fit under the high watermark, with one more reaching it).
     """
     state = machine()
-    high, low = state.config.high_watermark_bytes, state.config.low_watermark_bytes
-    for blocked in state.config.sample_ids:
-        state.do_produce(blocked)
-        if state.inner.health().resident_bytes >= high:
-            break
-        state.do_put(blocked, blocking=False)
-    else:
-        raise AssertionError(f"{state.config.samples} samples never reach the high watermark ({high} B)")
-    state.do_put(blocked, blocking=True)
-    while state.inner.health().resident_bytes > low and (lease := state.do_acquire(state.config.consumer_ids[0])):
-        state.do_ack(lease)
-    state.do_wake(blocked)
-    trace = list(state.trace.events)
-    state.teardown()
+    try:
+        high, low = state.config.high_watermark_bytes, state.config.low_watermark_bytes
+        for blocked in state.config.sample_ids:
+            state.do_produce(blocked)
+            if state.inner.health().resident_bytes >= high:
+                break
+            state.do_put(blocked, blocking=False)
+        else:
+            raise AssertionError(f"{state.config.samples} samples never reach the high watermark ({high} B)")
+        state.do_put(blocked, blocking=True)
+        while state.inner.health().resident_bytes > low and (lease := state.do_acquire(state.config.consumer_ids[0])):
+            state.do_ack(lease)
+        state.do_wake(blocked)
+        trace = list(state.trace.events)
+    finally:
+        state.teardown()
     actions = [(action, fields.get("sample_id")) for action, fields in trace]
     expected = [(events.PAUSE, None), (events.RESUME, None), (events.PUT, blocked)]
     seen = [step for step in actions if step in expected]
