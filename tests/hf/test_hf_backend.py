@@ -365,3 +365,22 @@ def test_forwards_from_several_threads_each_get_their_own_features() -> None:
         thread.join(60)
     for index, (aux, logits) in enumerate(expected):
         assert torch.equal(results[index].aux_hidden_states, aux) and torch.equal(results[index].logits, logits)
+
+
+def test_packing_needs_position_ids_and_one_row_on_a_flash_attention_model() -> None:
+    model = tiny_model("llama")
+    target = HFEagle3TargetModel(model)
+    input_ids, attention_mask, loss_mask = prompts(batch=2, length=6)
+    packing = {
+        "position_ids": torch.arange(6).repeat(2, 1),
+        "seq_lens": torch.tensor([[6], [6]]),
+        "doc_remaining": torch.arange(5, -1, -1).repeat(2, 1),
+    }
+    inputs = {**as_inputs(input_ids, attention_mask, loss_mask), **packing}
+    with pytest.raises(ValueError, match=r"need per-document position_ids .*got position_ids=None"):
+        target.forward_features(input_ids, attention_mask, None, packing["seq_lens"])
+    with pytest.raises(ValueError, match=r"each row of seq_lens must sum to the sequence length 6, got \[6, 5\]"):
+        target.generate_batch(**{**inputs, "seq_lens": torch.tensor([[6], [5]])})
+    model.config._attn_implementation = "flash_attention_2"  # refused before any forward: no GPU needed
+    with pytest.raises(ValueError, match=r"FlashAttention model \(flash_attention_2\) take one row per batch.*got 2"):
+        target.generate_batch(**inputs)
