@@ -25,10 +25,11 @@ def prompt(seed: int = 0) -> dict[str, torch.Tensor]:
 
 
 def packing(tokens: int = TOKENS) -> dict[str, torch.Tensor]:
+    """The packing metadata of one row holding one document, in the reference's shapes."""
     return {
         "position_ids": torch.arange(tokens)[None],
-        "seq_lens": torch.tensor([tokens]),
-        "doc_remaining": torch.zeros(1, dtype=torch.long),
+        "seq_lens": torch.tensor([[tokens]]),
+        "doc_remaining": torch.arange(tokens - 1, -1, -1)[None],
     }
 
 
