@@ -67,6 +67,12 @@ def test_a_backend_with_only_generate_batch_cannot_be_inferred() -> None:
     assert overridden.produce(**prompt()).algorithm is FeatureAlgorithm.EAGLE3
 
 
+@pytest.mark.parametrize("backend", [EchoTarget(), object()], ids=["eagle3-backend", "not-a-backend"])
+def test_an_empty_run_id_is_reported_before_the_algorithm_is_inferred(backend: Any) -> None:
+    with pytest.raises(ValueError, match=r"run_id must be a non-empty str, got ''"):
+        FeatureProducer(backend, LocalFeatureStore(), run_id="")
+
+
 def test_vocab_mapping_and_input_embeddings_forward_to_the_backend() -> None:
     target = EchoTarget()
     producer = FeatureProducer(target, LocalFeatureStore(), run_id="r")
