@@ -182,3 +182,46 @@ def test_a_step_longer_than_the_visibility_timeout_never_trains_its_prompts_twic
     producer.join(10)
     assert sorted(trained, key=int) == ["0", "1", "2"]
     assert queue.training_ledger().progress().duplicates == 0
+
+
+@pytest.mark.parametrize("prefetch", [0, 2])
+def test_the_last_short_batch_of_the_epoch_is_handed_out(tmp_path: Path, prefetch: int) -> None:
+    """5 prompts in batches of 2: the epoch ends with a batch of one, which the stream must not wait on."""
+    queue, store = _queue()
+    producer = threading.Thread(target=produce, args=(queue, store, 5), daemon=True)
+    producer.start()
+    history = train(queue, store, tmp_path, batch_size=2, prefetch=prefetch)
+    producer.join(10)
+    assert [len(step) for step in history] == [2, 2, 1]
+    assert check_history(history, 5) is None
+
+
+def test_a_sample_whose_lease_expired_while_its_batch_filled_is_not_in_the_batch_twice() -> None:
+    """prefetch=0 (no heartbeat) and a slow producer: the first sample of a batch of two expires while the
+    puller waits for the second, and the puller leases it again; the batch must still hold it once."""
+    from featurestream.pipeline.async_pipeline import _prompt_kwargs
+
+    queue, store = _queue(visibility=0.1)
+    ledger = queue.training_ledger()
+    ledger.declare(["0", "1"])
+    ledger.claim({"0": 0, "1": 0})
+    producer = FeatureProducer(KeyTarget(), store, run_id="r")
+    two = prompts(2)
+
+    def put(index: int) -> None:
+        queue.put(producer.produce(**_prompt_kwargs(two[index]), sample_id=sample_id_for("r", str(index), 1)))
+
+    put(0)
+    loader = FeatureDataLoader(queue, store, batch_size=2, prefetch=0)
+    batches: list[list[str]] = []
+    puller = threading.Thread(target=lambda: (next(loader), batches.append(_keys(loader))), daemon=True)
+    puller.start()
+    time.sleep(0.6)  # several expiries of sample 0's lease, each leased again by the waiting puller
+    put(1)
+    puller.join(10)
+    assert batches == [["0", "1"]] or batches == [["1", "0"]], batches
+    loader.close()
+
+
+def _keys(loader: FeatureDataLoader) -> list[str]:
+    return [parse_sample_id(lease.ref.sample_id)[0] for lease in loader.current_leases]  # type: ignore[index]

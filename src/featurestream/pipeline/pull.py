@@ -49,7 +49,7 @@ class PullSpec:
     # Resuming (``pipeline.resume.TrainerResume``): which leased samples to train (the others are dropped), and
     # whether every prompt of the epoch is trained (the stream's end while the queue stays open for restores).
     admit: Callable[[list[Lease]], list[Lease]] | None = None
-    epoch_done: Callable[[], bool] | None = None
+    epoch_done: Callable[[int], bool] | None = None
 
     @property
     def async_copy(self) -> bool:
@@ -58,9 +58,9 @@ class PullSpec:
 
 def stream_ended(spec: PullSpec, own: int) -> bool:
     """Whether nothing will ever come: closed, nothing pending, no lease out but the ``own`` this loader holds;
-    or, resuming, every prompt of the epoch trained and nothing pending."""
+    or, resuming, nothing pending and every prompt of the epoch trained but the ``own``."""
     queue = spec.queue
-    if spec.epoch_done is not None and queue.pending_count() == 0 and spec.epoch_done():
+    if spec.epoch_done is not None and queue.pending_count() == 0 and spec.epoch_done(own):
         return True
     if not queue.is_closed or queue.pending_count() > 0:
         return False
@@ -115,6 +115,7 @@ class Puller:
                     fail_many(spec.queue, leases[index:])
                     return None
             for lease in leases:
+                self._drop_expired_copy(lease)
                 try:
                     sample = self._materialise(lease)
                 except Exception as exc:
@@ -129,6 +130,17 @@ class Puller:
             return None
         samples, self._ready = self._ready[: spec.batch_size], self._ready[spec.batch_size :]
         return self._collate(samples)
+
+    def _drop_expired_copy(self, lease: Lease) -> None:
+        """A sample leased again while its earlier lease waited in ``_ready`` (it expired while the batch
+        filled, unheartbeated): the new lease replaces the old one, so a batch never holds a sample twice."""
+        sample_id = lease.ref.sample_id
+        for index, (old, handle, _) in enumerate(self._ready):
+            if old.ref.sample_id == sample_id:
+                del self._ready[index]
+                self.book.forget(old)
+                self._spec.store.release(handle)
+                return
 
     def _materialise(self, lease: Lease) -> tuple[Lease, StoreHandle, dict[str, torch.Tensor]] | None:
         """Check and read one leased sample; settle it and raise as the loader contract says; ``None`` if closed."""

@@ -214,7 +214,8 @@ class TrainerResume:
         return step
 
     def admit(self, queue: LeaseQueue, leases: list[Lease]) -> list[Lease]:
-        """The leases to train; the others (prompt trained, or a stale generation) are acked here."""
+        """The leases to train; the others (prompt trained, a stale generation, or an earlier lease of a sample
+        leased again in the same batch: it expired meanwhile) are acked here."""
         keyed = [(lease, parse_sample_id(lease.ref.sample_id)) for lease in leases]
         tracked = [(lease, parsed) for lease, parsed in keyed if parsed is not None]
         if not tracked:
@@ -222,6 +223,10 @@ class TrainerResume:
         verdicts = dict(
             zip((id(lease) for lease, _ in tracked), self.ledger.admit([p for _, p in tracked]), strict=True)
         )
+        newest = {parsed: id(lease) for lease, parsed in tracked}  # the last lease of each sample wins
+        for lease, parsed in tracked:
+            if newest[parsed] != id(lease):
+                verdicts[id(lease)] = False
         dropped = [lease for lease in leases if not verdicts.get(id(lease), True)]
         if dropped:
             ack_many(queue, dropped)
@@ -243,5 +248,8 @@ class TrainerResume:
         with self._lock:
             self.step = step
 
-    def epoch_done(self) -> bool:
-        return self.ledger.progress().complete
+    def epoch_done(self, own: int = 0) -> bool:
+        """Whether the epoch's prompts are all trained but for at most ``own``: those this loader holds (the
+        last, short batch)."""
+        progress = self.ledger.progress()
+        return progress.declared > 0 and progress.declared - progress.trained <= own
