@@ -66,10 +66,10 @@ def describe(client: redis.Redis) -> str:
 def first_contact(client: redis.Redis, name: str | None, reconnect_timeout: float) -> None:
     """``PING`` the server ``client`` names until it answers, for at most ``FIRST_CONTACT_TIMEOUT`` seconds.
 
-    Raises ``RedisUnreachable`` when nothing answers in time and ``NotRedisServer`` when something answers in
-    another protocol, each naming the URL, the queue (``None``: a look at every queue) and ``reconnect_timeout``.
-    The probe's connection has
-    socket timeouts of that length, so a server that accepts and never replies cannot hang it either.
+    Raises ``RedisUnreachable`` (naming the URL, the queue and ``reconnect_timeout``) when nothing answers in
+    time, and ``NotRedisServer`` (naming the URL and the queue) when something answers in another protocol;
+    ``name`` ``None`` is a look at all the server's queues. The probe's connection has socket timeouts of that
+    length, so a server that accepts and never replies cannot hang it either.
     """
     limit = min(reconnect_timeout, FIRST_CONTACT_TIMEOUT)
     where = f"Redis at {describe(client)} for " + (f"queue {name!r}" if name is not None else "its queues")
