@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import os
+import queue
 import statistics
 import sys
 import tempfile
@@ -182,7 +183,14 @@ def one_run(kind: str, run: dict[str, Any], mib: int, count: int, window: int) -
     for proc in procs:
         proc.start()
     try:
-        elapsed = float(result.get(timeout=600))
+        give_up = time.monotonic() + 600
+        while True:
+            try:
+                elapsed = float(result.get(timeout=1))
+                break
+            except queue.Empty:
+                if any(proc.exitcode not in (None, 0) for proc in procs) or time.monotonic() > give_up:
+                    raise RuntimeError(f"{kind}: a benchmark process failed: {[p.exitcode for p in procs]}") from None
         for proc in procs:
             proc.join(timeout=120)
         if any(proc.exitcode != 0 for proc in procs):

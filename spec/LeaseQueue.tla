@@ -56,15 +56,17 @@ KeepDead == FALSE                    \* SampleRefQueue(keep_dead_letter_bytes > 
 BugRequeueAnySettled == FALSE        \* requeue_dead_letters takes any settled id, acked or bytes gone (a seeded defect)
 MaxSamples == Cardinality(Samples) + 1  \* the store's sample-count cap (max_samples): by default never reached
 BugOnlyBytes == FALSE                \* the OLD backpressure rule: only bytes pause producers, not the count cap
+MaxLosses == 0                       \* how many samples the store may lose in one behaviour (StoreLoses)
+BugLostRedelivered == FALSE          \* a consumer that finds a sample lost fails it like any error (a seeded defect)
 
 ASSUME /\ MaxDeliveries \in Nat \ {0}
        /\ LowWatermark \in Nat /\ HighWatermark \in Nat /\ LowWatermark < HighWatermark
        /\ MaxHeld \in Nat \ {0} /\ SampleBytes \in Nat \ {0} /\ LargeBytes \in Nat \ {0}
        /\ LargeSamples \subseteq Samples
-       /\ MaxFaults \in Nat /\ DedupWindow \in Nat \ {0} /\ MaxSamples \in Nat \ {0}
+       /\ MaxFaults \in Nat /\ DedupWindow \in Nat \ {0} /\ MaxSamples \in Nat \ {0} /\ MaxLosses \in Nat
        /\ \A b \in {BugStaleRelease, BugNoScrub, BugNoDedup, BugNoDeliveryLimit, BugNoReaper,
                     BugProducerBytesCounted, BugScrubFailUnsettles, KeepDead, BugRequeueAnySettled,
-                    BugOnlyBytes} : b \in BOOLEAN
+                    BugOnlyBytes, BugLostRedelivered} : b \in BOOLEAN
 
 NoLease == "none"            \* an attempt that was never created
 NoSample == "nothing"        \* what an idle producer holds
@@ -101,13 +103,14 @@ VARIABLES
     faults,        \* store faults that have happened so far (at most MaxFaults)
     kept,          \* dead letters whose bytes stay retained for a requeue (SampleRefQueue._kept)
     pc,            \* [Producers -> ProducerStates]: where each producer is
-    owns           \* [Producers -> Samples \cup {NoSample}]: the sample a producer stored and has not let go
+    owns,          \* [Producers -> Samples \cup {NoSample}]: the sample a producer stored and has not let go
+    lost           \* samples whose bytes the store lost (StoreLoses), until a producer stores the id anew
 
 storeVars == <<resident, retained, hcount, residentBytes>>
 faultVars == <<window, backlog, faults, kept>>  \* the queue's settlement bookkeeping and the fault count
-envVars == <<pc, owns>>
+envVars == <<pc, owns, lost>>  \* the world around the queue: producers, and bytes the store loses
 vars == <<status, queue, deliveries, lease, held, handles, hcount, resident, retained, residentBytes, bp, lifecycle,
-          window, backlog, faults, kept, pc, owns>>
+          window, backlog, faults, kept, pc, owns, lost>>
 
 TypeOK ==
     /\ status \in [Samples -> Statuses]
@@ -127,6 +130,7 @@ TypeOK ==
     /\ kept \subseteq Samples
     /\ pc \in [Producers -> ProducerStates]
     /\ owns \in [Producers -> Samples \cup {NoSample}]
+    /\ lost \subseteq Samples
 
 Init ==
     /\ status = [s \in Samples |-> "absent"]
@@ -142,6 +146,7 @@ Init ==
     /\ window = <<>> /\ backlog = {} /\ faults = 0 /\ kept = {}
     /\ pc = [p \in Producers |-> "idle"]
     /\ owns = [p \in Producers |-> NoSample]
+    /\ lost = {}
 
 (* The lease machine: attempt k of s may take transition `name` iff it is in its source state. *)
 CanFire(name, s, k) == lease[s][k] = Source(name)
@@ -262,6 +267,7 @@ AckCore(c, t, fault) ==
     LET s == t[1]
         k == t[2]
     IN /\ t \in held[c]
+       /\ s \notin lost  \* its get raises SampleLostError: the consumer reports it (LoseCore), never acks it
        /\ held' = [held EXCEPT ![c] = @ \ {t}]
        /\ IF CanFire("Ack", s, k)
           THEN /\ lease' = Fired("Ack", s, k)
@@ -276,11 +282,48 @@ FailCore(c, t, fault) ==
     LET s == t[1]
         k == t[2]
     IN /\ t \in held[c]
+       /\ s \notin lost  \* (as for AckCore)
        /\ held' = [held EXCEPT ![c] = @ \ {t}]
        /\ IF CanFire("Fail", s, k)
           THEN Redeliver(s, Fired("Fail", s, k), fault)
           ELSE /\ ~fault
                /\ UNCHANGED <<status, queue, deliveries, lease, storeVars, faultVars>>
+       /\ UNCHANGED <<handles, bp>>
+
+(***************************************************************************)
+(* Lost bytes.  StoreLoses: the store loses a queued sample's bytes -- the *)
+(* process whose Mooncake segment held them died, the master restarted    *)
+(* without them -- a fault of the world, not of a store call (at most      *)
+(* MaxLosses per behaviour; model bound: while no consumer reads it).      *)
+(* LoseCore: the consumer whose get found the bytes gone calls             *)
+(* LeaseQueue.lose: the live lease is failed and the sample dead-lettered  *)
+(* at once (reason "lost"), whatever deliveries are left; its scrub finds  *)
+(* nothing left to free.  A stale lease changes nothing.                   *)
+(* BugLostRedelivered: the consumer fails it like any other error, so the  *)
+(* queue redelivers bytes no redelivery can serve.                         *)
+(***************************************************************************)
+StoreLoses(s) ==
+    /\ Cardinality(lost) < MaxLosses
+    /\ s \in resident /\ status[s] \in HeldByQueue
+    /\ \A c \in Consumers : s \notin handles[c]
+    /\ lost' = lost \cup {s}
+    /\ Free(s)
+    /\ UNCHANGED <<status, queue, deliveries, lease, held, handles, bp, lifecycle, faultVars, pc, owns>>
+
+LoseCore(c, t) ==
+    LET s == t[1]
+        k == t[2]
+    IN /\ t \in held[c]
+       /\ s \in lost
+       /\ held' = [held EXCEPT ![c] = @ \ {t}]
+       /\ IF CanFire("Fail", s, k)
+          THEN IF BugLostRedelivered
+               THEN Redeliver(s, Fired("Fail", s, k), FALSE)
+               ELSE /\ lease' = Fired("Fail", s, k)
+                    /\ status' = [status EXCEPT ![s] = "dead"]
+                    /\ window' = Remember(s)
+                    /\ UNCHANGED <<queue, deliveries, storeVars, backlog, faults, kept>>
+          ELSE UNCHANGED <<status, queue, deliveries, lease, storeVars, faultVars>>
        /\ UNCHANGED <<handles, bp>>
 
 (* SampleRefQueue._reap_due (every call) / reclaim_expired / the reaper thread: the live lease of s *)
@@ -410,6 +453,7 @@ ProducerStore(p, s) ==
     /\ residentBytes' = residentBytes + SampleSize(s)
     /\ pc' = [pc EXCEPT ![p] = "waiting"]
     /\ owns' = [owns EXCEPT ![p] = s]
+    /\ lost' = lost \ {s}  \* a new incarnation: bytes of its own
     /\ UNCHANGED <<queue, held, handles, hcount, retained, bp, lifecycle, faultVars>>
 
 Waiting(p) == pc[p] = "waiting" /\ lifecycle = "open"
@@ -425,6 +469,7 @@ Enqueue(p) ==
     /\ PutCore(owns[p])
     /\ pc' = [pc EXCEPT ![p] = "idle"]
     /\ owns' = [owns EXCEPT ![p] = NoSample]
+    /\ UNCHANGED lost
 
 (* ... or store.retain fails: the put is refused and raises; queue and store are unchanged. *)
 RetainFails(p) ==
@@ -433,7 +478,7 @@ RetainFails(p) ==
     /\ Fault
     /\ pc' = [pc EXCEPT ![p] = "aborted"]
     /\ UNCHANGED <<status, queue, deliveries, lease, held, handles, storeVars, bp, lifecycle, window, backlog, kept,
-                   owns>>
+                   owns, lost>>
 
 (* store.health() fails: the put raises (the producer treats it as an abort and discards). *)
 HealthFails(p) ==
@@ -441,13 +486,13 @@ HealthFails(p) ==
     /\ Fault
     /\ pc' = [pc EXCEPT ![p] = "aborted"]
     /\ UNCHANGED <<status, queue, deliveries, lease, held, handles, storeVars, bp, lifecycle, window, backlog, kept,
-                   owns>>
+                   owns, lost>>
 
 (* abort_when() returned True: the put raises. *)
 Abort(p) ==
     /\ pc[p] = "waiting"
     /\ pc' = [pc EXCEPT ![p] = "aborted"]
-    /\ UNCHANGED <<status, queue, deliveries, lease, held, handles, storeVars, bp, lifecycle, faultVars, owns>>
+    /\ UNCHANGED <<status, queue, deliveries, lease, held, handles, storeVars, bp, lifecycle, faultVars, owns, lost>>
 
 (***************************************************************************)
 (* close() wakes every waiting producer and its put raises.  A put whose    *)
@@ -465,7 +510,7 @@ ClosedRaise(p, fault) ==
             /\ backlog' = backlog \cup {owns[p]}
        ELSE UNCHANGED <<retained, backlog, faults>>
     /\ UNCHANGED <<status, queue, deliveries, lease, held, handles, resident, hcount, residentBytes, bp, lifecycle,
-                   window, kept, owns>>
+                   window, kept, owns, lost>>
 
 (* The producer evicts the sample whose put raised or aborted (FeatureProducer.discard -> store.scrub: *)
 (* the bytes go at once, even while a failed unretain of it is in the backlog; that retry then finds   *)
@@ -477,7 +522,7 @@ Discard(p) ==
     /\ Free(s)
     /\ pc' = [pc EXCEPT ![p] = "idle"]
     /\ owns' = [owns EXCEPT ![p] = NoSample]
-    /\ UNCHANGED <<queue, deliveries, lease, held, handles, bp, lifecycle, faultVars>>
+    /\ UNCHANGED <<queue, deliveries, lease, held, handles, bp, lifecycle, faultVars, lost>>
 
 (* SampleRefQueue.put of an id the queue still knows is settled: refused by dedup (DedupRefused).  *)
 (* The queue accepts an id it does not know; in this spec that happens only through a bug (with    *)
@@ -545,6 +590,7 @@ PurgeDeadLetter(s, fault) ==
 
 AckStep(c, t, fault) == AckCore(c, t, fault) /\ DrainIfIdle /\ UNCHANGED envVars
 FailStep(c, t, fault) == FailCore(c, t, fault) /\ DrainIfIdle /\ UNCHANGED envVars
+LoseStep(c, t) == LoseCore(c, t) /\ DrainIfIdle /\ UNCHANGED envVars
 ReclaimStep(s, fault) == ReclaimCore(s, fault) /\ DrainIfIdle /\ UNCHANGED envVars
 
 (* SampleRefQueue.close: refuse further puts, wake blocked producers; drained at once if it holds nothing. *)
@@ -557,7 +603,7 @@ CloseStep ==
 Finished == lifecycle = "drained" /\ backlog = {} /\ \A p \in Producers : pc[p] = "idle"
 Done == Finished /\ UNCHANGED vars
 
-Settle(c) == \E t \in held[c], f \in BOOLEAN : AckStep(c, t, f) \/ FailStep(c, t, f)
+Settle(c) == \E t \in held[c] : LoseStep(c, t) \/ \E f \in BOOLEAN : AckStep(c, t, f) \/ FailStep(c, t, f)
 
 Next ==
     \/ \E p \in Producers :
@@ -567,6 +613,7 @@ Next ==
           \/ Discard(p)
     \/ \E s \in Samples : Reput(s) \/ \E f \in BOOLEAN : ReclaimStep(s, f) \/ RetryScrub(s, f)
     \/ \E s \in Samples : RequeueStep(s) \/ \E f \in BOOLEAN : PurgeDeadLetter(s, f)
+    \/ \E s \in Samples : StoreLoses(s)
     \/ \E c \in Consumers : Acquire(c) \/ Crash(c) \/ \E t \in held[c] : Extend(c, t)
     \/ \E c \in Consumers : Settle(c)
     \/ \E c \in Consumers, s \in Samples : Get(c, s) \/ Release(c, s)
@@ -678,8 +725,16 @@ LeaseStepsFollowMachine == [][\A s \in Samples, k \in Attempts :
     (lease[s][k] # NoLease /\ lease'[s][k] # lease[s][k] /\ ~Reborn(s)) =>
         \E t \in LeaseTransitions : t[2] = lease[s][k] /\ t[3] = lease'[s][k]]_vars
 
-(* 4. No loss: a pending or leased sample is resident, whatever stale consumers release or crash. *)
-NoLoss == \A s \in Samples : status[s] \in HeldByQueue => s \in resident
+(* 4. No loss: a pending or leased sample is resident, whatever stale consumers release or crash -- *)
+(* unless the store lost its bytes, and then the loss is reported: LostReported.                     *)
+NoLoss == \A s \in Samples : status[s] \in HeldByQueue => s \in resident \/ s \in lost
+
+(* 4b. A lost sample is reported, never redelivered: the consumer that finds it lost ends its lease *)
+(* in a dead letter (reason "lost"), so a failed lease of a lost sample leaves it dead; and a lost   *)
+(* sample is never acked.  (A reclaim still redelivers it: the consumer died before it could tell.) *)
+LostReported == [][\A s \in lost, k \in Attempts :
+    /\ lease[s][k] = "leased" /\ lease'[s][k] = "failed" => status'[s] = "dead"
+    /\ status'[s] # "acked"]_vars
 
 (* 5. No leak: a settled or discarded sample's bytes have left the store, even with a crashed *)
 (* consumer's handle out -- unless its scrub (unretain) failed and is in the retry backlog, or *)
@@ -717,7 +772,7 @@ Hysteresis == [][/\ (bp = "flowing" /\ bp' = "paused") => residentBytes >= HighW
 (* SampleRefQueue.put); the queue bound then does not hold, but every resident byte is still      *)
 (* accounted for: queued, a producer's, owed (backlog) or kept.                                    *)
 QueueBound == Max(HighWatermark - 1, MaxSampleSize)
-QueuedBytes == Bytes({s \in Samples : status[s] \in HeldByQueue})
+QueuedBytes == Bytes({s \in Samples : status[s] \in HeldByQueue} \ lost)  \* lost bytes are held by nobody
 ProducerBytes == Bytes({s \in Samples : status[s] = "stored"})
 ResidencyBound ==
     /\ KeepDead \/ QueuedBytes <= QueueBound

@@ -1,12 +1,13 @@
 """A producer or trainer process for the Mooncake cross-process tests (run as a script, not collected).
 
-    python _mooncake_worker.py produce URL NAME MASTER METADATA NAMESPACE LOG COUNT [exit]
+    python _mooncake_worker.py produce URL NAME MASTER METADATA NAMESPACE LOG COUNT [exit|hold]
     python _mooncake_worker.py train URL NAME MASTER METADATA NAMESPACE LOG
 
 The producer hosts the bytes (a 256 MiB segment), puts samples ``s0..s{COUNT-1}``
 through ``put_blocks_until_below``, closes the queue and closes its store, which
-waits until the trainer acked every sample (with ``exit`` it logs ``queued`` and
-waits to be SIGKILLed instead). The trainer (no segment) runs a
+waits until the trainer acked every sample (``exit``: it logs ``queued`` and
+waits to be SIGKILLed instead; ``hold``: it logs ``queued`` and closes its store
+once a line arrives on stdin). The trainer (no segment) runs a
 ``FeatureDataLoader``, checks each sample's bytes, logs ``consumed <id>``; its
 tracer logs ``Ack <id>`` and ``DeadLetter <id> <reason>`` for every ack and dead
 letter the server recorded. Both log ``resident <count>`` at the end.
@@ -48,14 +49,14 @@ def open_queue(url: str, name: str, store: MooncakeFeatureStore, log: object) ->
     )  # fmt: skip
 
 
-def produce(queue: RedisSampleRefQueue, store: MooncakeFeatureStore, log: object, count: int, exit_: bool) -> None:
+def produce(queue: RedisSampleRefQueue, store: MooncakeFeatureStore, log: object, count: int, mode: str) -> None:
     for index in range(count):
         ref = store.put(f"s{index}", tensors(index))
         queue.put_blocks_until_below(ref, poll_interval=0.01)
     queue.close()
-    if exit_:
+    if mode:
         print("queued", file=log, flush=True)  # type: ignore[call-overload]
-        sys.stdin.read()  # SIGKILL comes
+        sys.stdin.readline()  # exit: SIGKILL comes; hold: the test says when
     store.close()  # waits until the trainer acked every sample: their bytes live in this process
     print("resident", store.health().sample_count, file=log, flush=True)  # type: ignore[call-overload]
 
@@ -88,7 +89,7 @@ def main(argv: list[str]) -> None:
     with open(log_path, "a") as log:
         queue = open_queue(url, name, store, log)
         if role == "produce":
-            produce(queue, store, log, int(rest[0]), rest[1:] == ["exit"])
+            produce(queue, store, log, int(rest[0]), rest[1] if len(rest) > 1 else "")
         else:
             train(queue, store, log)
         queue.disconnect()

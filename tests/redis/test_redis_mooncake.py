@@ -112,3 +112,41 @@ def test_a_producer_killed_with_samples_queued_ends_in_lost_dead_letters_not_red
     assert set(dead) == everything and max(dead.values()) == 1, "each lost sample is dead-lettered once"
     assert set(lost) == everything and max(lost.values()) == 1, "each loss is reported to the trainer once"
     assert not run.events("train", "consumed") and not run.events("train", "Ack")
+
+
+def test_a_restarted_master_forgets_the_queued_samples_and_each_is_dead_lettered_lost_once(
+    redis_server: Any, master: MooncakeMaster, tmp_path: Path
+) -> None:
+    run = Run(redis_server.url, master, tmp_path)
+    producer = run.spawn("produce", 6, "hold")
+    run.wait_for("the producer to queue its samples", lambda: "queued" in _lines(run.log("produce")))
+    master.restart(kill=True)  # no HA, no snapshots: every object is forgotten
+    run.spawn("train")
+    run.wait_for("the trainer to finish", lambda: run.procs["train"].poll() is not None)
+    assert producer.stdin is not None
+    producer.stdin.write(b"close\n")
+    producer.stdin.flush()
+    codes = run.finish()
+    assert codes == {"produce": 0, "train": 0}, {role: run.stderr(role) for role in codes}
+    everything = {f"s{i}" for i in range(6)}
+    dead, lost = run.events("train", "DeadLetter"), run.events("train", "lost")
+    assert set(dead) == everything and max(dead.values()) == 1
+    assert set(lost) == everything and max(lost.values()) == 1
+    assert not run.events("train", "Ack")
+    # The producer's close saw that Mooncake holds none of them any more: nothing to wait for, nothing resident.
+    assert run.events("produce", "resident") == {"0": 1}
+
+
+def test_the_demo_runs_producer_and_trainer_in_separate_processes_over_mooncake(
+    redis_server: Any, master: MooncakeMaster, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from featurestream.cli import main
+
+    args = ["demo", "--redis", redis_server.url, "--store", "mooncake", "--samples", "24", "--no-progress"]
+    assert main([*args, "--crash-every", "7"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"trainer: a separate process, pid \d+; tensors via mooncake://127\.0\.0\.1:\d+/demo", out), out
+    assert "[ok] every sample put was acked exactly once" in out
+    assert "[ok] nothing pending, leased or resident at the end" in out
+    assert main(["demo", "--store", "mooncake", "--samples", "2"]) == 2
+    assert "pass --redis" in capsys.readouterr().err

@@ -18,6 +18,7 @@ CI_DISTINCT_STATES = 27_202  # spec/LeaseQueue.cfg
 WINDOW_DISTINCT_STATES = 15_476  # spec/LeaseQueueWindow.cfg
 KEEP_DISTINCT_STATES = 6_276  # spec/LeaseQueueKeep.cfg (dead-letter repair)
 COUNT_DISTINCT_STATES = 30_192  # spec/LeaseQueueCount.cfg (the store's sample-count cap)
+LOST_DISTINCT_STATES = 25_528  # spec/LeaseQueueLost.cfg (the store loses a sample's bytes)
 DEEP_DISTINCT_STATES = 218_132  # spec/LeaseQueueDeep.cfg (nightly)
 
 
@@ -54,5 +55,6 @@ def pinned_states() -> dict[str, int]:
         "LeaseQueueWindow.cfg": WINDOW_DISTINCT_STATES,
         "LeaseQueueKeep.cfg": KEEP_DISTINCT_STATES,
         "LeaseQueueCount.cfg": COUNT_DISTINCT_STATES,
+        "LeaseQueueLost.cfg": LOST_DISTINCT_STATES,
         "LeaseQueueDeep.cfg": DEEP_DISTINCT_STATES,
     }

@@ -41,7 +41,9 @@ def test_ci_model_has_no_error_and_the_pinned_state_count(tlc_available: None, c
     )
 
 
-@pytest.mark.parametrize("config", ["LeaseQueueWindow.cfg", "LeaseQueueKeep.cfg", "LeaseQueueCount.cfg"])
+@pytest.mark.parametrize(
+    "config", ["LeaseQueueWindow.cfg", "LeaseQueueKeep.cfg", "LeaseQueueCount.cfg", "LeaseQueueLost.cfg"]
+)
 def test_small_model_has_no_error_and_the_pinned_state_count(
     tlc_available: None, pinned_states: dict[str, int], config: str
 ) -> None:
@@ -53,7 +55,8 @@ def test_small_model_has_no_error_and_the_pinned_state_count(
 
 
 @pytest.mark.parametrize(
-    "config", ["LeaseQueue.cfg", "LeaseQueueWindow.cfg", "LeaseQueueKeep.cfg", "LeaseQueueCount.cfg"]
+    "config",
+    ["LeaseQueue.cfg", "LeaseQueueWindow.cfg", "LeaseQueueKeep.cfg", "LeaseQueueCount.cfg", "LeaseQueueLost.cfg"],
 )
 def test_mirror_reaches_exactly_the_states_tlc_explores(config: str, pinned_states: dict[str, int]) -> None:
     expected = pinned_states[config]
@@ -144,6 +147,7 @@ def test_every_shipped_config_is_checked_by_a_test() -> None:
         "LeaseQueueCount.cfg",
         "LeaseQueueDeep.cfg",
         "LeaseQueueKeep.cfg",
+        "LeaseQueueLost.cfg",
         "LeaseQueueSim.cfg",
         "LeaseQueueWindow.cfg",
         "Resume.cfg",  # tests/spec/test_resume_spec.py
@@ -179,6 +183,7 @@ def test_simulation_of_the_large_model_finds_no_error(tlc_available: None) -> No
         ("ScrubFailUnsettles", "ExactlyOnce"),
         ("RequeueAnySettled", "ExactlyOnce"),
         ("OnlyBytes", "SampleCapRoom"),
+        ("LostRedelivered", "LostReported"),
     ],
 )
 def test_each_defect_switch_yields_a_counterexample(tlc_available: None, bug: str, violated: str) -> None:
@@ -235,6 +240,7 @@ def test_producer_progress_needs_strong_fairness_on_the_enqueue(tlc_available: N
         ("ScrubFailUnsettles", "NoLeak"),
         ("RequeueAnySettled", "ExactlyOnce"),
         ("OnlyBytes", "SampleCapRoom"),
+        ("LostRedelivered", "LostReported"),
     ],
 )
 def test_the_mirror_finds_the_same_safety_violations(bug: str, violated: str | None) -> None:

@@ -1,6 +1,6 @@
 """Read TLC's counterexample out of its console output and say, per step, what the action changed.
 
-TLC prints a violating behaviour as every variable of every state (18 of
+TLC prints a violating behaviour as every variable of every state (19 of
 them here): the one change that matters is hard to see. ``parse`` returns
 the states with their action; ``Counterexample.describe`` prints one line per
 step with the action and only the variables (and, inside functions, the

@@ -144,6 +144,7 @@ BUGS = {
     "S": "BugScrubFailUnsettles: an ack whose scrub fails is not recorded as settled (re-put accepted)",
     "R": "BugRequeueAnySettled: requeue_dead_letters takes any settled id, acked or its bytes gone",
     "O": "BugOnlyBytes: only bytes pause producers, not the store's sample-count cap",
+    "L": "BugLostRedelivered: a consumer that finds a sample lost fails it, so the queue redelivers it",
 }
 _COUNTER_OF_EVENT = {
     "Put": "put",
@@ -197,6 +198,7 @@ class SpecConstants:
     dedup_window: int | None = None
     keep_dead: bool = False
     max_samples: int | None = None
+    max_losses: int = 0
 
     def __post_init__(self) -> None:
         for name in ("samples", "consumers", "producers"):
@@ -221,6 +223,8 @@ class SpecConstants:
             raise ValueError(f"max_faults must be >= 0 or None, got {self.max_faults!r}")
         if self.max_samples is not None and self.max_samples < 1:
             raise ValueError(f"max_samples must be >= 1 or None, got {self.max_samples!r}")
+        if self.max_losses < 0:
+            raise ValueError(f"max_losses must be >= 0, got {self.max_losses!r}")
         if self.dedup_window is not None and self.dedup_window < 1:
             raise ValueError(f"dedup_window must be >= 1 or None, got {self.dedup_window!r}")
         unknown = set(self.bugs) - set(BUGS)
@@ -259,6 +263,7 @@ class SpecState(NamedTuple):
     pc: tuple[str, ...] = ()  # pc[p]: "idle" | "waiting" | "aborted"
     owns: tuple[int, ...] = ()  # owns[p]: the sample producer p stored and holds (NO_SAMPLE: none)
     kept: frozenset[int] = frozenset()  # kept: dead letters whose bytes stay retained for a requeue
+    lost: frozenset[int] = frozenset()  # lost: samples whose bytes the store lost (StoreLoses)
 
 
 Event = tuple[str, int, str]  # (action, sample index or -1, store call or "")
@@ -492,7 +497,7 @@ def a_ack(
     drain: bool = True,
 ) -> _Step | None:
     """AckStep(c, l, fault) (``drain``) / Ack(c, l): ``ack`` -- settle the live lease or reject a stale one."""
-    if token not in st.held[c]:
+    if token not in st.held[c] or token[0] in st.lost:  # a lost sample's get raises: it is reported (a_lose)
         return None
     st = st._replace(held=_set(st.held, c, st.held[c] - {token}))
     if not _is_live(st, token):
@@ -516,7 +521,7 @@ def a_fail(
     drain: bool = True,
 ) -> _Step | None:
     """FailStep(c, l, fault) / Fail(c, l): ``fail`` -- redeliver or dead-letter the live lease; reject a stale one."""
-    if token not in st.held[c]:
+    if token not in st.held[c] or token[0] in st.lost:
         return None
     st = st._replace(held=_set(st.held, c, st.held[c] - {token}))
     if not _is_live(st, token):
@@ -526,6 +531,41 @@ def a_fail(
     if redelivered is None:
         return None
     st, events = redelivered
+    drained, more = _drain_if_idle(st) if drain else (st, ())
+    return _Step(drained, (("Fail", s, ""), *events, *more))
+
+
+def a_store_loses(k: SpecConstants, st: SpecState, s: int, sizes: tuple[int, ...]) -> _Step | None:
+    """StoreLoses(s): the store loses a queued sample's bytes (its segment's owner died, its server restarted)."""
+    if (
+        len(st.lost) >= k.max_losses
+        or s not in st.resident
+        or st.status[s] not in HELD_BY_QUEUE
+        or any(s in handles for handles in st.handles)
+    ):
+        return None
+    return _Step(_free(st._replace(lost=st.lost | {s}), s, sizes), ())
+
+
+def a_lose(k: SpecConstants, st: SpecState, c: int, token: tuple[int, int], drain: bool = True) -> _Step | None:
+    """LoseStep(c, l): ``lose`` -- the consumer found the bytes lost: dead-letter the live lease at once.
+
+    BugLostRedelivered: it fails the lease instead, and the queue redelivers it.
+    """
+    s, attempt = token
+    if token not in st.held[c] or s not in st.lost:
+        return None
+    st = st._replace(held=_set(st.held, c, st.held[c] - {token}))
+    if not _is_live(st, token):
+        return _Step(st, (("StaleRejected", s, ""),))
+    st = st._replace(lease=_fire(st, "Fail", s, attempt))
+    if "L" in k.bugs:
+        redelivered = _redeliver(k, st, s, False, k.sizes())
+        assert redelivered is not None
+        st, events = redelivered
+    else:
+        st = st._replace(status=_set(st.status, s, "dead"), window=_remember(k, st, s))
+        events = (("DeadLetter", s, ""),)
     drained, more = _drain_if_idle(st) if drain else (st, ())
     return _Step(drained, (("Fail", s, ""), *events, *more))
 
@@ -729,6 +769,7 @@ def a_producer_store(k: SpecConstants, st: SpecState, p: int, s: int, sizes: tup
             resident_bytes=st.resident_bytes + sizes[s],
             pc=_set(st.pc, p, "waiting"),
             owns=_set(st.owns, p, s),
+            lost=st.lost - {s},  # a new incarnation: bytes of its own
         ),
         (),
     )
@@ -837,11 +878,13 @@ def labelled_successors(k: SpecConstants, st: SpecState) -> Iterator[tuple[str, 
             yield "RetryScrub", a_retry_scrub(k, st, s, sizes, fault)  # type: ignore[misc]
             yield "PurgeDeadLetter", a_purge_dead_letter(k, st, s, sizes, fault)  # type: ignore[misc]
         yield "RequeueDeadLetter", a_requeue_dead_letter(k, st, s)  # type: ignore[misc]
+        yield "StoreLoses", a_store_loses(k, st, s, sizes)  # type: ignore[misc]
     for c in range(m):
         yield "Acquire", a_acquire(k, st, c)  # type: ignore[misc]
         yield "Crash", a_crash(k, st, c)  # type: ignore[misc]
         for token in st.held[c]:
             yield "Extend", a_extend(k, st, c, token)  # type: ignore[misc]
+            yield "Lose", a_lose(k, st, c, token)  # type: ignore[misc]
             for fault in (False, True):
                 yield "Ack", a_ack(k, st, c, token, sizes, fault)  # type: ignore[misc]
                 yield "Fail", a_fail(k, st, c, token, sizes, fault)  # type: ignore[misc]
@@ -922,7 +965,9 @@ def check_state(k: SpecConstants, st: SpecState, sizes: Mapping[int, int] | None
             f"pending leases {pend}"
         )
         if st.status[s] in HELD_BY_QUEUE:
-            assert s in st.resident, f"NoLoss: sample {name(s)!r} is {st.status[s]} but not resident in the store"
+            assert s in st.resident or s in st.lost, (
+                f"NoLoss: sample {name(s)!r} is {st.status[s]} but not resident in the store (nor lost by it)"
+            )
         if st.status[s] in TERMINAL | {"discarded"} and s not in st.backlog and s not in st.kept:
             assert s not in st.resident, f"NoLeak: sample {name(s)!r} is {st.status[s]} but still resident"
         assert st.deliveries[s] < k.max_deliveries, (
@@ -942,7 +987,7 @@ def check_state(k: SpecConstants, st: SpecState, sizes: Mapping[int, int] | None
         assert not busy, f"CloseDrain: drained while {busy} are pending or leased"
     if bound:
         queue_bound = max(k.high_watermark - 1, max(size(s) for s in range(n)))
-        queued = sum(size(s) for s in range(n) if st.status[s] in HELD_BY_QUEUE)
+        queued = sum(size(s) for s in range(n) if st.status[s] in HELD_BY_QUEUE and s not in st.lost)
         stored = [s for s in range(n) if st.status[s] == "stored"]
         unqueued = sum(size(s) for s in stored)
         backlog = sum(size(s) for s in st.backlog)
@@ -991,6 +1036,12 @@ def check_step(k: SpecConstants, before: SpecState, after: SpecState) -> None:
                 assert any(src == old and dst == new for _, src, dst in LEASE_TRANSITIONS), (
                     f"LeaseStepsFollowMachine: lease ({sample!r}, {attempt}) moved {old} -> {new}"
                 )
+        if s in before.lost:
+            failed = any(
+                old == "leased" and new == "failed" for old, new in zip(before.lease[s], after.lease[s], strict=True)
+            )
+            assert not failed or now == "dead", f"LostReported: lost sample {sample!r} was failed back ({now!r})"
+            assert now != "acked", f"LostReported: lost sample {sample!r} was acked"
         if before.lifecycle != "open" and was not in HELD_BY_QUEUE:
             assert now not in HELD_BY_QUEUE, f"ClosedRefusesPuts: sample {sample!r} was enqueued after close ({now!r})"
     capped = _at_sample_cap(k, before)
@@ -1412,6 +1463,7 @@ _BUG_SWITCHES = {
     "BugScrubFailUnsettles": "S",
     "BugRequeueAnySettled": "R",
     "BugOnlyBytes": "O",
+    "BugLostRedelivered": "L",
 }
 
 
@@ -1445,5 +1497,6 @@ def constants_from_config(text: str) -> SpecConstants:
         dedup_window=int(values["DedupWindow"]) if "DedupWindow" in values else None,
         keep_dead=values.get("KeepDead") == "TRUE",
         max_samples=int(values["MaxSamples"]) if "MaxSamples" in values else None,
+        max_losses=int(values.get("MaxLosses", "0")),
         bugs=frozenset(bug for switch, bug in _BUG_SWITCHES.items() if values.get(switch) == "TRUE"),
     )

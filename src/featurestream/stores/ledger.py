@@ -207,8 +207,8 @@ class LedgerFeatureStore(FeatureStore):
             if sample_id is None:
                 return
             entry = self._resident.get(sample_id) or self._foreign.get(sample_id)
-            if entry is None:
-                return
+            if entry is None or handle.handle_id not in entry.handles:
+                return  # a handle of an earlier incarnation, scrubbed since: it holds nothing of this one
             entry.handles.discard(handle.handle_id)
             if entry.handles or entry.retained:
                 return

@@ -85,7 +85,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="target model: featurestream's tiny transformer, or a random-init Hugging Face architecture of the "
         "same size (hf-*: needs featurestream[hf]) (tiny)",
     )
-    parser.add_argument("--store", choices=("local", "shared-dir"), default="local", help="feature store (local)")
+    parser.add_argument(
+        "--store",
+        choices=("local", "shared-dir", "mooncake"),
+        default="local",
+        help="feature store (local); mooncake: a mooncake_master of its own, the trainer in a separate process "
+        "(needs --redis and featurestream[mooncake])",
+    )
     parser.add_argument("--dir", metavar="PATH", help="shared-dir store directory (default: a fresh temporary one)")
     parser.add_argument("--samples", type=_positive_int, default=300, metavar="N", help="samples to stream (300)")
     parser.add_argument("--consumers", type=_positive_int, default=2, metavar="K", help="consumer threads (2)")
@@ -144,14 +150,19 @@ def make_queue(store: FeatureStore, args: argparse.Namespace, tracer: Any) -> Sa
     )
 
 
-def make_store(args: argparse.Namespace, directory: str | None, sample_bytes: int) -> FeatureStore:
-    """A store whose watermarks make backpressure visible: pause at 12 samples, resume at 4."""
-    caps = {
+def store_caps(sample_bytes: int) -> dict[str, Any]:
+    """Caps whose watermarks make backpressure visible: pause at 12 samples, resume at 4."""
+    return {
         "max_samples": None,
         "max_bytes": 64 * sample_bytes,
         "high_watermark_bytes": 12 * sample_bytes,
         "low_watermark_bytes": 4 * sample_bytes,
     }
+
+
+def make_store(args: argparse.Namespace, directory: str | None, sample_bytes: int) -> FeatureStore:
+    """A store with ``store_caps``."""
+    caps = store_caps(sample_bytes)
     if args.store == "shared-dir":
         assert directory is not None
         return SharedDirFeatureStore(directory, **caps)
@@ -304,6 +315,10 @@ def run(args: argparse.Namespace) -> int:
     temp_dir = tempfile.mkdtemp(prefix="featurestream-demo-") if args.store == "shared-dir" and not args.dir else None
     directory = args.dir or temp_dir
     run_id = f"demo{args.seed}-{uuid.uuid4().hex[:8]}"
+    if args.store == "mooncake":
+        from featurestream.tools.demo_mooncake import run_across_processes  # Mooncake is optional: import on use
+
+        return run_across_processes(args, target, target_description, config, sample_bytes, run_id)
     try:
         store = make_store(args, directory, sample_bytes)
         telemetry = _Telemetry()
