@@ -3,7 +3,7 @@
 Files and what they mean (``<id>`` is the sample id):
 
 - ``<id>.safetensors`` — the sample, a standard safetensors file. It appears
-  atomically: written to ``.<id>.<random>.tmp`` in the same directory, then
+  atomically: written to ``.<id>.<host>-<pid>.<random>.tmp`` in the same directory, then
   hard-linked to its final name (so a concurrent writer of the same id is
   refused instead of clobbered) and the temporary name unlinked.
 - ``.scrubbed-<random>`` — a sample on its way out. Freeing a large file's
@@ -38,6 +38,7 @@ import errno
 import json
 import logging
 import os
+import socket
 import struct
 import tempfile
 import uuid
@@ -80,6 +81,27 @@ _DTYPES: dict[str, torch.dtype] = {
 }
 _DTYPE_NAMES = {dtype: name for name, dtype in _DTYPES.items()}
 _HEADER_LIMIT = 100 * 1024 * 1024  # the safetensors reader's own bound on header size
+
+
+TEMP_SUFFIX = ".tmp"
+_HOST = socket.gethostname().replace(".", "_").replace("-", "_") or "host"
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` exists on this host (a zombie counts as gone)."""
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's process
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return True
 
 
 class CorruptSampleError(RuntimeError):
@@ -273,6 +295,7 @@ class SharedDirFeatureStore(LedgerFeatureStore):
         for name in os.listdir(self.directory):
             if name.startswith(SCRUBBED_PREFIX):  # left by a process that died before unlinking it
                 self._deleter.submit(os.path.join(self.directory, name))
+        self._sweep_dead_writers()
 
     # -- paths ------------------------------------------------------------
     def _check_sample_id(self, sample_id: object) -> None:
@@ -319,7 +342,7 @@ class SharedDirFeatureStore(LedgerFeatureStore):
         prefix, order = _encode_header(dense)
         action = f"write sample {sample_id!r}"
         try:
-            fd, temp = tempfile.mkstemp(dir=self.directory, prefix=f".{sample_id}.", suffix=".tmp")
+            fd, temp = tempfile.mkstemp(dir=self.directory, prefix=f".{sample_id}.{_HOST}-{os.getpid()}.", suffix=TEMP_SUFFIX)
         except OSError as exc:
             raise self._io_error(exc, action, self.directory) from exc
         try:
@@ -404,8 +427,30 @@ class SharedDirFeatureStore(LedgerFeatureStore):
         return gone
 
     def gc(self) -> int:
-        """Forget orphan handles and retry failed unlinks; return how many of both were swept."""
-        return super().gc() + self._retry_unlinks()
+        """Forget orphan handles, retry failed unlinks, sweep dead writers' temporaries; return how many."""
+        return super().gc() + self._retry_unlinks() + self._sweep_dead_writers()
+
+    def _sweep_dead_writers(self) -> int:
+        """Unlink the ``.tmp`` files of writers on this host that died inside ``put`` (SIGKILL); return how many.
+
+        A temporary names its writer (``<host>-<pid>``); one whose process is gone is garbage, whatever its
+        age. Temporaries of live processes, and of other hosts (whose processes cannot be probed from here),
+        are left alone.
+        """
+        swept = 0
+        for name in os.listdir(self.directory):
+            if not (name.startswith(".") and name.endswith(TEMP_SUFFIX)):
+                continue
+            parts = name[: -len(TEMP_SUFFIX)].rsplit(".", 2)
+            host, _, pid = parts[1].rpartition("-") if len(parts) == 3 else ("", "", "")
+            if host != _HOST or not pid.isdigit() or _alive(int(pid)):
+                continue
+            try:
+                os.unlink(os.path.join(self.directory, name))
+            except FileNotFoundError:
+                continue  # another instance swept it first
+            swept += 1
+        return swept
 
     def close(self) -> None:
         """Unlink every sample this instance wrote (idempotent), retrying unlinks that failed before.
