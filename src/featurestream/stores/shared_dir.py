@@ -342,7 +342,9 @@ class SharedDirFeatureStore(LedgerFeatureStore):
         prefix, order = _encode_header(dense)
         action = f"write sample {sample_id!r}"
         try:
-            fd, temp = tempfile.mkstemp(dir=self.directory, prefix=f".{sample_id}.{_HOST}-{os.getpid()}.", suffix=TEMP_SUFFIX)
+            fd, temp = tempfile.mkstemp(
+                dir=self.directory, prefix=f".{sample_id}.{_HOST}-{os.getpid()}.", suffix=TEMP_SUFFIX
+            )
         except OSError as exc:
             raise self._io_error(exc, action, self.directory) from exc
         try:
