@@ -10,6 +10,7 @@ import pytest
 from featurestream import LocalFeatureStore
 from featurestream import VisibilityTimeout as VT
 from featurestream.core import events
+from featurestream.core.frontend import FrontEnd
 from featurestream.core.protocol import LeaseQueue
 from featurestream.core.queue import SampleRefQueue
 from featurestream.core.refs import SampleRef
@@ -179,8 +180,8 @@ BEYOND_PROTOCOL = {
 @pytest.mark.parametrize("backend", list(BEYOND_PROTOCOL), ids=lambda cls: cls.__name__)
 def test_each_backend_implements_the_protocol_itself(backend: type) -> None:
     protocol = {name for name in [*vars(LeaseQueue), *LeaseQueue.__annotations__] if not name.startswith("_")}
-    defined = {name for name in vars(backend) if not name.startswith("_")}
-    # max_deliveries and dedup_window are instance attributes; everything else the class itself defines.
+    defined = {name for cls in (backend, FrontEnd) for name in vars(cls) if not name.startswith("_")}
+    # max_deliveries and dedup_window are instance attributes; everything else the class or the front end defines.
     assert protocol - defined == {"max_deliveries", "dedup_window"}
     assert defined - protocol == BEYOND_PROTOCOL[backend]
-    assert backend.__mro__ == (backend, object)  # no backend inherits another's internals
+    assert backend.__mro__ == (backend, FrontEnd, object)  # the shared front end only, never another backend

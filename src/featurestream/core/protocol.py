@@ -20,7 +20,50 @@ __all__ = ["LeaseQueue"]
 
 @runtime_checkable
 class LeaseQueue(Protocol):
-    """A lease / ack / fail queue over tensor-free ``SampleRef``s whose bytes live in ``store``."""
+    """A lease / ack / fail queue over tensor-free ``SampleRef``s whose bytes live in ``store``.
+
+    Each delivery attempt is a lease (``pending -> leased -> acked | failed |
+    reclaimed``). A failed or expired lease sends its sample to the tail as a
+    new lease, until ``max_deliveries`` is spent and it is dead-lettered.
+    While the queue holds a sample its store retains it; when the sample is
+    acked or dead the store scrubs it. Expired leases are reclaimed by every
+    call (and by an optional reaper thread). Every method is thread-safe.
+
+    Store faults. A queue operation either takes effect completely or changes
+    nothing, whatever the store raises:
+
+    - ``retain`` raises: the put raises an error of the same type naming the
+      sample; nothing is enqueued and the store is left as it was (the queue
+      un-retains the sample, retrying that ``unretain`` if it fails too).
+    - ``scrub`` raises after an ack or a dead-letter (in ``ack``, ``fail``, a
+      reap by any call, or the reaper thread): the settlement stands -- the
+      sample is recorded in the dedup window, never delivered again, and
+      ``on_dead_letter`` runs exactly once. ``ack`` returns normally; the error
+      is logged, counted in ``stats().store_errors``, and the sample joins the
+      scrub backlog (``stats().scrub_backlog``), retried at the start of every
+      later queue call and by the reaper thread until the bytes leave the store.
+      A put of a sample whose scrub is still owed is refused.
+    - ``health`` raises in ``put_blocks_until_below``: that call raises an
+      error of the store's type naming the sample; nothing changed.
+    - ``gc`` raises: logged, counted, ignored.
+
+    A fault belonging to one sample never surfaces from another caller (a
+    consumer's ``acquire`` or a producer's ``put`` that reaped an expired
+    lease) and never stops that caller's own work. Callbacks (``on_pause``,
+    ``on_resume``, ``on_dead_letter``) run outside the queue's lock, so they
+    may call the queue; one that raises is logged and ignored. ``close`` moves
+    to ``drained`` once nothing is pending or leased: it does not wait for the
+    scrub backlog.
+
+    Dead-letter repair. With ``keep_dead_letter_bytes`` > 0 a dead-lettered
+    sample's bytes stay retained (counted in the store's residency, so in
+    backpressure) while the kept bytes fit that cap; past it, a new dead
+    letter is scrubbed as usual. ``requeue_dead_letters`` sends kept dead
+    letters back with a fresh delivery budget, ``purge_dead_letters`` drops
+    dead letters and frees what was kept. Batches: ``put_many`` (all or
+    none), ``acquire_many``, ``ack_many`` / ``fail_many`` (stale leases
+    rejected one by one), each one operation traced as its per-item events.
+    """
 
     max_deliveries: int
     dedup_window: int

@@ -7,17 +7,15 @@ import dataclasses
 import heapq
 import logging
 import math
-import os
-import threading
 import time
 from collections.abc import Callable, Iterable
 
 from featurestream.core import errors, events
-from featurestream.core.arguments import check_queue_arguments, check_ref_for, check_resident
-from featurestream.core.backlog import Outbox, Owed, call_or_owe, pay_owed
-from featurestream.core.backpressure import Backpressure, HealthCallback
+from featurestream.core.arguments import check_resident
+from featurestream.core.backpressure import HealthCallback
 from featurestream.core.checks import check_count, check_seconds
 from featurestream.core.errors import LeaseLost
+from featurestream.core.frontend import FrontEnd, Signal, Tracer
 from featurestream.core.lease import (
     LOST_REASON,
     DeadLetter,
@@ -30,7 +28,7 @@ from featurestream.core.lease import (
     check_leases,
 )
 from featurestream.core.machines import LEASE, LEASE_MACHINE, LIFECYCLE, LIFECYCLE_MACHINE, fire
-from featurestream.core.operation import Operation, observing
+from featurestream.core.operation import observing
 from featurestream.core.reaper import start_reaper
 from featurestream.core.refs import SampleRef
 from featurestream.core.resume import MemoryLedger, TrainingLedger
@@ -54,9 +52,6 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_DELIVERIES = 10
 DEFAULT_DEDUP_WINDOW = 100_000
-
-
-Tracer = Callable[[str, dict[str, object]], None]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,36 +106,6 @@ class _Record:
         return f"{which} of sample {self.ref.sample_id!r}"
 
 
-class _Signal:
-    """A condition of the queue's lock that notifies only when someone waits on it.
-
-    ``threading.Condition.notify`` checks lock ownership and walks its waiters on every call, and the queue
-    signals on every put and settle, nearly always with nobody waiting. ``_waiting`` is read and changed only
-    under the queue's lock (``Condition.wait`` re-acquires it before returning or raising).
-    """
-
-    __slots__ = ("_condition", "_waiting")
-
-    def __init__(self, lock: threading.Lock) -> None:
-        self._condition = threading.Condition(lock)
-        self._waiting = 0
-
-    def wait(self, timeout: float) -> None:
-        self._waiting += 1
-        try:
-            self._condition.wait(timeout)
-        finally:
-            self._waiting -= 1
-
-    def notify(self) -> None:
-        if self._waiting:
-            self._condition.notify()
-
-    def notify_all(self) -> None:
-        if self._waiting:
-            self._condition.notify_all()
-
-
 class _Flag:
     """The queue's lifecycle machine model."""
 
@@ -153,50 +118,12 @@ class _Flag:
         return "the queue"
 
 
-class SampleRefQueue:
-    """Lease / ack / fail queue over tensor-free ``SampleRef``s.
+class SampleRefQueue(FrontEnd):
+    """The in-process ``LeaseQueue``: the shared front end over an engine of plain Python structures.
 
-    Each delivery attempt is a lease (``pending -> leased -> acked | failed |
-    reclaimed``). A failed or expired lease sends its sample to the tail as a
-    new lease, until ``max_deliveries`` is spent and it is dead-lettered.
-    While the queue holds a sample its store retains it; when the sample is
-    acked or dead the store scrubs it. Expired leases are reclaimed by every
-    call (and by an optional reaper thread). Every method is thread-safe.
-
-    Store faults. A queue operation either takes effect completely or changes
-    nothing, whatever the store raises:
-
-    - ``retain`` raises: the put raises an error of the same type naming the
-      sample; nothing is enqueued and the store is left as it was (the queue
-      un-retains the sample, retrying that ``unretain`` if it fails too).
-    - ``scrub`` raises after an ack or a dead-letter (in ``ack``, ``fail``, a
-      reap by any call, or the reaper thread): the settlement stands -- the
-      sample is recorded in the dedup window, never delivered again, and
-      ``on_dead_letter`` runs exactly once. ``ack`` returns normally; the error
-      is logged, counted in ``stats().store_errors``, and the sample joins the
-      scrub backlog (``stats().scrub_backlog``), retried at the start of every
-      later queue call and by the reaper thread until the bytes leave the store.
-      A put of a sample whose scrub is still owed is refused.
-    - ``health`` raises in ``put_blocks_until_below``: that call raises an
-      error of the store's type naming the sample; nothing changed.
-    - ``gc`` raises: logged, counted, ignored.
-
-    A fault belonging to one sample never surfaces from another caller (a
-    consumer's ``acquire`` or a producer's ``put`` that reaped an expired
-    lease) and never stops that caller's own work. Callbacks (``on_pause``,
-    ``on_resume``, ``on_dead_letter``) run outside the queue's lock, so they
-    may call the queue; one that raises is logged and ignored. ``close`` moves
-    to ``drained`` once nothing is pending or leased: it does not wait for the
-    scrub backlog.
-
-    Dead-letter repair. With ``keep_dead_letter_bytes`` > 0 a dead-lettered
-    sample's bytes stay retained (counted in the store's residency, so in
-    backpressure) while the kept bytes fit that cap; past it, a new dead
-    letter is scrubbed as usual. ``requeue_dead_letters`` sends kept dead
-    letters back with a fresh delivery budget, ``purge_dead_letters`` drops
-    dead letters and frees what was kept. Batches: ``put_many`` (all or
-    none), ``acquire_many``, ``ack_many`` / ``fail_many`` (stale leases
-    rejected one by one), each one operation traced as its per-item events.
+    The contract (lifecycle, store faults, callbacks, dead-letter repair, batches) is ``LeaseQueue``'s
+    docstring. The engine keeps the pending FIFO, the live leases with a deadline heap, the dedup window and
+    the dead letters under the front end's lock; each lease is a ``_Record`` the lease machine drives.
     """
 
     def __init__(
@@ -216,28 +143,23 @@ class SampleRefQueue:
         tracer: Tracer | None = None,
         keep_dead_letter_bytes: int = 0,
     ) -> None:
-        check_queue_arguments(
+        self._init_front_end(
             store,
             visibility_timeout,
             high_watermark_bytes,
             low_watermark_bytes,
+            on_pause,
+            on_resume,
             max_deliveries=max_deliveries,
             dedup_window=dedup_window,
+            on_dead_letter=on_dead_letter,
+            tracer=tracer,
             keep_dead_letter_bytes=keep_dead_letter_bytes,
             reaper_interval=reaper_interval,
         )
-        self._store = store
-        self._vt = visibility_timeout or VisibilityTimeout()
-        self._on_dead_letter = on_dead_letter
-        self.max_deliveries = max_deliveries
-        self.dedup_window = dedup_window
         self.keep_dead_letter_bytes = keep_dead_letter_bytes
         self._clock = clock
-        self._tracer = tracer
-
-        self._lock = threading.Lock()
-        self._not_empty = _Signal(self._lock)
-        self._not_full = _Signal(self._lock)
+        self._not_empty = Signal(self._lock)
         self._pending: collections.deque[_Record] = collections.deque()
         self._live: dict[int, _Record] = {}
         self._held: dict[str, _Record] = {}
@@ -246,15 +168,9 @@ class SampleRefQueue:
         self._dead: list[DeadLetter] = []
         self._kept: dict[str, int] = {}  # dead letters whose bytes stay retained for a requeue -> their size
         self._kept_bytes = 0
-        # sample id -> (store call, ref) the queue still owes the store: a scrub or unretain that raised.
-        self._owed: Owed = collections.OrderedDict()
-        self._outbox: Outbox = []
-        self._backpressure = Backpressure(high_watermark_bytes, low_watermark_bytes, on_pause, on_resume)
         self._lifecycle = _Flag(LIFECYCLE.initial)
         self._counts: collections.Counter[str] = collections.Counter()
         self._stale_log = StaleLog(logger)
-        self._reaper_stop = threading.Event()
-        self._op = Operation(self)  # every public call: ``with self._op:``
         self._ledger: MemoryLedger | None = None
         if reaper_interval is not None:
             start_reaper(self, reaper_interval, self._reaper_stop, name="featurestream-reaper")
@@ -271,7 +187,7 @@ class SampleRefQueue:
         self._check_ref(ref)
         with self._op:
             self._reap_due()
-            self._enqueue_new(ref)
+            self._admit(ref)
 
     def put_many(self, refs: Iterable[SampleRef]) -> None:
         """Enqueue every ref of ``refs``, in order: all of them or none.
@@ -304,79 +220,7 @@ class SampleRefQueue:
             for ref in batch:
                 self._push_new(ref)
 
-    def put_blocks_until_below(
-        self,
-        ref: SampleRef,
-        poll_interval: float = 0.05,
-        abort_when: Callable[[], bool] | None = None,
-    ) -> None:
-        """Enqueue ``ref``, first waiting while the producer is paused by backpressure.
-
-        Hysteresis on the store's ``health()``: pause at/above the high
-        watermark, resume at/below the low one, keep the state inside the band
-        (``on_pause``/``on_resume`` run on each transition); a store at its
-        sample-count cap (``max_samples``) pauses too, until a sample leaves, so
-        the producer's next ``store.put`` finds room. A paused producer
-        still enqueues when the queue holds nothing (no sample pending or
-        leased): then nothing the queue does can lower residency, and waiting
-        could last forever -- so any number of producers, whatever they hold
-        unqueued, always make progress. Residency bound this keeps: the bytes
-        the queue holds (pending + leased) stay below the high watermark, or
-        are one sample when it was admitted into an empty queue; the store's
-        resident bytes are at most that plus what producers hold unqueued plus
-        settled samples whose scrub is still owed (``stats().scrub_backlog``).
-        ``put`` (non-blocking) is not bounded by backpressure.
-
-        Wakes on every settle and close, and at least every ``poll_interval``
-        seconds to re-check the store and ``abort_when``. Raises
-        ``RuntimeError`` when the queue is closed (also while waiting: ``close``
-        wakes every blocked producer) or ``abort_when()`` is true, and the
-        store's error type, naming the sample, when ``health()`` raises; in
-        every such case nothing was enqueued.
-        """
-        self._check_ref(ref)
-        check_seconds("poll_interval", poll_interval)
-        while True:
-            if abort_when is not None and abort_when():
-                raise errors.PutAborted(ref.sample_id)
-            with self._op:
-                self._reap_due()
-                self._require_open(ref)
-                health = self._read_health(ref)
-                callback = self._update_backpressure(health)
-                if callback is not None:
-                    self._outbox.append((callback, health))
-                    continue
-                if self._may_enqueue():
-                    self._enqueue_new(ref, health)
-                    return
-                self._not_full.wait(poll_interval)
-
     # -- consumer side ----------------------------------------------------
-    def acquire(self, poll_interval: float = 0.05, *, timeout: float | None = None) -> Lease | None:
-        """Lease the next ref, waiting up to ``timeout`` (default ``poll_interval``) seconds.
-
-        Wakes as soon as a sample becomes available (put, fail, reclaim).
-        Returns ``None`` when the wait ends empty-handed; ``is_closed`` tells a
-        transient empty poll from a closed, drained queue (which returns at once).
-        """
-        wait = poll_interval if timeout is None else timeout
-        check_seconds("timeout" if timeout is not None else "poll_interval", wait)
-        leases = self._lease_up_to(1, wait)
-        return leases[0] if leases else None
-
-    def acquire_many(self, n: int, *, timeout: float | None = None) -> list[Lease]:
-        """Lease up to ``n`` refs, FIFO, waiting up to ``timeout`` (default 0.05) seconds for the first.
-
-        Returns as soon as at least one is available, with every one available
-        then (up to ``n``); ``[]`` when the wait ends empty-handed or the queue
-        is drained. Traced as one ``Acquire`` per lease.
-        """
-        check_count("n", n, minimum=1)
-        wait = 0.05 if timeout is None else timeout
-        check_seconds("timeout", wait)
-        return self._lease_up_to(n, wait)
-
     def _lease_up_to(self, n: int, wait: float) -> list[Lease]:
         give_up = time.monotonic() + wait
         with self._op:
@@ -512,19 +356,9 @@ class SampleRefQueue:
                 self._not_full.notify_all()
 
     @property
-    def is_closed(self) -> bool:
-        """Whether ``close`` was called (not whether the queue is drained yet)."""
-        return self._lifecycle.state != "open"
-
-    @property
     def lifecycle_state(self) -> str:
         """``open``, ``draining`` (closed, still holding samples) or ``drained``."""
         return self._lifecycle.state
-
-    @property
-    def backpressure_state(self) -> str:
-        """``flowing`` or ``paused``."""
-        return self._backpressure.state
 
     def pending_count(self) -> int:
         """Samples waiting to be leased."""
@@ -608,23 +442,17 @@ class SampleRefQueue:
         """A consistent snapshot of the counters and gauges."""
         with observing(self):
             return QueueStats(
-                **self._counts, pending=len(self._pending), outstanding=len(self._live), scrub_backlog=len(self._owed)
+                **self._counts,
+                store_errors=self._store_errors,
+                pending=len(self._pending),
+                outstanding=len(self._live),
+                scrub_backlog=len(self._owed),
             )
 
     def lease_state_counts(self) -> dict[str, int]:
         """How many leases sit in each live state (terminal leases are not kept)."""
         with observing(self):
             return {"pending": len(self._pending), "leased": len(self._live)}
-
-    def render(self, path: str | os.PathLike[str], format: str | None = None) -> None:
-        """Draw this queue's machines to ``path``: lease counts per state, current backpressure and lifecycle.
-
-        ``format`` is ``svg``, ``png`` or ``dot`` (default: the suffix of ``path``);
-        svg/png need graphviz's ``dot`` binary. See ``featurestream.tools.diagrams.render_queue``.
-        """
-        from featurestream.tools.diagrams import render_queue  # graphviz is optional: import on use
-
-        render_queue(self, path, format)
 
     def training_ledger(self) -> TrainingLedger:
         """The queue's training ledger (``docs/resume.md``), in this process's memory like the queue."""
@@ -637,30 +465,18 @@ class SampleRefQueue:
         with observing(self):
             return {sample_id for sample_id in sample_ids if sample_id in self._held}
 
-    @property
-    def store(self) -> FeatureStore:
-        return self._store
-
     # -- internals (called with the lock held) ---------------------------------
-    def _check_ref(self, ref: object) -> None:
-        check_ref_for(self._store, ref)
-
     def _require_open(self, ref: SampleRef) -> None:
         if self._lifecycle.state != "open":
             raise errors.QueueClosed(ref.sample_id)
 
-    def _read_health(self, ref: SampleRef) -> StoreHealth:
-        try:
-            return self._store.health()
-        except Exception as exc:
-            self._store_fault("health", ref.sample_id, exc)
-            doing = f"put_blocks_until_below of sample {ref.sample_id!r} enqueued nothing"
-            raise errors.store_error(exc, doing) from exc
-
-    def _enqueue_new(self, ref: SampleRef, health: StoreHealth | None = None) -> None:
+    def _admit(self, ref: SampleRef, health: StoreHealth | None = None, *, if_idle: bool = False) -> bool:
+        """Retain and enqueue ``ref`` (the front end asks ``if_idle`` only of a queue it saw hold nothing, under
+        this same lock: nothing to re-check)."""
         self._check_admissible(ref)
         self._retain(ref)
         self._push_new(ref, health)
+        return True
 
     def _check_admissible(self, ref: SampleRef) -> None:
         """Raise what a put of ``ref`` is refused with (counting a dedup refusal); change nothing else."""
@@ -844,29 +660,6 @@ class SampleRefQueue:
                 self._recent_terminal.popitem(last=False)
         self._not_full.notify_all()
 
-    def _scrub(self, ref: SampleRef) -> None:
-        if self._owe("scrub", ref):
-            self._not_full.notify_all()
-
-    def _owe(self, call: str, ref: SampleRef) -> bool:
-        """Make the store call ``call(ref)``; if it raises, log, count and keep it in the backlog. ``True``: done."""
-        return call_or_owe(self._store, self._owed, call, ref, self._store_fault)
-
-    def _pay_owed(self) -> None:
-        """Retry owed scrubs/unretains (``backlog.pay_owed``); once drained with nothing owed, stop the reaper."""
-        pay_owed(self._store, self._owed, self._store_fault, self._paid)
-        if self._reaper_finished():
-            self._reaper_stop.set()
-
-    def _paid(self, sample_id: str, call: str) -> None:
-        self._emit(events.SCRUB_RETRIED, sample_id=sample_id, call=call)
-        self._not_full.notify_all()
-
-    def _store_fault(self, call: str, sample_id: str | None, exc: BaseException) -> None:
-        self._counts["store_errors"] += 1
-        logger.warning("store %s(%r) raised %r; the queue carries on", call, sample_id, exc, exc_info=exc)
-        self._emit(events.STORE_FAULT, call=call, sample_id=sample_id, error=repr(exc))
-
     def _maybe_drained(self) -> None:
         if self._lifecycle.state == "draining" and not self._held:
             fire(LIFECYCLE_MACHINE, "drain", self._lifecycle)
@@ -875,24 +668,17 @@ class SampleRefQueue:
                 self._reaper_stop.set()
             self._not_empty.notify_all()
 
-    def _reaper_finished(self) -> bool:
-        """Whether the reaper thread has nothing left to do: drained, and no store call owed."""
-        return self._lifecycle.state == "drained" and not self._owed
+    def _all_paid(self) -> None:
+        if self._lifecycle.state == "drained":
+            self._reaper_stop.set()
 
-    def _update_backpressure(self, health: StoreHealth) -> HealthCallback | None:
-        """Apply the hysteresis; return the callback to run (outside the lock), if any."""
-        step = self._backpressure.step(health)
-        if step is None:
-            return None
-        event, callback = step
-        if event == events.PAUSE:
-            self._counts["producer_pauses"] += 1
-        self._trace_state(event, resident_bytes=health.resident_bytes)
-        return callback
+    def _put_round(self, ref: SampleRef) -> bool:
+        self._reap_due()
+        self._require_open(ref)
+        return bool(self._held)
 
-    def _may_enqueue(self) -> bool:
-        """The producer rule: flowing, or the queue holds nothing (then waiting could never end)."""
-        return self._backpressure.state == "flowing" or not self._held
+    def _count_pause(self) -> None:
+        self._counts["producer_pauses"] += 1
 
     def _trace_state(self, action: str, **fields: object) -> None:
         """Trace ``action`` with the state it left: ``pending``/``outstanding`` counts and the clock ``now``."""

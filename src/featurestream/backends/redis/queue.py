@@ -35,8 +35,8 @@ API (every method thread-safe; each state change one server call, one round trip
 Each process binds the queue to its own store instance: the putting process
 ``retain``s, and whichever process settles a sample (the acker, or the
 process whose call reaped and dead-lettered it) ``scrub``s it in its store.
-Store faults follow the in-process queue's contract (``SampleRefQueue``'s
-docstring): a settle on the server stands whatever the store raises, and a
+Store faults follow the contract in ``LeaseQueue``'s
+docstring: a settle on the server stands whatever the store raises, and a
 ``scrub`` / ``unretain`` that raised is owed -- logged, counted in
 ``stats().store_errors`` / ``scrub_backlog`` (this instance's), and retried
 at the start of this instance's later calls and by its reaper thread.
@@ -51,7 +51,6 @@ import logging
 import math
 import os
 import secrets
-import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable, Sequence
@@ -69,14 +68,14 @@ from featurestream.backends.redis.link import Link, first_contact
 from featurestream.backends.redis.resume import RedisTrainingLedger
 from featurestream.backends.redis.wire import dead_letter_from_json, ref_from_json, ref_to_json
 from featurestream.core import errors, events
-from featurestream.core.arguments import check_queue_arguments, check_ref_for, check_resident
-from featurestream.core.backlog import Outbox, Owed, call_or_owe, pay_owed
-from featurestream.core.backpressure import Backpressure, HealthCallback
+from featurestream.core.arguments import check_resident
+from featurestream.core.backpressure import HealthCallback
 from featurestream.core.checks import check_count, check_seconds
+from featurestream.core.frontend import FrontEnd, Tracer
 from featurestream.core.lease import DeadLetter, Lease, StaleLog, VisibilityTimeout, check_lease, check_leases
 from featurestream.core.machines import LEASE, LEASE_MACHINE, fire
-from featurestream.core.operation import Operation, observing
-from featurestream.core.queue import DEFAULT_DEDUP_WINDOW, DEFAULT_MAX_DELIVERIES, QueueStats, Tracer
+from featurestream.core.operation import observing
+from featurestream.core.queue import DEFAULT_DEDUP_WINDOW, DEFAULT_MAX_DELIVERIES, QueueStats
 from featurestream.core.reaper import start_reaper
 from featurestream.core.refs import SampleRef
 from featurestream.stores.base import FeatureStore, StoreHealth
@@ -185,7 +184,7 @@ def _settings(values: dict[str, int]) -> str:
     return ", ".join(f"{name}={value}" for name, value in values.items())
 
 
-class RedisSampleRefQueue:
+class RedisSampleRefQueue(FrontEnd):
     """A ``LeaseQueue`` whose state lives in Redis, shared by every instance with the same ``name``.
 
     Same constructor and methods as ``SampleRefQueue`` plus, keyword-only:
@@ -209,10 +208,17 @@ class RedisSampleRefQueue:
       that creates the queue; a later instance with other values is refused.
     - ``on_dead_letter`` runs in the instance whose call dead-lettered the
       sample; that instance's store scrubs it.
+    - ``acquire`` waits server-side (``XREAD BLOCK`` on the wake stream,
+      which every call that makes a sample pending appends to while a
+      consumer waits), so a put, fail, reclaim, close or drain in any process
+      wakes it at once; the wait is cut short at the next lease deadline to
+      reap it. A batch (``put_many``, ``acquire_many``, ``ack_many`` ...) is
+      one server call of at most ``functions.MAX_BATCH`` items.
     """
 
     # The server-side library this class calls (a test subclass may swap in a seeded defect).
     _library: functions.Library = functions.LIBRARY
+    _max_batch = functions.MAX_BATCH
 
     def __init__(
         self,
@@ -235,16 +241,6 @@ class RedisSampleRefQueue:
         reconnect_timeout: float = 30.0,
         keep_dead_letter_bytes: int = 0,
     ) -> None:
-        check_queue_arguments(
-            store,
-            visibility_timeout,
-            high_watermark_bytes,
-            low_watermark_bytes,
-            max_deliveries=max_deliveries,
-            dedup_window=dedup_window,
-            keep_dead_letter_bytes=keep_dead_letter_bytes,
-            reaper_interval=reaper_interval,
-        )
         if clock is not None and not callable(clock):
             raise TypeError(f"clock must be a callable returning seconds or None, got {clock!r}")
         check_seconds("reconnect_timeout", reconnect_timeout)
@@ -254,26 +250,23 @@ class RedisSampleRefQueue:
             raise ValueError("pass either url or client, not both")
         if client is not None and not isinstance(client, redis.Redis):
             raise TypeError(f"client must be a redis.Redis, got {type(client).__name__}")
-        self._store = store
-        self._vt = visibility_timeout or VisibilityTimeout()
-        self._on_dead_letter = on_dead_letter
-        self.max_deliveries = max_deliveries
-        self.dedup_window = dedup_window
+        self._init_front_end(
+            store,
+            visibility_timeout,
+            high_watermark_bytes,
+            low_watermark_bytes,
+            on_pause,
+            on_resume,
+            max_deliveries=max_deliveries,
+            dedup_window=dedup_window,
+            on_dead_letter=on_dead_letter,
+            tracer=tracer,
+            keep_dead_letter_bytes=keep_dead_letter_bytes,
+            reaper_interval=reaper_interval,
+        )
         self._server_time = clock is None
         self._clock: Callable[[], float] = clock if clock is not None else time.monotonic
-        self._tracer = tracer
-
-        self._lock = threading.Lock()
-        # Wakes producers blocked on backpressure: a settle this instance made, a scrub it paid, a close.
-        self._not_full = threading.Condition(self._lock)
-        self._outbox: Outbox = []
         self._stale_log = StaleLog(logger)
-        self._backpressure = Backpressure(high_watermark_bytes, low_watermark_bytes, on_pause, on_resume)
-        self._store_errors = 0
-        # sample id -> (store call, ref) this instance still owes its store: a scrub or unretain that raised.
-        self._owed: Owed = collections.OrderedDict()
-        self._reaper_stop = threading.Event()
-        self._op = Operation(self)
         # Put tokens and lease tokens: this instance's random prefix and a counter (unique, and unknown to
         # other processes; cheaper than fresh randomness per call).
         self._token_prefix = secrets.token_hex(8)
@@ -347,7 +340,7 @@ class RedisSampleRefQueue:
         """
         self._check_ref(ref)
         with self._op:
-            self._put_locked(ref)
+            self._admit(ref)
 
     def put_many(self, refs: Iterable[SampleRef]) -> None:
         """Enqueue every ref of ``refs``, in order, in one server call: all of them or none.
@@ -369,92 +362,7 @@ class RedisSampleRefQueue:
         with self._op:
             self._put_batch_locked(batch)
 
-    def put_blocks_until_below(
-        self,
-        ref: SampleRef,
-        poll_interval: float = 0.05,
-        abort_when: Callable[[], bool] | None = None,
-    ) -> None:
-        """Enqueue ``ref``, first waiting while this producer is paused by its store's backpressure.
-
-        Hysteresis on this process's store ``health()``: pause at/above the
-        high watermark, resume at/below the low one, keep the state inside the
-        band (``on_pause``/``on_resume`` run on each transition); a store at its
-        sample-count cap (``max_samples``) pauses too, until a sample leaves, so the
-        producer's next ``store.put`` finds room. A paused
-        producer still enqueues when the queue holds nothing (no sample pending
-        or leased, in any process): then nothing the queue does can lower
-        residency, so waiting could last forever. Wakes on every settle this
-        process makes, on ``close``, and at least every ``poll_interval``
-        seconds (settles and closes in other processes show then). Raises
-        ``RuntimeError`` when the queue is closed or ``abort_when()`` is true,
-        and the store's error type, naming the sample, when ``health()``
-        raises; in every such case nothing was enqueued.
-        """
-        self._check_ref(ref)
-        check_seconds("poll_interval", poll_interval)
-        while True:
-            if abort_when is not None and abort_when():
-                raise errors.PutAborted(ref.sample_id)
-            with self._op:
-                backpressure = self._backpressure
-                health = self._read_health(ref) if backpressure.state == "flowing" else None
-                if health is not None and not backpressure.should_pause(health):
-                    # Flowing and staying so: the put function itself reaps and checks the lifecycle.
-                    self._put_locked(ref, health=health)
-                    return
-                # Like the in-process queue: reap, refuse once closed, and only then move the hysteresis.
-                _, reaped_events, _, state, held, left = self._run("reclaim")
-                self._apply(reaped_events)
-                if left:  # traced: the state the reclaim left, which this round's own events report
-                    self._seen_state = _values(left)
-                if self._owed:  # a scrub the reap just owed: retry it before judging residency
-                    self._pay_owed()
-                if _text(state) != "open":
-                    raise errors.QueueClosed(ref.sample_id)
-                health = self._read_health(ref)
-                callback = self._update_backpressure(health)
-                if callback is not None:
-                    self._outbox.append((callback, health))
-                    continue
-                if self._backpressure.state == "flowing":
-                    self._put_locked(ref, health=health)
-                    return
-                # Paused: an empty queue admits the sample all the same (the server checks, atomically).
-                if not int(held) and self._put_locked(ref, if_idle=True, health=health):
-                    return
-                self._not_full.wait(poll_interval)
-
     # -- consumer side ----------------------------------------------------
-    def acquire(self, poll_interval: float = 0.05, *, timeout: float | None = None) -> RedisLease | None:
-        """Lease the next ref, waiting up to ``timeout`` (default ``poll_interval``) seconds.
-
-        The wait is server-side (``XREAD BLOCK`` on the wake stream, which
-        every call that makes a sample pending appends to while a consumer
-        waits), so a put, fail, reclaim, close or drain in any process wakes
-        it at once; it is also cut short at the next lease deadline to reap it.
-        Returns ``None`` when the wait ends empty-handed; ``is_closed`` tells a
-        transient empty poll from a closed, drained queue (which returns at once).
-        """
-        wait = poll_interval if timeout is None else timeout
-        check_seconds("timeout" if timeout is not None else "poll_interval", wait)
-        leases = self._lease(1, wait)
-        return leases[0] if leases else None
-
-    def acquire_many(self, n: int, *, timeout: float | None = None) -> list[RedisLease]:
-        """Lease up to ``n`` refs in one server call, FIFO; wait up to ``timeout`` (default 0.05 s) for the first.
-
-        Returns as soon as at least one is available (with every one available
-        then, up to ``n``); ``[]`` when the wait ends empty-handed or the queue is
-        drained. Each lease is traced as its own ``Acquire``.
-        """
-        check_count("n", n, minimum=1)
-        if n > functions.MAX_BATCH:
-            raise ValueError(f"n must be at most {functions.MAX_BATCH} (one server call), got {n!r}")
-        wait = 0.05 if timeout is None else timeout
-        check_seconds("timeout", wait)
-        return self._lease(n, wait)
-
     def ack(self, lease: Lease) -> bool:
         """Mark ``lease``'s sample consumed: never delivered again; this process's store scrubs it.
 
@@ -466,14 +374,14 @@ class RedisSampleRefQueue:
         and retried, and ``ack`` returns ``True``.
         """
         check_lease(lease, "ack")
-        return self._settle("ack", [lease])[0]
+        return self._settle_batch("ack", [lease])[0]
 
     def ack_many(self, leases: Iterable[Lease]) -> None:
         """``ack`` every lease of ``leases`` in one server call; each stale one is rejected on its own.
 
         ``TypeError`` (acking none of them) when any item is not a ``Lease``.
         """
-        self._settle("ack", _batch("leases", check_leases(leases, "ack_many")))
+        self._settle_batch("ack", _batch("leases", check_leases(leases, "ack_many")))
 
     def fail(self, lease: Lease) -> bool:
         """Give ``lease``'s sample back: redelivered from the tail, or dead once deliveries are spent.
@@ -483,14 +391,14 @@ class RedisSampleRefQueue:
         non-lease.
         """
         check_lease(lease, "fail")
-        return self._settle("fail", [lease])[0]
+        return self._settle_batch("fail", [lease])[0]
 
     def fail_many(self, leases: Iterable[Lease]) -> None:
         """``fail`` every lease of ``leases`` in one server call; each stale one is rejected on its own.
 
         ``TypeError`` (failing none of them) when any item is not a ``Lease``.
         """
-        self._settle("fail", _batch("leases", check_leases(leases, "fail_many")))
+        self._settle_batch("fail", _batch("leases", check_leases(leases, "fail_many")))
 
     def lose(self, lease: Lease) -> bool:
         """The store lost ``lease``'s sample (``SampleLostError``): dead-letter it now, reason ``lost``.
@@ -499,7 +407,7 @@ class RedisSampleRefQueue:
         dead letter's bytes are never kept. Returns ``False`` for a stale lease (nothing changed).
         """
         check_lease(lease, "lose")
-        return self._settle("fail", [lease], function="lose")[0]
+        return self._settle_batch("fail", [lease], function="lose")[0]
 
     def extend(self, lease: Lease, seconds: float | None = None) -> None:
         """Push ``lease.deadline`` to now + ``seconds`` (default: the visibility timeout).
@@ -546,22 +454,12 @@ class RedisSampleRefQueue:
             self._not_full.notify_all()
 
     @property
-    def is_closed(self) -> bool:
-        """Whether ``close`` was called on this queue by any instance (not whether it is drained yet)."""
-        return self.lifecycle_state != "open"
-
-    @property
     def lifecycle_state(self) -> str:
         """``open``, ``draining`` (closed, still holding samples) or ``drained``."""
         state = _text(self._retrying(self._redis.hget, self._key["meta"], "state"))
         if state == "drained" and not self._owed:
             self._reaper_stop.set()
         return state
-
-    @property
-    def backpressure_state(self) -> str:
-        """This producer's ``flowing`` or ``paused``."""
-        return self._backpressure.state
 
     def training_ledger(self) -> RedisTrainingLedger:
         """The queue's training ledger (``docs/resume.md``): keys in this queue's namespace, as durable as it."""
@@ -577,11 +475,6 @@ class RedisSampleRefQueue:
             return set()
         found = self._retrying(self._redis.hmget, self._key["refs"], list(sample_ids))
         return {sample_id for sample_id, value in zip(sample_ids, found, strict=True) if value is not None}
-
-    @property
-    def store(self) -> FeatureStore:
-        """This process's store the queue retains and scrubs in."""
-        return self._store
 
     # The reads below first retry what this instance owes its store, as every call does (no callbacks, no gc).
     def pending_count(self) -> int:
@@ -722,12 +615,6 @@ class RedisSampleRefQueue:
             counters, outstanding = self._link.snapshot()
         return {"pending": _pending(counters), "leased": int(outstanding)}
 
-    def render(self, path: str | os.PathLike[str], format: str | None = None) -> None:
-        """Draw the queue's snapshot to ``path``, as ``SampleRefQueue.render`` does (``svg``, ``png`` or ``dot``)."""
-        from featurestream.tools.diagrams import render_queue  # graphviz is optional: import on use
-
-        render_queue(self, path, format)
-
     def disconnect(self) -> None:
         """Stop this instance's reaper and close its connections (when it made them); the queue stays in Redis."""
         self._reaper_stop.set()
@@ -754,10 +641,6 @@ class RedisSampleRefQueue:
         return f"{now}{self._settings}{self._trace_flag}"
 
     # -- producer internals (lock held) ------------------------------------------
-    def _check_ref(self, ref: object) -> None:
-        self._require_store()
-        check_ref_for(self._store, ref)
-
     def _check_resident(self, ref: SampleRef) -> None:
         """Refuse a ref whose bytes are gone (``NotResident``): a consumer's ``get`` would fail on it."""
         check_resident(self._store, ref)
@@ -769,7 +652,7 @@ class RedisSampleRefQueue:
                 "feature store, so it neither puts nor leases"
             )
 
-    def _retain(self, batch: list[SampleRef]) -> None:
+    def _retain_batch(self, batch: list[SampleRef]) -> None:
         """Retain every sample of ``batch`` before any becomes visible, or none: a consumer in another process
         may lease, get and release one at once, and its store must then find it retained."""
         for index, ref in enumerate(batch):
@@ -781,7 +664,7 @@ class RedisSampleRefQueue:
                 # Undo the retains (one that failed halfway must not pin the bytes either), except of ids the
                 # queue holds: those retains belong to the queued samples.
                 attempted = batch[: index + 1]
-                held = self._held([retained.sample_id for retained in attempted])
+                held = self._held_ids([retained.sample_id for retained in attempted])
                 for retained in attempted:
                     if retained.sample_id not in held:
                         self._owe("unretain", retained)
@@ -803,7 +686,7 @@ class RedisSampleRefQueue:
         _, reply_events, *_ = self._run("reclaim")
         self._apply(reply_events)
 
-    def _held(self, sample_ids: list[str]) -> set[str]:
+    def _held_ids(self, sample_ids: list[str]) -> set[str]:
         """Which of ``sample_ids`` the queue holds (pending or leased, put by any process); all of them when
         Redis cannot tell (un-retaining a queued sample would lose it, keeping an unqueued one only pins it)."""
         try:
@@ -812,7 +695,7 @@ class RedisSampleRefQueue:
             logger.warning("could not tell which of %r the queue holds; their retains stay", sample_ids)
             return set(sample_ids)
 
-    def _put_locked(self, ref: SampleRef, *, if_idle: bool = False, health: StoreHealth | None = None) -> bool:
+    def _admit(self, ref: SampleRef, health: StoreHealth | None = None, *, if_idle: bool = False) -> bool:
         """Put ``ref``; with ``if_idle`` only into an empty queue (``False``: it was not, nothing changed).
 
         ``health``: the store read this put was decided on (``put_blocks_until_below``), traced with its Put.
@@ -820,7 +703,7 @@ class RedisSampleRefQueue:
         if self._known(ref.sample_id):
             self._check_puts([ref])
         self._check_resident(ref)
-        self._retain([ref])
+        self._retain_batch([ref])
         wire = ref_to_json(ref).encode()
         status, reply_events, *rest = self._run("put", ref.sample_id, wire, self._token(), "idle" if if_idle else "")
         self._apply(reply_events, put_health=health)
@@ -841,7 +724,7 @@ class RedisSampleRefQueue:
             self._check_puts(batch)
         for ref in batch:
             self._check_resident(ref)
-        self._retain(batch)
+        self._retain_batch(batch)
         wires = [ref_to_json(ref).encode() for ref in batch]
         items: list[str | bytes] = []
         for ref, wire in zip(batch, wires, strict=True):
@@ -905,33 +788,35 @@ class RedisSampleRefQueue:
         self._sent[wire] = ref
         self._wire[ref.sample_id] = wire
 
-    def _read_health(self, ref: SampleRef) -> StoreHealth:
-        try:
-            return self._store.health()
-        except Exception as exc:
-            self._store_fault("health", ref.sample_id, exc)
-            self._reap()  # the call still reaps (the fast path reads health before its put would have)
-            doing = f"put_blocks_until_below of sample {ref.sample_id!r} enqueued nothing"
-            raise errors.store_error(exc, doing) from exc
+    def _put_flowing(self, ref: SampleRef) -> bool:
+        """Flowing and staying so: put at once, as the put function itself reaps and checks the lifecycle."""
+        backpressure = self._backpressure
+        health = self._read_health(ref) if backpressure.state == "flowing" else None
+        if health is not None and not backpressure.should_pause(health):
+            self._admit(ref, health)
+            return True
+        return False
 
-    def _update_backpressure(self, health: StoreHealth) -> HealthCallback | None:
-        """Apply the hysteresis; return the callback to run (outside the lock), if any.
+    def _put_round(self, ref: SampleRef) -> bool:
+        """Like the in-process queue: reap, refuse once closed, and only then move the hysteresis."""
+        _, reaped_events, _, state, held, left = self._run("reclaim")
+        self._apply(reaped_events)
+        if left:  # traced: the state the reclaim left, which this round's own events report
+            self._seen_state = _values(left)
+        if self._owed:  # a scrub the reap just owed: retry it before judging residency
+            self._pay_owed()
+        if _text(state) != "open":
+            raise errors.QueueClosed(ref.sample_id)
+        return bool(int(held))
 
-        A Pause or Resume carries the state the round's reclaim call left (``_seen_state``), as the in-process
-        queue's carry its own: exact for this instance, whose lock the round holds since that call (another
-        process may have changed the queue in between).
-        """
-        step = self._backpressure.step(health)
-        if step is None:
-            return None
-        event, callback = step
-        if event == events.PAUSE:
-            self._retrying(self._redis.hincrby, self._key["stats"], "producer_pauses", 1)
-        self._trace(event, resident_bytes=health.resident_bytes, **self._seen_state)
-        return callback
+    def _after_health_fault(self) -> None:
+        self._reap()  # the call still reaps (the fast path reads health before its put would have)
+
+    def _count_pause(self) -> None:
+        self._retrying(self._redis.hincrby, self._key["stats"], "producer_pauses", 1)
 
     # -- consumer internals ------------------------------------------------------
-    def _lease(self, n: int, wait: float) -> list[RedisLease]:
+    def _lease_up_to(self, n: int, wait: float) -> list[RedisLease]:
         """Up to ``n`` leases from one server call, waiting server-side up to ``wait`` seconds for the first."""
         self._require_store()
         give_up = time.monotonic() + wait
@@ -1028,7 +913,7 @@ class RedisSampleRefQueue:
         token = issued.token if issued is lease and issued is not None else ""
         return f"{lease_id:016d}", token, sample_id if isinstance(sample_id, str) else ""
 
-    def _settle(self, trigger: str, leases: list[Any], function: str | None = None) -> list[bool]:
+    def _settle_batch(self, trigger: str, leases: list[Any], function: str | None = None) -> list[bool]:
         """Ack or fail ``leases`` in one server call (``function``, default ``trigger``); each is settled or
         rejected as stale on its own.
 
@@ -1122,7 +1007,7 @@ class RedisSampleRefQueue:
             else:  # close, drain
                 self._trace(action, **values)
 
-    def _scrub(self, ref: SampleRef) -> None:
+    def _scrubbing(self, ref: SampleRef) -> None:
         if self.dedup_window:
             self._settled[ref.sample_id] = None
             self._settled.move_to_end(ref.sample_id)
@@ -1130,33 +1015,16 @@ class RedisSampleRefQueue:
                 self._settled.popitem(last=False)
         self._mine.pop(ref.sample_id, None)
         self._sent.pop(self._wire.pop(ref.sample_id, b""), None)
-        if self._owe("scrub", ref):
-            self._not_full.notify_all()
 
-    def _owe(self, call: str, ref: SampleRef) -> bool:
-        """Make the store call ``call(ref)``; if it raises, log, count and keep it owed. ``True``: done."""
-        return call_or_owe(self._store, self._owed, call, ref, self._store_fault)
-
-    def _pay_owed(self) -> None:
-        """Retry owed scrubs/unretains (``backlog.pay_owed``)."""
-        pay_owed(self._store, self._owed, self._store_fault, self._paid)
-
-    def _paid(self, sample_id: str, call: str) -> None:
-        self._trace(events.SCRUB_RETRIED, sample_id=sample_id, call=call, **self._seen_state)
-        self._not_full.notify_all()
-
-    def _store_fault(self, call: str, sample_id: str | None, exc: BaseException) -> None:
-        self._store_errors += 1
-        logger.warning("store %s(%r) raised %r; the queue carries on", call, sample_id, exc, exc_info=exc)
-        self._trace(events.STORE_FAULT, call=call, sample_id=sample_id, error=repr(exc), **self._seen_state)
+    def _trace_state(self, action: str, **fields: object) -> None:
+        """Trace an event this instance makes itself (a store fault, a paid scrub, a pause or resume) with the
+        queue state its last call reported (``_seen_state``), as the in-process queue's carry its own: exact for
+        this instance, whose lock it holds since that call (another process may have changed the queue since)."""
+        self._trace(action, **fields, **self._seen_state)
 
     def _trace(self, action: str, **fields: object) -> None:
         if self._tracer is not None:
             self._tracer(action, fields)
-
-    def _reaper_finished(self) -> bool:
-        """Whether the reaper has nothing left to do here: the queue drained and no store call owed."""
-        return self.lifecycle_state == "drained" and not self._owed
 
 
 def list_queues(url: str, *, reconnect_timeout: float = 30.0) -> dict[str, str]:
