@@ -20,7 +20,7 @@ cpu``, its network stack included) and this process's CPU time per sample
 (``time.process_time``, redis-py included). Their sum, client plus server CPU,
 is also reported as a ratio: on a loaded machine wall time mostly measures
 waiting for a core, CPU time much less so. Needs Redis 7.0+ (the queue is a Redis Functions library).
-Target (issue 11): the queue's one-by-one cost per sample at most 1.3x the raw loop's.
+Target: the queue's one-by-one cost per sample at most 1.3x the raw loop's.
 Rounds alternate queue and baseline; the median per-sample time is reported.
 
 Each comparison runs twice in the same process: with redis-py's hiredis reply

@@ -8,7 +8,7 @@ three round trips (three ``FCALL``s) for ``n`` samples. Baseline, in the same
 run against the same server: the raw one-by-one ``XADD`` / ``XREADGROUP COUNT 1``
 / ``XACK`` loop of ``bench_redis.py`` (three round trips per sample). Rounds
 alternate baseline and every ``n``; medians are reported, as ratios to the
-baseline. Target (issue 11): at n = 32, at most 0.25x the raw loop's cost per
+baseline. Target: at n = 32, at most 0.25x the raw loop's cost per
 sample. Uses the hiredis reply parser when installed.
 """
 

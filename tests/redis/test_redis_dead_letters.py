@@ -11,11 +11,12 @@ import pytest
 
 from featurestream import LocalFeatureStore, SampleRefQueue, SharedDirFeatureStore
 from featurestream import VisibilityTimeout as VT
+from featurestream.core import events
 from featurestream.core.refs import SampleRef
 from featurestream.testing import sample_tensors
 
 redis = pytest.importorskip("redis", reason="redis-py is missing: pip install 'featurestream[redis]'")
-from featurestream.backends.redis.queue import PURGE_EVENT, REQUEUE_EVENT, RedisSampleRefQueue  # noqa: E402
+from featurestream.backends.redis.queue import RedisSampleRefQueue  # noqa: E402
 
 Factory = Callable[..., RedisSampleRefQueue]
 
@@ -101,7 +102,7 @@ def test_kept_bytes_are_retained_up_to_the_cap_and_requeue_delivers_again(
         ("s0", True),
         ("s1", False),
     ]
-    assert (REQUEUE_EVENT, {"sample_id": "s0", "n": 0, "pending": 1, "outstanding": 0}) in untimed
+    assert (events.REQUEUE_DEAD_LETTER, {"sample_id": "s0", "n": 0, "pending": 1, "outstanding": 0}) in untimed
 
 
 def test_purge_releases_kept_bytes(make: Factory, redis_server: Any, queue_name: str, tmp_path: Path) -> None:
@@ -122,7 +123,7 @@ def test_purge_releases_kept_bytes(make: Factory, redis_server: Any, queue_name:
     other = make(consumer_store, keep_dead_letter_bytes=10**9, tracer=lambda a, f: trace.append((a, f)))
     assert other.purge_dead_letters() == ["s0"]
     assert [(action, f["sample_id"], f["pending"], f["outstanding"]) for action, f in trace] == [
-        (PURGE_EVENT, "s0", 0, 0)
+        (events.PURGE_DEAD_LETTER, "s0", 0, 0)
     ]
     producer.reclaim_expired()
     assert producer_store.health().sample_count == 0

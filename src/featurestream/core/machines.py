@@ -14,9 +14,11 @@ from featurestream.core.errors import IllegalTransition
 
 __all__ = [
     "BACKPRESSURE",
+    "HELD",
     "LEASE",
     "LIFECYCLE",
     "MachineTable",
+    "SETTLED",
     "TableMachine",
     "Transition",
     "build_machine",
@@ -60,6 +62,11 @@ LEASE = MachineTable(
         Transition("reclaim", "leased", "reclaimed", "reclaim_expired() / any call", "clock >= deadline", "Reclaim"),
     ),
 )
+
+# A sample as the queue sees it: held (pending, or leased by the lease machine) or settled for good (the
+# dedup window's outcomes: acked, or dead-lettered once its deliveries were spent).
+HELD = ("pending", "leased")
+SETTLED = ("acked", "dead")
 
 BACKPRESSURE = MachineTable(
     name="backpressure",

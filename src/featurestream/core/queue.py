@@ -144,19 +144,10 @@ class SampleRefQueue(FrontEnd):
         keep_dead_letter_bytes: int = 0,
     ) -> None:
         self._init_front_end(
-            store,
-            visibility_timeout,
-            high_watermark_bytes,
-            low_watermark_bytes,
-            on_pause,
-            on_resume,
-            max_deliveries=max_deliveries,
-            dedup_window=dedup_window,
-            on_dead_letter=on_dead_letter,
-            tracer=tracer,
-            keep_dead_letter_bytes=keep_dead_letter_bytes,
-            reaper_interval=reaper_interval,
-        )
+            store, visibility_timeout, high_watermark_bytes, low_watermark_bytes, on_pause, on_resume,
+            max_deliveries=max_deliveries, dedup_window=dedup_window, on_dead_letter=on_dead_letter, tracer=tracer,
+            keep_dead_letter_bytes=keep_dead_letter_bytes, reaper_interval=reaper_interval,
+        )  # fmt: skip
         self.keep_dead_letter_bytes = keep_dead_letter_bytes
         self._clock = clock
         self._not_empty = Signal(self._lock)

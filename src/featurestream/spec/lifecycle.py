@@ -8,8 +8,8 @@ queue flows, waiting paused by backpressure, its put raised). Each transition
 names the spec action (``spec_action``) that takes it; a test
 (``tests/spec/test_lifecycle.py``) checks that the table's edges are exactly the
 edges the spec mirror takes in its reachable graph, and its states exactly the
-projections of the reachable states -- so the diagram rendered from it (issue 9,
-"a sample-lifecycle diagram for design review") cannot drift from the spec.
+projections of the reachable states -- so the diagram rendered from it for design
+review cannot drift from the spec.
 
 Reading it: ``stored`` -> (``paused`` <-> ``stored`` while the producer waits)
 -> ``pending`` (queued) -> ``leased`` -> ``acked`` / back to ``pending``

@@ -95,6 +95,27 @@ from collections import deque
 from collections.abc import Iterable, Iterator, Mapping
 from typing import NamedTuple
 
+from featurestream.core.events import (
+    ACK,
+    ACQUIRE,
+    CLOSE,
+    DEAD_LETTER,
+    DEDUP_REFUSED,
+    DRAIN,
+    EXTEND,
+    FAIL,
+    PAUSE,
+    PURGE_DEAD_LETTER,
+    PUT,
+    RECLAIM,
+    REQUEUE_DEAD_LETTER,
+    RESUME,
+    SCRUB_RETRIED,
+    STALE_REJECTED,
+    STORE_FAULT,
+)
+from featurestream.core.machines import HELD, LEASE, SETTLED
+
 __all__ = [
     "BUGS",
     "FAULT_CALLS",
@@ -119,19 +140,13 @@ LeaseToken = tuple[str, int]
 
 NO_LEASE = "none"
 NO_SAMPLE = -1
-LEASE_STATES = ("pending", "leased", "acked", "failed", "reclaimed")
-LEASE_TRANSITIONS = (
-    ("Acquire", "pending", "leased"),
-    ("Extend", "leased", "leased"),
-    ("Ack", "leased", "acked"),
-    ("Fail", "leased", "failed"),
-    ("Reclaim", "leased", "reclaimed"),
-)
+LEASE_STATES = LEASE.states
+LEASE_TRANSITIONS = tuple((t.spec_action, t.source, t.dest) for t in LEASE.transitions)
 STATUSES = ("absent", "stored", "pending", "leased", "acked", "dead", "discarded")
 PRODUCER_STATES = ("idle", "waiting", "aborted")
-TERMINAL = frozenset({"acked", "dead"})
-HELD_BY_QUEUE = frozenset({"pending", "leased"})
-TERMINAL_LEASE = frozenset({"acked", "failed", "reclaimed"})
+TERMINAL = frozenset(SETTLED)
+HELD_BY_QUEUE = frozenset(HELD)
+TERMINAL_LEASE = frozenset(LEASE.terminal)
 FAULT_CALLS = ("retain", "scrub", "unretain", "health", "gc")
 # One switch per defect, as the spec's Bug* constants.
 BUGS = {
@@ -147,20 +162,20 @@ BUGS = {
     "L": "BugLostRedelivered: a consumer that finds a sample lost fails it, so the queue redelivers it",
 }
 _COUNTER_OF_EVENT = {
-    "Put": "put",
-    "Acquire": "leased",
-    "Ack": "acked",
-    "Fail": "failed",
-    "Reclaim": "reclaimed",
-    "DeadLetter": "dead_lettered",
-    "Extend": "extended",
-    "StaleRejected": "stale_rejected",
-    "DedupRefused": "dedup_refused",
-    "Pause": "producer_pauses",
-    "StoreFault": "store_faults",
-    "ScrubRetried": "scrub_retries",
-    "RequeueDeadLetter": "requeued",
-    "PurgeDeadLetter": "purged",
+    PUT: "put",
+    ACQUIRE: "leased",
+    ACK: "acked",
+    FAIL: "failed",
+    RECLAIM: "reclaimed",
+    DEAD_LETTER: "dead_lettered",
+    EXTEND: "extended",
+    STALE_REJECTED: "stale_rejected",
+    DEDUP_REFUSED: "dedup_refused",
+    PAUSE: "producer_pauses",
+    STORE_FAULT: "store_faults",
+    SCRUB_RETRIED: "scrub_retries",
+    REQUEUE_DEAD_LETTER: "requeued",
+    PURGE_DEAD_LETTER: "purged",
 }
 COUNTERS = tuple(dict.fromkeys(_COUNTER_OF_EVENT.values()))
 
@@ -358,7 +373,7 @@ def _scrub_or_owe(
         return _scrub(k, st, s, sizes), ()
     if not _fault_ok(k, st):
         return None
-    return st._replace(faults=st.faults + 1, backlog=st.backlog | {s}), (("StoreFault", s, "scrub"),)
+    return st._replace(faults=st.faults + 1, backlog=st.backlog | {s}), ((STORE_FAULT, s, "scrub"),)
 
 
 def _retire(
@@ -372,7 +387,7 @@ def _retire(
     if outcome == "dead" and k.keep_dead:
         return None if fault else (st._replace(window=_remember(k, st, s), kept=st.kept | {s}), ())
     if fault and "S" in k.bugs and outcome == "acked":
-        return (st._replace(faults=st.faults + 1), (("StoreFault", s, "scrub"),)) if _fault_ok(k, st) else None
+        return (st._replace(faults=st.faults + 1), ((STORE_FAULT, s, "scrub"),)) if _fault_ok(k, st) else None
     return _scrub_or_owe(k, st._replace(window=_remember(k, st, s)), s, fault, sizes)
 
 
@@ -385,7 +400,7 @@ def _redeliver(
         retired = _retire(k, st, s, "dead", fault, sizes)
         if retired is None:
             return None
-        return retired[0], (("DeadLetter", s, ""), *retired[1])
+        return retired[0], ((DEAD_LETTER, s, ""), *retired[1])
     if fault:
         return None
     return (
@@ -402,7 +417,7 @@ def _redeliver(
 def _drain_if_idle(st: SpecState) -> tuple[SpecState, tuple[Event, ...]]:
     """``DrainIfIdle``: ``_maybe_drained`` at the end of close and of every settle."""
     if st.lifecycle == "draining" and _queue_empty(st):
-        return st._replace(lifecycle="drained"), (("Drain", -1, ""),)
+        return st._replace(lifecycle="drained"), ((DRAIN, -1, ""),)
     return st, ()
 
 
@@ -436,7 +451,7 @@ def a_put(k: SpecConstants, st: SpecState, s: int) -> _Step | None:
             queue=(*st.queue, s),
             retained=st.retained | ({s} & st.resident),
         ),
-        (("Put", s, ""),),
+        ((PUT, s, ""),),
     )
 
 
@@ -445,7 +460,7 @@ def a_reput(k: SpecConstants, st: SpecState, s: int, sizes: tuple[int, ...]) -> 
     if st.status[s] not in TERMINAL or st.lifecycle != "open":
         return None
     if _known_settled(st, s) and "C" not in k.bugs:
-        return _Step(st, (("DedupRefused", s, ""),))
+        return _Step(st, ((DEDUP_REFUSED, s, ""),))
     if "C" not in k.bugs and s not in st.resident:
         return None
     fresh = (NO_LEASE,) * (k.max_deliveries + 1)
@@ -459,7 +474,7 @@ def a_reput(k: SpecConstants, st: SpecState, s: int, sizes: tuple[int, ...]) -> 
             retained=st.retained | {s},
             resident_bytes=st.resident_bytes + (0 if s in st.resident else sizes[s]),
         ),
-        (("Put", s, ""),),
+        ((PUT, s, ""),),
     )
 
 
@@ -474,10 +489,10 @@ def a_acquire(k: SpecConstants, st: SpecState, c: int) -> _Step | None:
         st._replace(
             queue=st.queue[1:],
             status=_set(st.status, s, "leased"),
-            lease=_fire(st, "Acquire", s, attempt),
+            lease=_fire(st, ACQUIRE, s, attempt),
             held=_set(st.held, c, st.held[c] | {token}),
         ),
-        (("Acquire", s, ""),),
+        ((ACQUIRE, s, ""),),
         token,
     )
 
@@ -501,14 +516,14 @@ def a_ack(
         return None
     st = st._replace(held=_set(st.held, c, st.held[c] - {token}))
     if not _is_live(st, token):
-        return None if fault else _Step(st, (("StaleRejected", token[0], ""),))
+        return None if fault else _Step(st, ((STALE_REJECTED, token[0], ""),))
     s, attempt = token
-    retired = _retire(k, st._replace(lease=_fire(st, "Ack", s, attempt)), s, "acked", fault, sizes)
+    retired = _retire(k, st._replace(lease=_fire(st, ACK, s, attempt)), s, "acked", fault, sizes)
     if retired is None:
         return None
     st, events = retired
     drained, more = _drain_if_idle(st) if drain else (st, ())
-    return _Step(drained, (("Ack", s, ""), *events, *more))
+    return _Step(drained, ((ACK, s, ""), *events, *more))
 
 
 def a_fail(
@@ -525,14 +540,14 @@ def a_fail(
         return None
     st = st._replace(held=_set(st.held, c, st.held[c] - {token}))
     if not _is_live(st, token):
-        return None if fault else _Step(st, (("StaleRejected", token[0], ""),))
+        return None if fault else _Step(st, ((STALE_REJECTED, token[0], ""),))
     s, attempt = token
-    redelivered = _redeliver(k, st._replace(lease=_fire(st, "Fail", s, attempt)), s, fault, sizes)
+    redelivered = _redeliver(k, st._replace(lease=_fire(st, FAIL, s, attempt)), s, fault, sizes)
     if redelivered is None:
         return None
     st, events = redelivered
     drained, more = _drain_if_idle(st) if drain else (st, ())
-    return _Step(drained, (("Fail", s, ""), *events, *more))
+    return _Step(drained, ((FAIL, s, ""), *events, *more))
 
 
 def a_store_loses(k: SpecConstants, st: SpecState, s: int, sizes: tuple[int, ...]) -> _Step | None:
@@ -557,17 +572,17 @@ def a_lose(k: SpecConstants, st: SpecState, c: int, token: tuple[int, int], drai
         return None
     st = st._replace(held=_set(st.held, c, st.held[c] - {token}))
     if not _is_live(st, token):
-        return _Step(st, (("StaleRejected", s, ""),))
-    st = st._replace(lease=_fire(st, "Fail", s, attempt))
+        return _Step(st, ((STALE_REJECTED, s, ""),))
+    st = st._replace(lease=_fire(st, FAIL, s, attempt))
     if "L" in k.bugs:
         redelivered = _redeliver(k, st, s, False, k.sizes())
         assert redelivered is not None
         st, events = redelivered
     else:
         st = st._replace(status=_set(st.status, s, "dead"), window=_remember(k, st, s))
-        events = (("DeadLetter", s, ""),)
+        events = ((DEAD_LETTER, s, ""),)
     drained, more = _drain_if_idle(st) if drain else (st, ())
-    return _Step(drained, (("Fail", s, ""), *events, *more))
+    return _Step(drained, ((FAIL, s, ""), *events, *more))
 
 
 def a_extend(k: SpecConstants, st: SpecState, c: int, token: tuple[int, int]) -> _Step | None:
@@ -579,9 +594,9 @@ def a_extend(k: SpecConstants, st: SpecState, c: int, token: tuple[int, int]) ->
     if token not in st.held[c]:
         return None
     if not _is_live(st, token):
-        return _Step(st, (("StaleRejected", token[0], ""),))
-    _fire(st, "Extend", *token)
-    return _Step(st, (("Extend", token[0], ""),))
+        return _Step(st, ((STALE_REJECTED, token[0], ""),))
+    _fire(st, EXTEND, *token)
+    return _Step(st, ((EXTEND, token[0], ""),))
 
 
 def a_reclaim(
@@ -594,12 +609,12 @@ def a_reclaim(
     """
     if st.status[s] != "leased" or "E" in k.bugs:
         return None
-    redelivered = _redeliver(k, st._replace(lease=_fire(st, "Reclaim", s, st.deliveries[s])), s, fault, sizes)
+    redelivered = _redeliver(k, st._replace(lease=_fire(st, RECLAIM, s, st.deliveries[s])), s, fault, sizes)
     if redelivered is None:
         return None
     st, events = redelivered
     drained, more = _drain_if_idle(st) if drain else (st, ())
-    return _Step(drained, (("Reclaim", s, ""), *events, *more))
+    return _Step(drained, ((RECLAIM, s, ""), *events, *more))
 
 
 def a_get(k: SpecConstants, st: SpecState, c: int, s: int) -> _Step | None:
@@ -643,14 +658,14 @@ def a_pause(k: SpecConstants, st: SpecState) -> _Step | None:
     """Pause: ``_update_backpressure`` sees resident bytes at/above the high watermark, or the count cap."""
     if st.backpressure != "flowing" or (st.resident_bytes < k.high_watermark and not _at_sample_cap(k, st)):
         return None
-    return _Step(st._replace(backpressure="paused"), (("Pause", -1, ""),))
+    return _Step(st._replace(backpressure="paused"), ((PAUSE, -1, ""),))
 
 
 def a_resume(k: SpecConstants, st: SpecState) -> _Step | None:
     """Resume: ``_update_backpressure`` sees resident bytes at/below the low watermark, below the count cap."""
     if st.backpressure != "paused" or st.resident_bytes > k.low_watermark or _at_sample_cap(k, st):
         return None
-    return _Step(st._replace(backpressure="flowing"), (("Resume", -1, ""),))
+    return _Step(st._replace(backpressure="flowing"), ((RESUME, -1, ""),))
 
 
 def a_close(k: SpecConstants, st: SpecState, drain: bool = True) -> _Step | None:
@@ -659,7 +674,7 @@ def a_close(k: SpecConstants, st: SpecState, drain: bool = True) -> _Step | None
         return None
     st = st._replace(lifecycle="draining")
     drained, more = _drain_if_idle(st) if drain else (st, ())
-    return _Step(drained, (("Close", -1, ""), *more))
+    return _Step(drained, ((CLOSE, -1, ""), *more))
 
 
 def a_drain(k: SpecConstants, st: SpecState) -> _Step | None:
@@ -676,13 +691,13 @@ def a_retry_scrub(k: SpecConstants, st: SpecState, s: int, sizes: tuple[int, ...
     if fault:
         if not _fault_ok(k, st):
             return None
-        return _Step(st._replace(faults=st.faults + 1), (("StoreFault", s, call),))
+        return _Step(st._replace(faults=st.faults + 1), ((STORE_FAULT, s, call),))
     st = st._replace(backlog=st.backlog - {s})
     if call == "scrub":
         st = _free(st, s, sizes)
     else:
         st = st._replace(retained=st.retained - {s})
-    return _Step(st, (("ScrubRetried", s, call),))
+    return _Step(st, ((SCRUB_RETRIED, s, call),))
 
 
 def _requeueable(k: SpecConstants, st: SpecState, s: int) -> bool:
@@ -711,7 +726,7 @@ def a_requeue_dead_letter(k: SpecConstants, st: SpecState, s: int, bounded: bool
             window=tuple(x for x in st.window if x != s),
             kept=st.kept - {s},
         ),
-        (("RequeueDeadLetter", s, ""),),
+        ((REQUEUE_DEAD_LETTER, s, ""),),
     )
 
 
@@ -725,7 +740,7 @@ def a_purge_dead_letter(
     scrubbed = _scrub_or_owe(k, st._replace(kept=st.kept - {s}), s, fault, sizes)
     if scrubbed is None:
         return None
-    return _Step(scrubbed[0], (("PurgeDeadLetter", s, ""), *scrubbed[1]))
+    return _Step(scrubbed[0], ((PURGE_DEAD_LETTER, s, ""), *scrubbed[1]))
 
 
 # -- producers ------------------------------------------------------------------------------------------
@@ -807,14 +822,14 @@ def a_retain_fails(k: SpecConstants, st: SpecState, p: int) -> _Step | None:
     """RetainFails(p): ``retain`` fails, the put is refused and raises; queue and store unchanged."""
     if not _waiting(st, p) or not _may_enqueue(k, st) or not _fault_ok(k, st):
         return None
-    return _Step(_raise(st, p)._replace(faults=st.faults + 1), (("StoreFault", st.owns[p], "retain"),))
+    return _Step(_raise(st, p)._replace(faults=st.faults + 1), ((STORE_FAULT, st.owns[p], "retain"),))
 
 
 def a_health_fails(k: SpecConstants, st: SpecState, p: int) -> _Step | None:
     """HealthFails(p): ``health()`` fails, the put raises (the producer discards)."""
     if not _waiting(st, p) or not _fault_ok(k, st):
         return None
-    return _Step(_raise(st, p)._replace(faults=st.faults + 1), (("StoreFault", st.owns[p], "health"),))
+    return _Step(_raise(st, p)._replace(faults=st.faults + 1), ((STORE_FAULT, st.owns[p], "health"),))
 
 
 def a_abort(k: SpecConstants, st: SpecState, p: int) -> _Step | None:
@@ -835,7 +850,7 @@ def a_closed_raise(k: SpecConstants, st: SpecState, p: int, fault: bool = False)
     s = st.owns[p]
     return _Step(
         _raise(st, p)._replace(faults=st.faults + 1, retained=st.retained | {s}, backlog=st.backlog | {s}),
-        (("StoreFault", s, "unretain"),),
+        ((STORE_FAULT, s, "unretain"),),
     )
 
 
@@ -874,24 +889,24 @@ def labelled_successors(k: SpecConstants, st: SpecState) -> Iterator[tuple[str, 
     for s in range(n):
         yield "Reput", a_reput(k, st, s, sizes)  # type: ignore[misc]
         for fault in (False, True):
-            yield "Reclaim", a_reclaim(k, st, s, sizes, fault)  # type: ignore[misc]
+            yield RECLAIM, a_reclaim(k, st, s, sizes, fault)  # type: ignore[misc]
             yield "RetryScrub", a_retry_scrub(k, st, s, sizes, fault)  # type: ignore[misc]
-            yield "PurgeDeadLetter", a_purge_dead_letter(k, st, s, sizes, fault)  # type: ignore[misc]
-        yield "RequeueDeadLetter", a_requeue_dead_letter(k, st, s)  # type: ignore[misc]
+            yield PURGE_DEAD_LETTER, a_purge_dead_letter(k, st, s, sizes, fault)  # type: ignore[misc]
+        yield REQUEUE_DEAD_LETTER, a_requeue_dead_letter(k, st, s)  # type: ignore[misc]
         yield "StoreLoses", a_store_loses(k, st, s, sizes)  # type: ignore[misc]
     for c in range(m):
-        yield "Acquire", a_acquire(k, st, c)  # type: ignore[misc]
+        yield ACQUIRE, a_acquire(k, st, c)  # type: ignore[misc]
         yield "Crash", a_crash(k, st, c)  # type: ignore[misc]
         for token in st.held[c]:
-            yield "Extend", a_extend(k, st, c, token)  # type: ignore[misc]
+            yield EXTEND, a_extend(k, st, c, token)  # type: ignore[misc]
             yield "Lose", a_lose(k, st, c, token)  # type: ignore[misc]
             for fault in (False, True):
-                yield "Ack", a_ack(k, st, c, token, sizes, fault)  # type: ignore[misc]
-                yield "Fail", a_fail(k, st, c, token, sizes, fault)  # type: ignore[misc]
+                yield ACK, a_ack(k, st, c, token, sizes, fault)  # type: ignore[misc]
+                yield FAIL, a_fail(k, st, c, token, sizes, fault)  # type: ignore[misc]
         for s in range(n):
             yield "Get", a_get(k, st, c, s)  # type: ignore[misc]
             yield "Release", a_release(k, st, c, s, sizes)  # type: ignore[misc]
-    yield "Close", a_close(k, st)  # type: ignore[misc]
+    yield CLOSE, a_close(k, st)  # type: ignore[misc]
     if _finished(st):
         yield "Done", _Step(st, ())
 
@@ -1148,15 +1163,15 @@ class SpecMirror:
             counter = _COUNTER_OF_EVENT.get(action)
             if counter is not None:
                 self._counts[counter] += 1
-            if action == "DeadLetter":
+            if action == DEAD_LETTER:
                 self._dead.append(self.constants.samples[s])
-            elif action in ("RequeueDeadLetter", "PurgeDeadLetter"):
+            elif action in (REQUEUE_DEAD_LETTER, PURGE_DEAD_LETTER):
                 self._dead.remove(self.constants.samples[s])
             fields: dict[str, object] = {"sample_id": self.constants.samples[s]} if s >= 0 else {}
             if call:
                 fields["call"] = call
             self.events.append((action, fields))
-        return not any(a in ("StaleRejected", "DedupRefused") for a, _, _ in step.events)
+        return not any(a in (STALE_REJECTED, DEDUP_REFUSED) for a, _, _ in step.events)
 
     def store_put(self, sample: str, nbytes: int | None = None) -> bool:
         """StorePut: ``sample``'s bytes land in the store (``nbytes`` overrides the model size); no producer."""
@@ -1188,7 +1203,7 @@ class SpecMirror:
         return self.constants.samples[s], attempt
 
     def _forged(self, t: tuple[int, int]) -> bool:
-        self._apply(_Step(self.state, (("StaleRejected", t[0], ""),)))
+        self._apply(_Step(self.state, ((STALE_REJECTED, t[0], ""),)))
         return False
 
     def _settling(self, sample: int) -> bool:
@@ -1254,9 +1269,9 @@ class SpecMirror:
     def update_backpressure(self) -> str | None:
         """Apply Pause or Resume if enabled (as ``put_blocks_until_below`` does); return which."""
         if self.pause():
-            return "Pause"
+            return PAUSE
         if self.resume():
-            return "Resume"
+            return RESUME
         return None
 
     def close(self) -> bool:
@@ -1297,7 +1312,7 @@ class SpecMirror:
         if sample not in self._dead:
             return False
         if s not in self.state.kept:
-            return self._apply(_Step(self.state, (("PurgeDeadLetter", s, ""),)))
+            return self._apply(_Step(self.state, ((PURGE_DEAD_LETTER, s, ""),)))
         fault = self._take("scrub")
         return self._apply(a_purge_dead_letter(self.constants, self.state, s, self._size_tuple(), fault))
 
@@ -1349,9 +1364,9 @@ class SpecMirror:
             self._apply(a_health_fails(self.constants, st, p))
             return "health-failed"
         if self.producer_pause(producer):
-            return "Pause"
+            return PAUSE
         if self.producer_resume(producer):
-            return "Resume"
+            return RESUME
         if not self.may_enqueue():
             return "wait"
         return "enqueued" if self.producer_enqueue(producer) else "retain-failed"

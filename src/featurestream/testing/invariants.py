@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from featurestream.core import events
+from featurestream.core.machines import HELD, SETTLED
 from featurestream.spec.trace import STORE_GET, STORE_PUT, STORE_RELEASE, STORE_SCRUB
 from featurestream.testing.faults import QUEUE_CALLS
 from featurestream.testing.report import suspect
@@ -30,8 +31,7 @@ if TYPE_CHECKING:
 
 __all__ = ["HELD", "INVARIANTS", "QUEUE_COUNTERS", "TERMINAL", "InvariantViolation", "QueueInvariants"]
 
-HELD = ("pending", "leased")
-TERMINAL = ("acked", "dead")
+TERMINAL = SETTLED
 QUEUE_COUNTERS = (
     "put",
     "leased",

@@ -20,9 +20,9 @@ KEYS, which would cost more to send than most calls cost to run):
 1. ``pending``   list of deliveries waiting for a lease, ``n \\t sample id`` (``n``: the
                  redelivery count), FIFO: put and redelivery RPUSH, acquire LPOPs. Each
                  delivery attempt is a new entry, so a failed or reclaimed sample goes
-                 to the tail. (Layout 2 used a stream and a consumer group: its XADD,
+                 to the tail. A list rather than a stream and consumer group: XADD,
                  XREADGROUP, XACK and trims cost about 10 us of server time per sample
-                 more than RPUSH and LPOP, and the lease record holds all a PEL entry did.)
+                 more than RPUSH and LPOP, and the lease record holds all a PEL entry would.
 2. ``refs``      hash sample id -> ``put token \\t ref JSON`` for every held
                  (pending or leased) sample; the put token makes a retried put idempotent.
 3. ``leases``    hash lease key -> ``issued \\t token \\t n \\t put token \\t sample id`` (live leases;

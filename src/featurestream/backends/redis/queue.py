@@ -86,11 +86,8 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 
-# Server event kind -> tracer action; the lease and lifecycle machines are the source of these names.
-# The server reports events by machine trigger; these are the server's extra kinds.
-# Dead-letter repair events (fields: sample_id). Not spec actions yet: core.events has no names for them.
-REQUEUE_EVENT = "RequeueDeadLetter"
-PURGE_EVENT = "PurgeDeadLetter"
+# Server event kind -> tracer action: the server reports lease and lifecycle events by machine trigger (mapped by
+# core.events.TRIGGER_EVENTS), and these extra kinds.
 _NOT_ISSUED_HERE = "it is not the object this instance's acquire returned (a copy, or another process's or queue's)"
 
 _ACTIONS = {
@@ -101,8 +98,8 @@ _ACTIONS = {
     "dedup": events.DEDUP_REFUSED,
     "stale": events.STALE_REJECTED,
     "forged": events.STALE_REJECTED,
-    "requeue": REQUEUE_EVENT,
-    "purge": PURGE_EVENT,
+    "requeue": events.REQUEUE_DEAD_LETTER,
+    "purge": events.PURGE_DEAD_LETTER,
 }
 
 # The functions that report settles from the ``retired`` feed to a producing caller.
@@ -251,19 +248,10 @@ class RedisSampleRefQueue(FrontEnd):
         if client is not None and not isinstance(client, redis.Redis):
             raise TypeError(f"client must be a redis.Redis, got {type(client).__name__}")
         self._init_front_end(
-            store,
-            visibility_timeout,
-            high_watermark_bytes,
-            low_watermark_bytes,
-            on_pause,
-            on_resume,
-            max_deliveries=max_deliveries,
-            dedup_window=dedup_window,
-            on_dead_letter=on_dead_letter,
-            tracer=tracer,
-            keep_dead_letter_bytes=keep_dead_letter_bytes,
-            reaper_interval=reaper_interval,
-        )
+            store, visibility_timeout, high_watermark_bytes, low_watermark_bytes, on_pause, on_resume,
+            max_deliveries=max_deliveries, dedup_window=dedup_window, on_dead_letter=on_dead_letter, tracer=tracer,
+            keep_dead_letter_bytes=keep_dead_letter_bytes, reaper_interval=reaper_interval,
+        )  # fmt: skip
         self._server_time = clock is None
         self._clock: Callable[[], float] = clock if clock is not None else time.monotonic
         self._stale_log = StaleLog(logger)
