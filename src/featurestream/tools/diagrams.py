@@ -46,7 +46,7 @@ from featurestream.spec.lifecycle import RESIDENCY, SAMPLE
 if TYPE_CHECKING:
     import graphviz
 
-    from featurestream.core.queue import SampleRefQueue
+    from featurestream.core.protocol import LeaseQueue
 
 __all__ = [
     "FORMATS",
@@ -389,7 +389,7 @@ def _format_of(path: pathlib.Path, fmt: str | None) -> str:
     return suffix
 
 
-def render_queue(queue: SampleRefQueue, path: str | os.PathLike[str], fmt: str | None = None) -> pathlib.Path:
+def render_queue(queue: LeaseQueue, path: str | os.PathLike[str], fmt: str | None = None) -> pathlib.Path:
     """Draw ``queue``'s snapshot to ``path`` (format from ``fmt`` or the suffix); return the path.
 
     The lease counts come from one ``queue.stats()`` call, so they are
