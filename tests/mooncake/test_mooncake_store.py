@@ -188,3 +188,27 @@ def test_queue_machine_over_the_mooncake_store(
         return AbandoningStore(**kwargs, max_samples=64)
 
     make_queue_machine(store, SampleRefQueue, name="MooncakeMachine").TestCase("runTest").runTest()
+
+
+def test_get_reuses_a_read_buffer_only_once_nothing_references_it(make_store: MakeStore) -> None:
+    producer, trainer = make_store(), make_store(global_segment_size=0)
+    first, second = producer.put("s1", sample_tensors(1)), producer.put("s2", sample_tensors(2))
+
+    def block_of(tensors: dict[str, torch.Tensor]) -> int:
+        return tensors["input_ids"].untyped_storage().data_ptr()
+
+    got, handle = trainer.get(first)
+    kept_view, first_block = got["input_ids"][:, :2], block_of(got)  # a view outlives the dict and the handle
+    trainer.release(handle)
+    del got
+    other, handle = trainer.get(second)
+    second_block = block_of(other)
+    assert second_block != first_block, "a block still referenced was handed out again"
+    assert torch.equal(kept_view, sample_tensors(1)["input_ids"][:, :2])
+    trainer.release(handle)
+    del other, kept_view
+    again, handle = trainer.get(first)
+    # The pool keeps both blocks alive, so no fresh allocation can land on either: this is a reuse.
+    assert block_of(again) in {first_block, second_block}
+    assert _equal(again, sample_tensors(1))
+    trainer.release(handle)

@@ -59,6 +59,7 @@ from featurestream.stores.shared_dir import CorruptSampleError
 __all__ = ["MooncakeFeatureStore"]
 
 _MAGIC = b"FSMOON01"
+_ALIGN = 64  # every feature a get receives starts on a cache line, so any dtype can view it
 _HEADER = struct.Struct("<8s16sQ")  # magic, incarnation (uuid bytes), payload length
 _INCARNATION_SEP = "@"
 
@@ -101,6 +102,59 @@ def _load_mooncake() -> Any:
     return store
 
 
+def _storage_refs(tensor: torch.Tensor) -> int:
+    return int(torch._C._storage_Use_Count(tensor.untyped_storage()._cdata))
+
+
+_ALONE = _storage_refs(torch.empty(1, dtype=torch.uint8))  # what a storage only its own tensor holds counts
+
+
+def _aligned(nbytes: int) -> int:
+    return -(-nbytes // _ALIGN) * _ALIGN
+
+
+class _ReadPool:
+    """Read buffers ``get`` reuses: a block is handed out again only once nothing else references its storage.
+
+    Receiving into fresh memory costs a page fault per page (and the kernel zeroing it): more than the
+    transfer itself on a fast link. A block goes back into service when every tensor a ``get`` carved
+    from it (and every view of those) is gone, whoever held them, so the caller still owns what ``get``
+    returned for as long as it keeps it. At most ``limit`` bytes of blocks are kept.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
+        self._blocks: list[torch.Tensor] = []
+        self._lock = threading.Lock()
+
+    def carve(self, ref: SampleRef) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """A header buffer and one tensor per feature of ``ref``, all views of one block."""
+        offsets, end = {}, _aligned(_HEADER.size)
+        for name, spec in ref.feature_specs.items():
+            offsets[name] = end
+            end += _aligned(spec.nbytes)
+        block = self._take(end)
+        out = {
+            name: block[offsets[name] : offsets[name] + spec.nbytes].view(spec.dtype).reshape(spec.shape)
+            for name, spec in ref.feature_specs.items()
+        }
+        return block[: _HEADER.size], out
+
+    def _take(self, nbytes: int) -> torch.Tensor:
+        with self._lock:  # the view returned is taken under the lock, so no other get can take the same block
+            for block in self._blocks:
+                if nbytes <= block.numel() <= 2 * nbytes and _storage_refs(block) == _ALONE:
+                    return block[:nbytes]
+            block = torch.empty(nbytes, dtype=torch.uint8)
+            if sum(b.numel() for b in self._blocks) + nbytes <= self._limit:
+                self._blocks.append(block)
+            return block[:nbytes]
+
+    def clear(self) -> None:
+        with self._lock:
+            self._blocks.clear()
+
+
 class MooncakeFeatureStore(LedgerFeatureStore):
     """Samples in a Mooncake store, reachable from every process that can reach its master.
 
@@ -114,6 +168,10 @@ class MooncakeFeatureStore(LedgerFeatureStore):
     a transfer that keeps failing, an unreachable master -> ``OSError`` naming
     the sample and Mooncake's error code; a put Mooncake has no room for ->
     ``MemoryError``.
+
+    ``get`` receives into buffers it reuses once the tensors of an earlier
+    ``get`` carved from them are gone (``read_pool_bytes`` of them at most;
+    0: fresh memory every time); the caller owns what it gets either way.
 
     ``client``: an already set-up ``mooncake.store.MooncakeDistributedStore``
     to share (e.g. the serving engine's own); the setup keywords then only name
@@ -139,8 +197,10 @@ class MooncakeFeatureStore(LedgerFeatureStore):
         low_watermark_bytes: int | None = DEFAULT_LOW_WATERMARK,
         close_timeout: float = 60.0,
         client: Any = None,
+        read_pool_bytes: int = 256 * 1024 * 1024,
     ) -> None:
         check_seconds("close_timeout", close_timeout)
+        check_count("read_pool_bytes", read_pool_bytes)
         for name, value in (
             ("master_server_address", master_server_address),
             ("metadata_server", metadata_server),
@@ -165,6 +225,7 @@ class MooncakeFeatureStore(LedgerFeatureStore):
         )
         self.namespace = namespace
         self.close_timeout = close_timeout
+        self._pool = _ReadPool(read_pool_bytes)
         self.master_server_address = master_server_address
         self.protocol = protocol
         self._register = protocol != "tcp"  # RDMA (and the other fabrics) read and write registered memory only
@@ -260,8 +321,7 @@ class MooncakeFeatureStore(LedgerFeatureStore):
 
     def _load(self, ref: SampleRef, device: torch.device | str | None, copy: bool) -> dict[str, torch.Tensor]:
         key = self.object_key(ref)
-        header = torch.empty(_HEADER.size, dtype=torch.uint8)
-        out = {name: torch.empty(spec.shape, dtype=spec.dtype) for name, spec in ref.feature_specs.items()}
+        header, out = self._pool.carve(ref)
         parts = [header, *(t for t in out.values() if t.numel())]
         expected = sum(t.numel() * t.element_size() for t in parts)
         for attempt in range(_TRANSFER_RETRIES + 1):
@@ -408,6 +468,7 @@ class MooncakeFeatureStore(LedgerFeatureStore):
                 "close(force=True) to drop them (the queue then dead-letters them as lost)"
             )
         super().close()
+        self._pool.clear()
         with self._client_lock:
             if self._client_closed:
                 return
