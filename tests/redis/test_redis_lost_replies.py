@@ -15,6 +15,7 @@ import pytest
 
 from featurestream import LocalFeatureStore, SampleRef
 from featurestream import VisibilityTimeout as VT
+from featurestream.stores.base import FeatureStore
 from featurestream.testing import FakeClock, sample_tensors
 
 redis = pytest.importorskip("redis", reason="redis-py is missing: pip install 'featurestream[redis]'")
@@ -81,7 +82,7 @@ def consume_one(consumer: RedisSampleRefQueue, how: str = "ack") -> str:
     return lease.ref.sample_id
 
 
-def settled_everywhere(*stores: LocalFeatureStore) -> None:
+def settled_everywhere(*stores: FeatureStore) -> None:
     for store in stores:
         health = store.health()
         assert (health.sample_count, health.resident_bytes) == (0, 0), f"{store.store_uri} still holds {health}"
@@ -176,16 +177,15 @@ def test_a_retried_extend_extends_once(make: Factory, clock: FakeClock) -> None:
     assert (stats.acked, stats.reclaimed) == (2, 0)
 
 
-# The calls below are not exact yet under a lost reply; each strict xfail fails the run once it becomes exact.
-@pytest.mark.xfail(strict=True, reason="a retried extend runs twice on the server and counts twice in extended")
 def test_a_retried_extend_counts_once(make: Factory) -> None:
     store, other = one_store_twice()
     queue, consumer = make(store), make(other)
     queue.put_many(stored(store, 0, 1))
     lease = queue.acquire(timeout=0)
     assert lease is not None
-    lose_reply(queue, "extend", lambda: consume_one(consumer))
+    lost = lose_reply(queue, "extend", lambda: consume_one(consumer))
     queue.extend(lease, 20.0)
+    assert lost
     assert queue.stats().extended == 1
 
 
@@ -200,21 +200,22 @@ def dead_and_kept(make: Factory) -> tuple[RedisSampleRefQueue, RedisSampleRefQue
     return queue, consumer
 
 
-@pytest.mark.xfail(
-    strict=True, raises=LookupError, reason="a retried requeue finds its letters requeued already: NotDeadLetter"
-)
 def test_a_retried_requeue_requeues_once(make: Factory) -> None:
     queue, consumer = dead_and_kept(make)
     lost = lose_reply(queue, "requeue", lambda: consume_one(consumer))
     assert queue.requeue_dead_letters(["s0"]) == ["s0"]
     assert lost
+    assert queue.dead_letters() == [] and queue.pending_count() == 1  # s0, queued once
+    assert consume_one(consumer) == "s0"
+    queue.reclaim_expired()
+    settled_everywhere(queue._store, consumer._store)
 
 
-@pytest.mark.xfail(
-    strict=True, raises=LookupError, reason="a retried purge finds its letters purged already: NotDeadLetter"
-)
 def test_a_retried_purge_purges_once(make: Factory) -> None:
     queue, consumer = dead_and_kept(make)
     lost = lose_reply(queue, "purge", lambda: consume_one(consumer))
     assert queue.purge_dead_letters(["s0"]) == ["s0"]
     assert lost
+    assert queue.dead_letters() == [] and queue.pending_count() == 0
+    queue.reclaim_expired()  # the settle feed tells the producer about s1
+    settled_everywhere(queue._store, consumer._store)  # the purge released s0's bytes

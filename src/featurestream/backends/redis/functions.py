@@ -14,7 +14,7 @@ prepended to the prelude as a Lua local, so Python and Lua cannot disagree.
 
 Key layout (``LAYOUT``): ``KEYS[1]`` is the prefix ``featurestream:{name}:`` and
 every key is the prefix plus one of these names (one ``{name}`` hash tag, so they
-share a cluster slot; the functions derive the names rather than take twelve
+share a cluster slot; the functions derive the names rather than take thirteen
 KEYS, which would cost more to send than most calls cost to run):
 
 1. ``pending``   list of deliveries waiting for a lease, ``n \\t sample id`` (``n``: the
@@ -52,6 +52,9 @@ KEYS, which would cost more to send than most calls cost to run):
 12. ``kept``     hash sample id -> estimated bytes of the dead letters whose bytes stay retained
                  (``keep_dead_letter_bytes``, their total in ``meta`` ``kept_bytes``) so that
                  ``requeue`` can deliver them again; ``purge`` releases them.
+13. ``calls``    hash instance id (a token's first ``INSTANCE_CHARS``) -> ``call id \\t reply JSON``: that
+                 instance's last ``extend``, ``requeue`` or ``purge``, whose retry after a lost reply gets
+                 this reply rather than acting again (their effects leave nothing else to recognise them by).
 
 Lease keys are the lease id zero-padded to 16 digits, so the deadline zset
 orders ties by lease id exactly like the in-process queue's heap.
@@ -95,6 +98,7 @@ KEY_NAMES = (
     "wake",
     "retired",
     "kept",
+    "calls",
 )
 
 LAYOUT = "3"  # key layout version, stored in ``meta``: a client refuses a queue of another layout

@@ -114,8 +114,9 @@ class Link:
     """The functions of ``library`` on ``client`` for the queue ``name``; ``key[n]`` is key ``n``'s full name.
 
     Every function is idempotent under a retry after a lost reply (put by its put token, ack/fail by the
-    dedup record of the lease that settled it; a retried acquire leaves a lease nobody holds, which expires
-    and is redelivered), so retrying connection errors is safe. Thread-safe as redis-py's client is.
+    dedup record of the lease that settled it, extend/requeue/purge by the reply the server remembers for
+    the call id; a retried acquire leaves a lease nobody holds, which expires and is redelivered), so
+    retrying connection errors is safe. Thread-safe as redis-py's client is.
     """
 
     def __init__(self, client: redis.Redis, name: str, library: functions.Library, reconnect_timeout: float) -> None:

@@ -408,7 +408,7 @@ class RedisSampleRefQueue(FrontEnd):
         check_seconds("seconds", extra, positive=True)
         key, token, _ = self._proof(lease)
         with self._op:
-            status, reply_events, *rest = self._run("extend", key, token, repr(float(extra)))
+            status, reply_events, *rest = self._run("extend", key, token, repr(float(extra)), self._token())
             self._apply(reply_events)
             if _text(status) == "ok":
                 fire(LEASE_MACHINE, "extend", self._lease_model(lease.lease_id, "extend"))
@@ -522,7 +522,7 @@ class RedisSampleRefQueue(FrontEnd):
         """
         ids = _sample_ids(sample_ids)
         with self._op:
-            status, reply_events, *rest = self._run("purge", *ids)
+            status, reply_events, *rest = self._run("purge", self._token(), *ids)
             self._apply(reply_events)
             if _text(status) == "ok":
                 purged, released = rest

@@ -18,7 +18,7 @@ local function count_arg(n)
 end
 
 local K_PENDING, K_REFS, K_LEASES, K_DEADLINES, K_DONE, K_DONE_ORDER, K_DEAD, K_META, K_STATS, K_WAKE, K_RETIRED
-local K_KEPT, PREFIX
+local K_KEPT, K_CALLS, PREFIX
 local ARGS, CLOCK, now, MAX_DELIVERIES, DEDUP_WINDOW, CURSOR, TRACE, events
 -- This call's read of ``meta`` (read_meta): the lifecycle state, until when (server seconds) a consumer may be
 -- blocked waiting for a delivery, and keep_dead_letter_bytes. ``woken``: this call woke the waiters already.
@@ -51,6 +51,7 @@ local function begin(keys, argv)
     K_PENDING, K_REFS, K_LEASES, K_DEADLINES = P .. 'pending', P .. 'refs', P .. 'leases', P .. 'deadlines'
     K_DONE, K_DONE_ORDER, K_DEAD, K_META = P .. 'done', P .. 'done_order', P .. 'dead', P .. 'meta'
     K_STATS, K_WAKE, K_RETIRED, K_KEPT = P .. 'stats', P .. 'wake', P .. 'retired', P .. 'kept'
+    K_CALLS = P .. 'calls'
     PREFIX = P
   end
   local settings, max_deliveries, dedup_window
@@ -422,6 +423,24 @@ local function empty_reply(wait)
     until_deadline = fmt(tonumber(first[2]) - clock())
   end
   return {'empty', events, wake[1] and wake[1][1] or '0-0', until_deadline}
+end
+
+-- The reply of call ``call`` when this is its retry after a lost reply (the first run's reply, as it was
+-- sent), else nil. For the calls whose first run leaves nothing a retry could recognise its effect by (extend,
+-- requeue, purge): ``calls`` holds each instance's last such call id and reply, one field per instance (an
+-- instance's calls are serial, so a retry always follows the call it repeats).
+local function recalled(call)
+  local memo = redis.call('HGET', K_CALLS, string.sub(call, 1, INSTANCE_CHARS))
+  if memo and string.sub(memo, 1, #call + 1) == call .. '\t' then
+    return cjson.decode(string.sub(memo, #call + 2))
+  end
+  return nil
+end
+
+-- ``reply``, remembered as the reply of call ``call`` (see recalled).
+local function remember(call, reply)
+  redis.call('HSET', K_CALLS, string.sub(call, 1, INSTANCE_CHARS), call .. '\t' .. cjson.encode(reply))
+  return reply
 end
 
 -- the live lease record for (key, token), or nil when it is not live
