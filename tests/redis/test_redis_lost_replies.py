@@ -219,3 +219,41 @@ def test_a_retried_purge_purges_once(make: Factory) -> None:
     assert queue.dead_letters() == [] and queue.pending_count() == 0
     queue.reclaim_expired()  # the settle feed tells the producer about s1
     settled_everywhere(queue._store, consumer._store)  # the purge released s0's bytes
+
+
+def test_a_retried_fail_that_redelivered_reports_the_fail(make: Factory) -> None:
+    store, other = one_store_twice()
+    queue, consumer = make(store), make(other)
+    queue.put(stored(store, 0)[0])
+    lease = queue.acquire(timeout=0)
+    assert lease is not None
+    lost = lose_reply(queue, "fail", lambda: None)
+    assert queue.fail(lease) is True
+    assert lost
+    stats = queue.stats()
+    assert (stats.failed, stats.stale_rejected, stats.pending) == (1, 0, 1)
+    assert consume_one(consumer) == "s0"
+
+
+def test_a_retried_stale_ack_counts_once(make: Factory) -> None:
+    store, _ = one_store_twice()
+    queue = make(store)
+    queue.put(stored(store, 0)[0])
+    lease = queue.acquire(timeout=0)
+    assert lease is not None
+    assert queue.ack(lease) is True
+    lost = lose_reply(queue, "ack", lambda: None)
+    assert queue.ack(lease) is False
+    assert lost and queue.stats().stale_rejected == 1
+
+
+def test_a_retried_refused_put_counts_once(make: Factory) -> None:
+    store, _ = one_store_twice()
+    queue = make(store)
+    ref = stored(store, 0)[0]
+    queue.put(ref)
+    consume_one(queue)
+    lost = lose_reply(queue, "put_many", lambda: None)  # the re-put's check call
+    with pytest.raises(ValueError):
+        queue.put(ref)
+    assert lost and queue.stats().dedup_refused == 1

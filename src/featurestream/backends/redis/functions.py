@@ -53,8 +53,10 @@ KEYS, which would cost more to send than most calls cost to run):
                  (``keep_dead_letter_bytes``, their total in ``meta`` ``kept_bytes``) so that
                  ``requeue`` can deliver them again; ``purge`` releases them.
 13. ``calls``    hash instance id (a token's first ``INSTANCE_CHARS``) -> ``call id \\t reply JSON``: that
-                 instance's last ``extend``, ``requeue`` or ``purge``, whose retry after a lost reply gets
-                 this reply rather than acting again (their effects leave nothing else to recognise them by).
+                 instance's last ``extend``, ``requeue``, ``purge``, ``fail`` or ``lose`` (and last ack that
+                 rejected a lease, or put refused by the dedup window), whose retry after a lost reply gets
+                 this reply rather than acting or counting again (their effects leave nothing else to
+                 recognise them by). Those functions take the call id as their first argument.
 
 Lease keys are the lease id zero-padded to 16 digits, so the deadline zset
 orders ties by lease id exactly like the in-process queue's heap.

@@ -113,9 +113,9 @@ Arg = str | int | bytes
 class Link:
     """The functions of ``library`` on ``client`` for the queue ``name``; ``key[n]`` is key ``n``'s full name.
 
-    Every function is idempotent under a retry after a lost reply (put by its put token, ack/fail by the
-    dedup record of the lease that settled it, extend/requeue/purge by the reply the server remembers for
-    the call id; a retried acquire leaves a lease nobody holds, which expires and is redelivered), so
+    Every function is idempotent under a retry after a lost reply (put by its put token, ack by the dedup
+    record of the lease it settled, extend/requeue/purge/fail and refusals by the reply the server remembers
+    for the call id; a retried acquire leaves a lease nobody holds, which expires and is redelivered), so
     retrying connection errors is safe. Thread-safe as redis-py's client is.
     """
 

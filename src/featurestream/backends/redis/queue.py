@@ -738,7 +738,7 @@ class RedisSampleRefQueue(FrontEnd):
         (closed, queued, in the dedup window -- counted there) without any store call, as the in-process queue
         does; an id that passes but is owed a scrub is refused here. One extra call, on re-puts only."""
         items = [part for ref in batch for part in (ref.sample_id, "")]
-        status, reply_events, *rest = self._run("put_many", "", *items)
+        status, reply_events, *rest = self._run("put_many", "?" + self._token(), *items)
         self._apply(reply_events)
         status = _text(status)
         if status != "fresh":
@@ -915,7 +915,9 @@ class RedisSampleRefQueue(FrontEnd):
             proofs.append((key, token if key not in seen else "", sample_id))
             seen.add(key)
         with self._op:
-            statuses, reply_events = self._run(function or trigger, *(part for proof in proofs for part in proof))
+            # the call id makes a retry after a lost reply exact (see functions: ``calls``)
+            parts = (part for proof in proofs for part in proof)
+            statuses, reply_events = self._run(function or trigger, self._token(), *parts)
             texts = [_text(raw) for raw in statuses]
             # Acked samples are scrubbed at their "ack" event (traced calls get one), so a failed scrub is traced
             # right after its Ack, before a Drain the same call caused; untraced calls scrub them after.

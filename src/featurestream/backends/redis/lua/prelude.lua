@@ -307,6 +307,24 @@ local function reap()
   return #due / 2
 end
 
+-- The reply of call ``call`` when this is its retry after a lost reply (the first run's reply, as it was
+-- sent), else nil. For the calls whose first run leaves nothing a retry could recognise its effect by (extend,
+-- requeue, purge): ``calls`` holds each instance's last such call id and reply, one field per instance (an
+-- instance's calls are serial, so a retry always follows the call it repeats).
+local function recalled(call)
+  local memo = redis.call('HGET', K_CALLS, string.sub(call, 1, INSTANCE_CHARS))
+  if memo and string.sub(memo, 1, #call + 1) == call .. '\t' then
+    return cjson.decode(string.sub(memo, #call + 2))
+  end
+  return nil
+end
+
+-- ``reply``, remembered as the reply of call ``call`` (see recalled).
+local function remember(call, reply)
+  redis.call('HSET', K_CALLS, string.sub(call, 1, INSTANCE_CHARS), call .. '\t' .. cjson.encode(reply))
+  return reply
+end
+
 -- Why a put with put token ``token`` cannot add a sample whose ``refs`` and ``done`` values are ``held`` and
 -- ``done`` (false when absent): nil (it can), 'again' (this very put took effect already: a retry after a lost
 -- reply), 'held' (queued by another put), 'dedup' and the outcome, or 'kept' (a dead letter whose bytes are
@@ -332,8 +350,13 @@ local function put_verdict(sid, held, done, token)
   return nil
 end
 
-local function refuse_dedup(sid)
-  redis.call('HINCRBY', K_STATS, 'dedup_refused', '1')
+-- A put refused by the dedup window. Call ``call``'s retry after a lost reply counts it no second time (a
+-- refusal changes nothing else to recognise it by; remembered only when refusing, so a put pays nothing).
+local function refuse_dedup(sid, call)
+  if not recalled(call) then
+    redis.call('HINCRBY', K_STATS, 'dedup_refused', '1')
+    remember(call, {})
+  end
   emit('dedup', sid, '')
 end
 
@@ -425,24 +448,6 @@ local function empty_reply(wait)
   return {'empty', events, wake[1] and wake[1][1] or '0-0', until_deadline}
 end
 
--- The reply of call ``call`` when this is its retry after a lost reply (the first run's reply, as it was
--- sent), else nil. For the calls whose first run leaves nothing a retry could recognise its effect by (extend,
--- requeue, purge): ``calls`` holds each instance's last such call id and reply, one field per instance (an
--- instance's calls are serial, so a retry always follows the call it repeats).
-local function recalled(call)
-  local memo = redis.call('HGET', K_CALLS, string.sub(call, 1, INSTANCE_CHARS))
-  if memo and string.sub(memo, 1, #call + 1) == call .. '\t' then
-    return cjson.decode(string.sub(memo, #call + 2))
-  end
-  return nil
-end
-
--- ``reply``, remembered as the reply of call ``call`` (see recalled).
-local function remember(call, reply)
-  redis.call('HSET', K_CALLS, string.sub(call, 1, INSTANCE_CHARS), call .. '\t' .. cjson.encode(reply))
-  return reply
-end
-
 -- the live lease record for (key, token), or nil when it is not live
 local function live_lease(key, token)
   local rec = redis.call('HGET', K_LEASES, key)
@@ -486,7 +491,8 @@ local function stale_each(op, before)
   end
 end
 
--- Settle a batch of leases, ARGV[2:] = (lease key, token, sample id) per lease, each on its own: 'ok',
+-- Settle a batch of leases, ARGV[3:] = (lease key, token, sample id) per lease (ARGV[2]: the call id), each on
+-- its own: 'ok',
 -- 'again' (this very lease settled so already: a retry after a lost reply), or 'stale'. The live ones are
 -- dropped together (``counter``); ``settle(live)`` finishes them, ``live`` being a list of
 -- {sample id, lease key, token, redelivery count (text), put token, the stale leases just before it}: each live
@@ -494,13 +500,13 @@ end
 -- at a time would. Returns the statuses, in order.
 local function settle_batch(op, counter, outcome, settle)
   local keys = {}
-  for i = 2, #ARGS, 3 do
+  for i = 3, #ARGS, 3 do
     keys[#keys + 1] = ARGS[i]
   end
   local records = redis.call('HMGET', K_LEASES, unpack(keys))
   local statuses, live, live_keys, before = {}, {}, {}, {}
   for j, key in ipairs(keys) do
-    local token, sid = ARGS[3 * j], ARGS[3 * j + 1]
+    local token, sid = ARGS[3 * j + 1], ARGS[3 * j + 2]
     local issued, tok, n, put_token, live_sid
     if records[j] then
       issued, tok, n, put_token, live_sid = parse_lease(records[j])

@@ -12,10 +12,11 @@ local done = not held and redis.call('HGET', K_DONE, sid)
 local why, outcome = put_verdict(sid, held, done, token)
 if why == 'again' then
   -- a retry after a lost reply: this very put took effect; the third item says whether it settled since
+  emit('put', sid, '', '0', 0)  -- the first run's Put went with its reply
   return {'ok', events, settled_since(sid, held)}
 end
 if why == 'dedup' then
-  refuse_dedup(sid)
+  refuse_dedup(sid, token)
   return {'dedup', events, outcome}
 end
 if why then

@@ -1,10 +1,11 @@
--- ARGV: base put token, then (sample id, ref JSON) pairs; item i's put token is base .. i. An empty base token
--- only checks: refuse as a put would, else reply 'fresh' and enqueue nothing.
+-- ARGV: base put token, then (sample id, ref JSON) pairs; item i's put token is base .. i. A base token '?' ..
+-- token only checks: refuse as a put would, else reply 'fresh' and enqueue nothing.
 -- All or nothing: any refused item refuses the batch, which then changes nothing but the refusal's count.
 -- A refusal replies the offending id, the outcome (dedup) and, per item, whether the queue holds that id.
 feed()
 reap()
 local base, sids = ARGV[2], {}
+local check = string.sub(base, 1, 1) == '?'
 for i = 3, #ARGV, 2 do
   sids[#sids + 1] = ARGV[i]
 end
@@ -24,9 +25,12 @@ local fresh, settled, any_settled = {}, {}, false
 for j, sid in ipairs(sids) do
   local why, outcome = put_verdict(sid, held[j], done[j], base .. j)
   settled[j] = why == 'again' and settled_since(sid, held[j]) or 0
+  if why == 'again' and not check then
+    emit('put', sid, '', '0', 0)  -- the first run's Put went with its reply
+  end
   any_settled = any_settled or settled[j] ~= 0
   if why == 'dedup' then
-    refuse_dedup(sid)
+    refuse_dedup(sid, check and string.sub(base, 2) or base)
     return {'dedup', events, sid, outcome, held_flags()}
   end
   if why == 'held' or why == 'kept' then
@@ -36,7 +40,7 @@ for j, sid in ipairs(sids) do
     fresh[#fresh + 1] = {sid, ARGV[2 * j + 2], base .. j}
   end
 end
-if base == '' then
+if check then
   return {'fresh', events}
 end
 if #fresh > 0 then
