@@ -53,7 +53,7 @@ KEYS, which would cost more to send than most calls cost to run):
                  (``keep_dead_letter_bytes``, their total in ``meta`` ``kept_bytes``) so that
                  ``requeue`` can deliver them again; ``purge`` releases them.
 13. ``calls``    hash instance id (a token's first ``INSTANCE_CHARS``) -> ``call id \\t reply JSON``: that
-                 instance's last ``extend``, ``requeue``, ``purge``, ``fail`` or ``lose`` (and last ack that
+                 instance's last ``extend``, ``requeue``, ``purge``, ``fail`` or ``lose`` (or last ack that
                  rejected a lease, or put refused by the dedup window), whose retry after a lost reply gets
                  this reply rather than acting or counting again (their effects leave nothing else to
                  recognise them by). Those functions take the call id as their first argument.

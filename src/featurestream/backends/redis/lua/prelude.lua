@@ -23,6 +23,8 @@ local ARGS, CLOCK, now, MAX_DELIVERIES, DEDUP_WINDOW, CURSOR, TRACE, events
 -- This call's read of ``meta`` (read_meta): the lifecycle state, until when (server seconds) a consumer may be
 -- blocked waiting for a delivery, and keep_dead_letter_bytes. ``woken``: this call woke the waiters already.
 local STATE, WAITING, KEEP_BYTES, woken
+-- Whether this call counts the leases it rejects (see counts_rejections; nil: not asked yet).
+local COUNTS_REJECTIONS
 -- Traced calls only: the queue's pending and leased counts as this call's events so far left them (see emit).
 local traced_pending, traced_leased
 -- the header's settings as text, and their numbers: parsed again only when a call sends other text
@@ -64,6 +66,7 @@ local function begin(keys, argv)
   now = nil
   STATE = nil
   woken = false
+  COUNTS_REJECTIONS = nil
   events = {}
   if TRACE then
     read_counts()
@@ -479,15 +482,30 @@ local function settled_since(sid, held)
 end
 
 -- A rejected ack/fail/extend; ``live``: the lease key is live, so the caller presented a copy of it (forged).
-local function stale(op, key, live)
-  redis.call('HINCRBY', K_STATS, 'stale_rejected', '1')
+-- ``counted`` false: a retry's rejection, counted by the run whose reply was lost.
+local function stale(op, key, live, counted)
+  if counted ~= false then
+    redis.call('HINCRBY', K_STATS, 'stale_rejected', '1')
+  end
   emit(live and 'forged' or 'stale', op, key)
+end
+
+-- Whether this settle call (call id ARGS[2]) counts its rejections: not when it retries one that counted them.
+-- Asked at the first rejection only, so a settle that rejects nothing pays nothing for it.
+local function counts_rejections()
+  if COUNTS_REJECTIONS == nil then
+    COUNTS_REJECTIONS = not recalled(ARGS[2])
+    if COUNTS_REJECTIONS then
+      remember(ARGS[2], {})
+    end
+  end
+  return COUNTS_REJECTIONS
 end
 
 -- The stale leases of a batch that came before one of its live ones: {lease key, held} each.
 local function stale_each(op, before)
   for _, item in ipairs(before) do
-    stale(op, item[1], item[2])
+    stale(op, item[1], item[2], counts_rejections())
   end
 end
 
