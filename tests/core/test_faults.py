@@ -295,7 +295,7 @@ def test_the_shared_dir_store_retries_an_unlink_that_failed(
     store = SharedDirFeatureStore(tmp_path, max_samples=None)
     queue = SampleRefQueue(store)
     ref, lease = leased(store, queue)
-    path = store.data_path("s0")
+    path = store.data_path(ref)
     real_rename = os.rename
     failing = {"on": True}
 
@@ -319,23 +319,23 @@ def test_the_shared_dir_store_retries_a_failed_release_unlink_on_gc(
     tmp_path: os.PathLike[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     store = SharedDirFeatureStore(tmp_path, max_samples=None)
-    put_sample(store, "s0")
-    path = store.data_path("s0")
-    _, handle = store.get(put_sample(store, "s1"))
+    path = store.data_path(put_sample(store, "s0"))
+    ref = put_sample(store, "s1")
+    _, handle = store.get(ref)
     real_rename = os.rename
     failing = {"on": True}
 
     def rename(source: str, *args: object, **kwargs: object) -> None:
-        if failing["on"] and os.fspath(source) == store.data_path("s1"):
+        if failing["on"] and os.fspath(source) == store.data_path(ref):
             raise OSError(errno.EIO, "Input/output error", source)
         real_rename(source, *args, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(os, "rename", rename)
     store.release(handle)  # the last handle: the file should go, but taking it out of the directory fails
-    assert os.path.exists(store.data_path("s1"))
+    assert os.path.exists(store.data_path(ref))
     failing["on"] = False
     assert store.gc() >= 1
-    assert not os.path.exists(store.data_path("s1")) and os.path.exists(path)
+    assert not os.path.exists(store.data_path(ref)) and os.path.exists(path)
 
 
 def test_every_traced_event_carries_the_state_it_left() -> None:

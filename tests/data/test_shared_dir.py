@@ -27,12 +27,16 @@ from .helpers import assert_is_sample, eagle3_sample, put_eagle3
 
 
 def files(directory: Path) -> list[str]:
-    """The directory's files, once every removed sample is unlinked (the background deleter's promise)."""
+    """The directory's files, once every removed sample is unlinked (the background deleter's promise).
+
+    Each name's incarnation (``@<32 hex>``, fresh per put) is left out: ``s1@<inc>.safetensors`` reads as
+    ``s1.safetensors``.
+    """
     deadline = time.monotonic() + 10
     while any(name.startswith(shared_dir.SCRUBBED_PREFIX) for name in os.listdir(directory)):
         assert time.monotonic() < deadline, f"removed samples never unlinked: {sorted(os.listdir(directory))}"
         time.sleep(0.005)
-    return sorted(os.listdir(directory))
+    return sorted(re.sub(r"@[0-9a-f]{32}(?=\.)", "", name) for name in os.listdir(directory))
 
 
 def test_put_writes_one_standard_safetensors_file(tmp_path: Path) -> None:
@@ -41,7 +45,7 @@ def test_put_writes_one_standard_safetensors_file(tmp_path: Path) -> None:
     ref = put_eagle3(store, 1)
     assert files(tmp_path / "store") == ["s1.safetensors"]
     assert ref.estimated_bytes == sum(t.numel() * t.element_size() for t in eagle3_sample(1).values())
-    with safe_open(str(tmp_path / "store" / "s1.safetensors"), framework="pt") as file:
+    with safe_open(store.data_path(ref), framework="pt") as file:
         assert sorted(file.keys()) == sorted(eagle3_sample(1))
         assert torch.equal(file.get_tensor("logits"), eagle3_sample(1)["logits"])
     got, _ = store.get(ref)
@@ -57,8 +61,8 @@ def test_reads_files_written_by_the_safetensors_library(tmp_path: Path) -> None:
 
     writer = SharedDirFeatureStore(tmp_path)
     ref = put_eagle3(writer, 2)
-    os.unlink(tmp_path / "s2.safetensors")
-    save_file(eagle3_sample(2), str(tmp_path / "s2.safetensors"))  # its own layout, possibly misaligned
+    os.unlink(writer.data_path(ref))
+    save_file(eagle3_sample(2), writer.data_path(ref))  # its own layout, possibly misaligned
     got, _ = SharedDirFeatureStore(tmp_path).get(ref)
     assert_is_sample(got, 2)
 
@@ -132,14 +136,19 @@ def test_unretain_drops_the_marker_so_the_last_release_frees_again(tmp_path: Pat
     assert files(tmp_path) == []
 
 
-def test_a_second_writer_of_the_same_id_is_refused_not_clobbering(tmp_path: Path) -> None:
+def test_a_second_writer_of_the_same_id_never_clobbers_the_first(tmp_path: Path) -> None:
+    """Two instances' puts of one id are two incarnations, two files: each ref reads, frees and scrubs its own."""
     first, second = SharedDirFeatureStore(tmp_path), SharedDirFeatureStore(tmp_path)
     ref = put_eagle3(first, 4)
-    with pytest.raises(ValueError, match=r"already in"):
-        second.put("s4", eagle3_sample(5))
-    assert second.health().sample_count == 0 and files(tmp_path) == ["s4.safetensors"]
-    got, _ = second.get(ref)
-    assert_is_sample(got, 4)
+    other = second.put("s4", eagle3_sample(5))
+    assert files(tmp_path) == ["s4.safetensors", "s4.safetensors"]
+    assert_is_sample(second.get(ref)[0], 4)
+    assert_is_sample(first.get(other)[0], 5)
+    second.scrub(other)
+    assert files(tmp_path) == ["s4.safetensors"]
+    assert_is_sample(second.get(ref)[0], 4)
+    with pytest.raises(ValueError, match=r"already in"):  # a forged ref of the same incarnation
+        first._write("s4", ref, eagle3_sample(4), take_ownership=False)
 
 
 def test_close_unlinks_owned_files_even_with_handles_out(tmp_path: Path) -> None:
@@ -215,7 +224,7 @@ def test_a_corrupt_file_raises_and_its_lease_is_failed_not_lost(tmp_path: Path, 
     queue = SampleRefQueue(store, max_deliveries=2, clock=clock)
     ref = put_eagle3(store, 0)
     queue.put(ref)
-    path = tmp_path / "s0.safetensors"
+    path = Path(store.data_path(ref))
     path.write_bytes(damage(path.read_bytes()))  # type: ignore[operator]
     loader = FeatureDataLoader(queue, SharedDirFeatureStore(tmp_path), acquire_poll_interval=0)
     with pytest.raises(CorruptSampleError, match=r"s0"):
@@ -234,11 +243,11 @@ def test_a_file_that_disagrees_with_its_ref_is_corrupt(tmp_path: Path) -> None:
     store = SharedDirFeatureStore(tmp_path)
     ref = put_eagle3(store, 0)
     renamed = {("other" if name == "logits" else name): t for name, t in eagle3_sample(0).items()}
-    save_file(renamed, str(tmp_path / "s0.safetensors"))
+    save_file(renamed, store.data_path(ref))
     with pytest.raises(CorruptSampleError, match=r"'logits'.*missing"):
         store.get(ref)
     wrong_shape = eagle3_sample(0, tokens=5)
-    save_file(wrong_shape, str(tmp_path / "s0.safetensors"))
+    save_file(wrong_shape, store.data_path(ref))
     with pytest.raises(RuntimeError, match=r"the ref says"):
         store.get(ref)
 

@@ -45,7 +45,7 @@ def test_scrub_removes_the_name_at_once_and_unlinks_the_bytes_off_the_calling_th
     ref = put_eagle3(store, 1)
     store.retain(ref)
     store.scrub(ref)
-    assert not os.path.exists(store.data_path("s1")), "the sample's name is gone when scrub returns"
+    assert not os.path.exists(store.data_path(ref)), "the sample's name is gone when scrub returns"
     with pytest.raises(KeyError, match="s1"):
         store.get(ref)
     store.close()  # waits for the deleter
@@ -72,9 +72,9 @@ def test_scrub_moves_the_data_file_once_and_spares_a_file_written_since(
 
     monkeypatch.setattr(shared_dir.os, "rename", rename_then_rewrite)
     store.scrub(ref)
-    assert moved == [os.path.basename(store.data_path("s1"))]
-    assert Path(store.data_path("s1")).read_bytes() == b"another instance's sample"
-    assert not os.path.exists(store._marker_path("s1"))
+    assert moved == [os.path.basename(store.data_path(ref))]
+    assert Path(store.data_path(ref)).read_bytes() == b"another instance's sample"
+    assert not os.path.exists(store._marker_path(ref))
     store.close()
 
 

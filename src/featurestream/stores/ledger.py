@@ -16,12 +16,14 @@ DEFAULT_MAX_SAMPLES = 64
 DEFAULT_MAX_BYTES = 256 * 1024 * 1024
 DEFAULT_HIGH_WATERMARK = 192 * 1024 * 1024
 DEFAULT_LOW_WATERMARK = 64 * 1024 * 1024
+INCARNATION_SEP = "@"  # between a sample id and its put's incarnation in feature keys (and names derived from them)
 
 
 class _Resident:
-    __slots__ = ("handles", "nbytes", "retained")
+    __slots__ = ("handles", "nbytes", "ref", "retained")
 
-    def __init__(self, nbytes: int) -> None:
+    def __init__(self, ref: SampleRef, nbytes: int) -> None:
+        self.ref = ref  # the incarnation this entry tracks: refs of other puts of the id never match it
         self.nbytes = nbytes
         self.handles: set[int] = set()
         self.retained = False
@@ -40,6 +42,11 @@ def feature_specs(tensors: Mapping[str, torch.Tensor]) -> dict[str, FeatureSpec]
             raise TypeError(f"feature {name!r} must be a torch.Tensor, got {type(tensor).__name__}")
         specs[name] = FeatureSpec(tuple(tensor.shape), tensor.dtype)
     return specs
+
+
+def location(ref: SampleRef) -> str:
+    """The key of ``ref``'s first feature: it names the put (the incarnation) that minted ``ref``."""
+    return next(iter(ref.feature_keys.values()))
 
 
 def check_spec(ref: SampleRef, name: str, tensor: torch.Tensor) -> None:
@@ -107,7 +114,7 @@ class LedgerFeatureStore(FeatureStore):
         self._lock = threading.Lock()
         self._resident: dict[str, _Resident] = {}
         self._foreign: dict[str, _Resident] = {}
-        self._handles: dict[int, str] = {}
+        self._handles: dict[int, _Resident] = {}
         self._orphan_handles: list[int] = []
         self._resident_bytes = 0
         self._closed = False
@@ -122,20 +129,20 @@ class LedgerFeatureStore(FeatureStore):
         """The sample's tensors (private copies unless ``copy`` is false); ``KeyError`` when its bytes are gone."""
 
     @abc.abstractmethod
-    def _drop(self, sample_id: str) -> None:
-        """Free the bytes of a sample (scrubbed, closed, or released by its last handle)."""
+    def _drop(self, ref: SampleRef) -> None:
+        """Free the bytes of ``ref``'s incarnation (scrubbed, closed, or released by its last handle)."""
 
-    def _drop_scrubbed(self, sample_id: str) -> None:
+    def _drop_scrubbed(self, ref: SampleRef) -> None:
         """Free the bytes of a sample ``scrub`` just forgot; a store whose ``scrub`` freed them first overrides it."""
-        self._drop(sample_id)
+        self._drop(ref)
 
-    def _drop_released(self, sample_id: str) -> None:
+    def _drop_released(self, ref: SampleRef) -> None:
         """Free a sample whose last handle here was released and that no queue here retains.
 
         Stores shared between processes override this to spare a sample a
         queue elsewhere still holds.
         """
-        self._drop(sample_id)
+        self._drop(ref)
 
     # -- contract ---------------------------------------------------------
     def put(
@@ -175,7 +182,7 @@ class LedgerFeatureStore(FeatureStore):
             self._write(sample_id, ref, tensors, take_ownership)
         except BaseException:
             with self._lock:
-                self._forget(sample_id)
+                self._forget(ref)
             raise
         return ref
 
@@ -203,43 +210,40 @@ class LedgerFeatureStore(FeatureStore):
                 f"by a different store ({getattr(handle.store, 'store_uri', handle.store)!r}), not {self.store_uri}"
             )
         with self._lock:
-            sample_id = self._handles.pop(handle.handle_id, None)
-            if sample_id is None:
-                return
-            entry = self._resident.get(sample_id) or self._foreign.get(sample_id)
-            if entry is None or handle.handle_id not in entry.handles:
-                return  # a handle of an earlier incarnation, scrubbed since: it holds nothing of this one
+            entry = self._handles.pop(handle.handle_id, None)
+            if entry is None or self._entry(entry.ref) is not entry:
+                return  # a handle of an incarnation scrubbed since: it holds nothing of a later one
             entry.handles.discard(handle.handle_id)
             if entry.handles or entry.retained:
                 return
-            self._forget(sample_id)
-        self._drop_released(sample_id)
+            self._forget(entry.ref)
+        self._drop_released(entry.ref)
 
     def retain(self, ref: SampleRef) -> None:
         """Keep ``ref``'s bytes until ``scrub``, whatever handles are released."""
         with self._lock:
-            entry = self._resident.get(ref.sample_id) or self._foreign.get(ref.sample_id)
+            entry = self._entry(ref)
             if entry is not None:
                 entry.retained = True
 
     def unretain(self, ref: SampleRef) -> None:
         """Forget a ``retain`` whose put was refused; the bytes stay until their last handle is released."""
         with self._lock:
-            entry = self._resident.get(ref.sample_id) or self._foreign.get(ref.sample_id)
+            entry = self._entry(ref)
             if entry is not None:
                 entry.retained = False
 
     def scrub(self, ref: SampleRef) -> None:
         """Free ``ref``'s bytes now; handles still out become no-ops to release."""
         with self._lock:
-            entry = self._resident.get(ref.sample_id) or self._foreign.get(ref.sample_id)
+            entry = self._entry(ref)
             if entry is None and not self.adopts_foreign:
                 return
             if entry is not None:
                 self._orphan_handles.extend(entry.handles)
-                self._forget(ref.sample_id)
+                self._forget(ref)
         # A shared store scrubs bytes it never tracked too: the queue's instance may not be the writer.
-        self._drop_scrubbed(ref.sample_id)
+        self._drop_scrubbed(ref)
 
     def gc(self) -> int:
         """Forget handles of scrubbed samples that their holders never released."""
@@ -270,14 +274,14 @@ class LedgerFeatureStore(FeatureStore):
             if self._closed:
                 return
             self._closed = True
-            sample_ids = list(self._resident)
+            refs = [entry.ref for entry in self._resident.values()]
             self._resident.clear()
             self._foreign.clear()
             self._handles.clear()
             self._orphan_handles.clear()
             self._resident_bytes = 0
-        for sample_id in sample_ids:
-            self._drop(sample_id)
+        for ref in refs:
+            self._drop(ref)
 
     # -- internals --------------------------------------------------------
     def _check_sample_id(self, sample_id: object) -> None:
@@ -285,8 +289,8 @@ class LedgerFeatureStore(FeatureStore):
             raise ValueError(f"sample_id must be a non-empty str, got {sample_id!r}")
 
     def _feature_key(self, sample_id: str, name: str, incarnation: str) -> str:
-        """Where feature ``name`` of this put of ``sample_id`` lives; stores whose bytes outlive a scrub name it."""
-        return f"{sample_id}/{name}"
+        """Where feature ``name`` of this put of ``sample_id`` lives; naming the put, it matches no other put's ref."""
+        return f"{sample_id}{INCARNATION_SEP}{incarnation}/{name}"
 
     def _require_open(self, action: str) -> None:
         if self._closed:
@@ -307,26 +311,34 @@ class LedgerFeatureStore(FeatureStore):
                     f"sample {ref.sample_id!r} ({ref.estimated_bytes} B) refused: with {self._resident_bytes} B "
                     f"resident it would exceed the byte cap max_bytes={self.max_bytes}"
                 )
-            self._resident[ref.sample_id] = _Resident(ref.estimated_bytes)
+            self._resident[ref.sample_id] = _Resident(ref, ref.estimated_bytes)
             self._resident_bytes += ref.estimated_bytes
 
-    def _forget(self, sample_id: str) -> None:
-        entry = self._resident.pop(sample_id, None)
-        if entry is not None:
+    def _entry(self, ref: SampleRef) -> _Resident | None:
+        """The bookkeeping of ``ref``'s own incarnation, or ``None`` (an earlier or later put's entry never matches)."""
+        entry = self._resident.get(ref.sample_id)
+        if entry is not None and location(entry.ref) == location(ref):
+            return entry
+        return self._foreign.get(location(ref))
+
+    def _forget(self, ref: SampleRef) -> None:
+        entry = self._resident.get(ref.sample_id)
+        if entry is not None and location(entry.ref) == location(ref):
+            del self._resident[ref.sample_id]
             self._resident_bytes -= entry.nbytes
         else:
-            self._foreign.pop(sample_id, None)
+            self._foreign.pop(location(ref), None)
 
     def _abandon_handle(self, handle_id: int) -> None:
         """Forget the handle of a failed ``get``: a read that failed must never free the sample."""
         with self._lock:
-            sample_id = self._handles.pop(handle_id, None)
-            entry = self._resident.get(sample_id) or self._foreign.get(sample_id) if sample_id is not None else None
-            if entry is None:
+            entry = self._handles.pop(handle_id, None)
+            if entry is None or self._entry(entry.ref) is not entry:
                 return
             entry.handles.discard(handle_id)
-            if sample_id in self._foreign and not entry.handles and not entry.retained:
-                del self._foreign[sample_id]  # bookkeeping only: the bytes are left to whoever holds them
+            key = location(entry.ref)
+            if self._foreign.get(key) is entry and not entry.handles and not entry.retained:
+                del self._foreign[key]  # bookkeeping only: the bytes are left to whoever holds them
 
     def _open_handle(self, ref: SampleRef) -> int:
         with self._lock:
@@ -336,13 +348,15 @@ class LedgerFeatureStore(FeatureStore):
                     f"sample {ref.sample_id!r} lives in {ref.store_uri}, which does not match this store's URI "
                     f"{self.store_uri}"
                 )
-            entry = self._resident.get(ref.sample_id) or self._foreign.get(ref.sample_id)
+            entry = self._entry(ref)
             if entry is None:
                 if not self.adopts_foreign:
-                    raise KeyError(f"sample {ref.sample_id!r} is not resident in {self.store_uri}")
+                    raise KeyError(
+                        f"sample {ref.sample_id!r} is not resident in {self.store_uri} (in this incarnation)"
+                    )
                 # Written by another instance: ``_load`` raises KeyError if its bytes are gone.
-                entry = self._foreign[ref.sample_id] = _Resident(0)
+                entry = self._foreign[location(ref)] = _Resident(ref, 0)
             handle_id = new_handle_id()
             entry.handles.add(handle_id)
-            self._handles[handle_id] = ref.sample_id
+            self._handles[handle_id] = entry
             return handle_id

@@ -77,6 +77,6 @@ class LocalFeatureStore(LedgerFeatureStore):
                 out[name] = tensor.clone() if copy else tensor
         return out
 
-    def _drop(self, sample_id: str) -> None:
+    def _drop(self, ref: SampleRef) -> None:
         with self._data_lock:
-            self._data.pop(sample_id, None)
+            self._data.pop(ref.sample_id, None)

@@ -381,16 +381,16 @@ class MooncakeFeatureStore(LedgerFeatureStore):
         if rc not in (0, _OBJECT_NOT_FOUND):
             raise OSError(f"cannot {what} {key!r} in {self.store_uri}: Mooncake returned {_code(rc)}")
 
-    def _drop(self, sample_id: str) -> None:
+    def _drop(self, ref: SampleRef) -> None:
         with self._lock:
-            key = self._keys.pop(sample_id, None)
+            key = self._keys.pop(ref.sample_id, None)
         if key is not None:
             self._remove(key, "free")
 
-    def _drop_scrubbed(self, sample_id: str) -> None:
+    def _drop_scrubbed(self, ref: SampleRef) -> None:
         # scrub removed the object by the ref's key already; only this instance's note of it is left
         with self._lock:
-            self._keys.pop(sample_id, None)
+            self._keys.pop(ref.sample_id, None)
 
     # A reader's release frees only what this instance wrote: ``_drop`` finds no key for a foreign sample.
     _drop_released = _drop
@@ -413,9 +413,10 @@ class MooncakeFeatureStore(LedgerFeatureStore):
             return
         with self._lock:
             for sample_id in gone:
-                if self._keys.get(sample_id) == written[sample_id]:
+                entry = self._resident.get(sample_id)
+                if self._keys.get(sample_id) == written[sample_id] and entry is not None:
                     del self._keys[sample_id]
-                    self._forget(sample_id)
+                    self._forget(entry.ref)
 
     def _admit(self, ref: SampleRef) -> None:
         self._reconcile()  # the caps count what Mooncake still holds of this instance's samples

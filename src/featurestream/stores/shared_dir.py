@@ -1,18 +1,21 @@
 """``SharedDirFeatureStore``: one safetensors file per sample in a directory shared by processes.
 
-Files and what they mean (``<id>`` is the sample id):
+Files and what they mean (``<id>`` is the sample id, ``<inc>`` the incarnation: 32 hex
+digits minted by each ``put`` and carried by its ref's feature keys, ``<id>@<inc>/<name>``):
 
-- ``<id>.safetensors`` — the sample, a standard safetensors file. It appears
+- ``<id>@<inc>.safetensors`` — the sample, a standard safetensors file. It appears
   atomically: written to ``.<id>.<host>-<pid>.<random>.tmp`` in the same directory, then
-  hard-linked to its final name (so a concurrent writer of the same id is
-  refused instead of clobbered) and the temporary name unlinked.
+  hard-linked to its final name (never clobbering a file there) and the temporary
+  name unlinked. Every name carries the incarnation, so a ref or handle of an
+  earlier put of the id (a stale reader in any instance) can neither read,
+  free nor scrub a later one: its files are simply gone.
 - ``.scrubbed-<random>`` — a sample on its way out. Freeing a large file's
   pages takes milliseconds, so its removal is split: the file is renamed
   here at once (its name is gone: no ``get`` finds it) and unlinked on a
   background thread (``featurestream.stores.deleter``). ``close`` waits for
   those unlinks; a new instance on the directory unlinks any left by a
   process that died before finishing them.
-- ``<id>.retained`` — an empty marker: a queue holds the sample. The queue's
+- ``<id>@<inc>.retained`` — an empty marker: a queue holds the sample. The queue's
   process creates it on ``retain`` (before the sample can be leased) and
   removes it on ``scrub`` (after the data file). A store instance releasing
   its last handle on a sample unlinks the file only when no marker exists, so
@@ -38,6 +41,7 @@ import errno
 import json
 import logging
 import os
+import re
 import socket
 import struct
 import tempfile
@@ -53,6 +57,7 @@ from featurestream.stores.ledger import (
     DEFAULT_LOW_WATERMARK,
     DEFAULT_MAX_BYTES,
     DEFAULT_MAX_SAMPLES,
+    INCARNATION_SEP,
     LedgerFeatureStore,
     check_spec,
 )
@@ -84,6 +89,7 @@ _HEADER_LIMIT = 100 * 1024 * 1024  # the safetensors reader's own bound on heade
 
 
 TEMP_SUFFIX = ".tmp"
+_INCARNATION = re.compile(r"[0-9a-f]{32}")
 _HOST = socket.gethostname().replace(".", "_").replace("-", "_") or "host"
 
 
@@ -253,7 +259,7 @@ def _prepare_directory(directory: str, create: bool) -> None:
 
 
 class SharedDirFeatureStore(LedgerFeatureStore):
-    """Samples as ``<sample_id>.safetensors`` files in ``directory``, shared by processes or nodes.
+    """Samples as ``<sample_id>@<incarnation>.safetensors`` files in ``directory``, shared by processes or nodes.
 
     ``store_uri`` is ``file://<absolute directory>``, so every instance on the
     same directory can ``get`` and ``release`` the others' samples. A missing
@@ -307,22 +313,40 @@ class SharedDirFeatureStore(LedgerFeatureStore):
                 "the store directory"
             )
 
-    def data_path(self, sample_id: str) -> str:
-        """Where ``sample_id``'s file lives; ``ValueError`` for an id that would escape the directory."""
-        self._check_sample_id(sample_id)
-        return os.path.join(self.directory, sample_id + DATA_SUFFIX)
+    def _stem(self, ref: SampleRef) -> str:
+        """``<id>@<inc>`` of ``ref``'s put; ``ValueError`` for an id that would escape the directory,
+        ``KeyError`` for feature keys that name no incarnation of this store (a forged or foreign ref)."""
+        self._check_sample_id(ref.sample_id)
+        name, key = next(iter(ref.feature_keys.items()))
+        prefix, suffix = f"{ref.sample_id}{INCARNATION_SEP}", f"/{name}"
+        incarnation = key[len(prefix) : -len(suffix)] if key.startswith(prefix) and key.endswith(suffix) else ""
+        if not _INCARNATION.fullmatch(incarnation):
+            raise KeyError(
+                f"sample {ref.sample_id!r}: feature key {key!r} names no incarnation of {self.store_uri} "
+                f"(expected {prefix}<32 hex digits>{suffix})"
+            )
+        return prefix + incarnation
+
+    def data_path(self, ref: SampleRef) -> str:
+        """Where the file of ``ref``'s incarnation lives (``ValueError``/``KeyError`` as ``_stem``)."""
+        return os.path.join(self.directory, self._stem(ref) + DATA_SUFFIX)
 
     def is_resident(self, sample_id: str) -> bool:
-        """Samples this instance wrote: from its counters. Another instance's (same directory): its file is there."""
+        """Samples this instance wrote: from its counters. Another instance's (same directory): a file of the id.
+
+        The second case lists the directory (O(files)); ``health`` never does.
+        """
         if super().is_resident(sample_id):
             return True
         try:
-            return os.path.exists(self.data_path(sample_id))
+            self._check_sample_id(sample_id)
         except ValueError:
             return False
+        name = re.compile(re.escape(sample_id + INCARNATION_SEP) + _INCARNATION.pattern + re.escape(DATA_SUFFIX))
+        return any(name.fullmatch(entry) for entry in os.listdir(self.directory))
 
-    def _marker_path(self, sample_id: str) -> str:
-        return os.path.join(self.directory, sample_id + RETAINED_SUFFIX)
+    def _marker_path(self, ref: SampleRef) -> str:
+        return os.path.join(self.directory, self._stem(ref) + RETAINED_SUFFIX)
 
     def _io_error(self, exc: OSError, action: str, path: str) -> OSError:
         """The same kind of ``OSError``, with a message naming what failed and where."""
@@ -336,7 +360,7 @@ class SharedDirFeatureStore(LedgerFeatureStore):
 
     # -- ledger hooks -----------------------------------------------------
     def _write(self, sample_id: str, ref: SampleRef, tensors: Mapping[str, torch.Tensor], take_ownership: bool) -> None:
-        final = self.data_path(sample_id)
+        final = self.data_path(ref)
         # ``contiguous``/``cpu`` copy only when a tensor is strided or on a device; dense CPU ones are written as-is.
         dense = {name: t.detach().cpu().contiguous() for name, t in tensors.items()}
         prefix, order = _encode_header(dense)
@@ -354,9 +378,9 @@ class SharedDirFeatureStore(LedgerFeatureStore):
                 finally:
                     os.close(fd)
                 os.link(temp, final)
-            except FileExistsError:
+            except FileExistsError:  # only a forged incarnation can collide: a fresh one is 128 random bits
                 raise ValueError(
-                    f"sample {sample_id!r} is already in {self.store_uri} (written elsewhere): "
+                    f"sample {sample_id!r} is already in {self.store_uri} as {final}: "
                     "a sample already present is never overwritten"
                 ) from None
             except OSError as exc:
@@ -368,7 +392,7 @@ class SharedDirFeatureStore(LedgerFeatureStore):
                 pass
 
     def _load(self, ref: SampleRef, device: torch.device | str | None, copy: bool) -> dict[str, torch.Tensor]:
-        path = self.data_path(ref.sample_id)
+        path = self.data_path(ref)
         try:
             tensors = _decode(path, ref)
         except FileNotFoundError as exc:
@@ -381,19 +405,19 @@ class SharedDirFeatureStore(LedgerFeatureStore):
             tensors = {name: t.to(device) for name, t in tensors.items()}
         return tensors
 
-    def _drop(self, sample_id: str) -> None:
+    def _drop(self, ref: SampleRef) -> None:
         # Data first, marker second: whoever still sees the marker finds the data gone or keeps it.
-        self._unlink(self.data_path(sample_id), data=True)
-        self._unlink(self._marker_path(sample_id))
+        self._unlink(self.data_path(ref), data=True)
+        self._unlink(self._marker_path(ref))
 
-    def _drop_scrubbed(self, sample_id: str) -> None:
-        # scrub moved the data file out already (a second attempt could only hit a file written since)
-        self._unlink(self._marker_path(sample_id))
+    def _drop_scrubbed(self, ref: SampleRef) -> None:
+        # scrub moved the data file out already
+        self._unlink(self._marker_path(ref))
 
-    def _drop_released(self, sample_id: str) -> None:
-        if os.path.exists(self._marker_path(sample_id)):
+    def _drop_released(self, ref: SampleRef) -> None:
+        if os.path.exists(self._marker_path(ref)):
             return  # a queue (maybe in another process) holds it; its scrub will unlink the file
-        self._unlink(self.data_path(sample_id), data=True)
+        self._unlink(self.data_path(ref), data=True)
 
     def _remove_data(self, path: str) -> None:
         """Take a data file out of the directory now; the background deleter frees its bytes."""
@@ -467,7 +491,7 @@ class SharedDirFeatureStore(LedgerFeatureStore):
     def retain(self, ref: SampleRef) -> None:
         """A queue holds ``ref``: mark it on disk so no instance's release unlinks it before ``scrub``."""
         super().retain(ref)
-        marker = self._marker_path(ref.sample_id) if self._path_ok(ref) else None
+        marker = self._marker_path(ref) if self._path_ok(ref) else None
         if marker is None:
             return
         with self._lock:
@@ -481,7 +505,7 @@ class SharedDirFeatureStore(LedgerFeatureStore):
         """A put of ``ref`` was refused: drop its queued marker so releases free it again."""
         if self._path_ok(ref):
             super().unretain(ref)
-            self._unlink(self._marker_path(ref.sample_id))
+            self._unlink(self._marker_path(ref))
 
     def scrub(self, ref: SampleRef) -> None:
         """The queue is done with ``ref``: remove its file and marker, whichever instance wrote them.
@@ -493,7 +517,7 @@ class SharedDirFeatureStore(LedgerFeatureStore):
         """
         if self._path_ok(ref):
             self._retry_unlinks()
-            path = self.data_path(ref.sample_id)
+            path = self.data_path(ref)
             try:
                 self._remove_data(path)
             except FileNotFoundError:
@@ -506,5 +530,5 @@ class SharedDirFeatureStore(LedgerFeatureStore):
         # Refs of other stores never name files here; a bad id could only come from a forged ref.
         if ref.store_uri != self.store_uri:
             return False
-        self._check_sample_id(ref.sample_id)
+        self._stem(ref)
         return True
