@@ -22,6 +22,7 @@ redis = pytest.importorskip("redis", reason="redis-py is missing: pip install 'f
 from featurestream import FeatureStore, LocalFeatureStore  # noqa: E402 - after the redis-py skip, like the backend
 from featurestream import VisibilityTimeout as VT  # noqa: E402
 from featurestream.backends.redis.queue import RedisSampleRefQueue  # noqa: E402 - needs redis-py
+from featurestream.testing import FakeClock  # noqa: E402
 
 INSTALL_HINT = "install it (Debian/Ubuntu: apt-get install redis-server; macOS: brew install redis)"
 
@@ -178,6 +179,12 @@ def store() -> FeatureStore:
 
 
 @pytest.fixture
+def clock() -> FakeClock:
+    """The injected clock of a module whose ``queue_defaults`` give it to its queues."""
+    return FakeClock(1000.0)
+
+
+@pytest.fixture
 def queue_defaults() -> dict[str, Any]:
     """The keywords ``make`` gives every queue unless the test passes its own (a module may override them)."""
     return {"visibility_timeout": VT(10.0)}
@@ -190,8 +197,10 @@ def make(
     """A factory of instances of one queue (same name), each with its own connection; all disconnected after."""
     made: list[RedisSampleRefQueue] = []
 
-    def factory(store: FeatureStore, **kwargs: Any) -> RedisSampleRefQueue:
-        queue = RedisSampleRefQueue(store, url=redis_server.url, name=queue_name, **{**queue_defaults, **kwargs})
+    def factory(
+        store: FeatureStore, queue_class: type[RedisSampleRefQueue] = RedisSampleRefQueue, **kwargs: Any
+    ) -> RedisSampleRefQueue:
+        queue = queue_class(store, url=redis_server.url, name=queue_name, **{**queue_defaults, **kwargs})
         made.append(queue)
         return queue
 

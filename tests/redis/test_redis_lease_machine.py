@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -38,22 +38,8 @@ end
 
 
 @pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock(1000.0)
-
-
-@pytest.fixture
-def make(redis_server: Any, queue_name: str, clock: FakeClock) -> Iterator[Factory]:
-    made: list[RedisSampleRefQueue] = []
-
-    def factory(store: LocalFeatureStore, queue_class: type[RedisSampleRefQueue] = RedisSampleRefQueue) -> Any:
-        queue = queue_class(store, VT(10.0), url=redis_server.url, name=queue_name, clock=clock)
-        made.append(queue)
-        return queue
-
-    yield factory
-    for queue in made:
-        queue.disconnect()
+def queue_defaults(clock: FakeClock) -> dict[str, Any]:
+    return {"visibility_timeout": VT(10.0), "clock": clock}
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ store -- acts, and only then does the client retry, through the same path a real
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -25,22 +25,8 @@ Factory = Callable[..., RedisSampleRefQueue]
 
 
 @pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock(1000.0)
-
-
-@pytest.fixture
-def make(redis_server: Any, queue_name: str, clock: FakeClock) -> Iterator[Factory]:
-    made: list[RedisSampleRefQueue] = []
-
-    def factory(store: LocalFeatureStore, **kwargs: Any) -> RedisSampleRefQueue:
-        queue = RedisSampleRefQueue(store, VT(10.0), url=redis_server.url, name=queue_name, clock=clock, **kwargs)
-        made.append(queue)
-        return queue
-
-    yield factory
-    for queue in made:
-        queue.disconnect()
+def queue_defaults(clock: FakeClock) -> dict[str, Any]:
+    return {"visibility_timeout": VT(10.0), "clock": clock}
 
 
 def lose_reply(queue: RedisSampleRefQueue, function: str, meanwhile: Callable[[], object]) -> list[str]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,30 +34,13 @@ Factory = Callable[..., RedisSampleRefQueue]
 
 
 @pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock(1000.0)
-
-
-@pytest.fixture
 def store() -> LocalFeatureStore:
     return LocalFeatureStore(max_samples=64)
 
 
 @pytest.fixture
-def make(redis_server: Any, queue_name: str, clock: FakeClock) -> Iterator[Factory]:
-    """Instances of one queue (same name); each has its own connection, like a separate process."""
-    made: list[RedisSampleRefQueue] = []
-
-    def factory(store: LocalFeatureStore, **kwargs: Any) -> RedisSampleRefQueue:
-        kwargs.setdefault("visibility_timeout", VT(10.0))
-        kwargs.setdefault("clock", clock)
-        queue = RedisSampleRefQueue(store, url=redis_server.url, name=queue_name, **kwargs)
-        made.append(queue)
-        return queue
-
-    yield factory
-    for queue in made:
-        queue.disconnect()
+def queue_defaults(clock: FakeClock) -> dict[str, Any]:
+    return {"visibility_timeout": VT(10.0), "clock": clock}
 
 
 def put(store: LocalFeatureStore, queue: RedisSampleRefQueue, index: int, prefix: str = "s") -> Any:
