@@ -52,6 +52,7 @@ from featurestream.stores.ledger import (
     DEFAULT_LOW_WATERMARK,
     DEFAULT_MAX_BYTES,
     DEFAULT_MAX_SAMPLES,
+    INCARNATION_SEP,
     LedgerFeatureStore,
 )
 from featurestream.stores.shared_dir import CorruptSampleError
@@ -61,7 +62,6 @@ __all__ = ["MooncakeFeatureStore"]
 _MAGIC = b"FSMOON01"
 _ALIGN = 64  # every feature a get receives starts on a cache line, so any dtype can view it
 _HEADER = struct.Struct("<8s16sQ")  # magic, incarnation (uuid bytes), payload length
-_INCARNATION_SEP = "@"
 
 # Mooncake's error codes this store tells apart (mooncake-store ``ErrorCode``).
 _BUFFER_OVERFLOW = -600
@@ -212,8 +212,8 @@ class MooncakeFeatureStore(LedgerFeatureStore):
                 raise ValueError(f"{name} must be a non-empty str, got {value!r}")
         if not isinstance(device_name, str):
             raise ValueError(f"device_name must be a str, got {device_name!r}")
-        if _INCARNATION_SEP in namespace:
-            raise ValueError(f"namespace {namespace!r} may not contain {_INCARNATION_SEP!r}")
+        if INCARNATION_SEP in namespace:
+            raise ValueError(f"namespace {namespace!r} may not contain {INCARNATION_SEP!r}")
         check_count("global_segment_size", global_segment_size)
         check_count("local_buffer_size", local_buffer_size)
         super().__init__(
@@ -281,7 +281,7 @@ class MooncakeFeatureStore(LedgerFeatureStore):
 
     # -- keys -------------------------------------------------------------
     def _feature_key(self, sample_id: str, name: str, incarnation: str) -> str:
-        return f"{self.namespace}/{sample_id}{_INCARNATION_SEP}{incarnation}/{name}"
+        return f"{self.namespace}/{super()._feature_key(sample_id, name, incarnation)}"
 
     @staticmethod
     def object_key(ref: SampleRef) -> str:
@@ -291,7 +291,7 @@ class MooncakeFeatureStore(LedgerFeatureStore):
 
     @staticmethod
     def _incarnation(key: str) -> bytes:
-        return uuid.UUID(key.rsplit(_INCARNATION_SEP, 1)[1]).bytes
+        return uuid.UUID(key.rsplit(INCARNATION_SEP, 1)[1]).bytes
 
     # -- ledger hooks -----------------------------------------------------
     def _write(self, sample_id: str, ref: SampleRef, tensors: Mapping[str, torch.Tensor], take_ownership: bool) -> None:
