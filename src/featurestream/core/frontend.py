@@ -32,7 +32,7 @@ from collections.abc import Callable
 from typing import Any
 
 from featurestream.core import errors, events
-from featurestream.core.arguments import check_queue_arguments, check_ref_for
+from featurestream.core.arguments import check_queue_arguments, check_ref_for, check_resident
 from featurestream.core.backlog import Outbox, Owed, call_or_owe, pay_owed
 from featurestream.core.backpressure import Backpressure, HealthCallback
 from featurestream.core.checks import check_count, check_seconds
@@ -233,6 +233,10 @@ class FrontEnd:
     def _check_ref(self, ref: object) -> None:
         self._require_store()
         check_ref_for(self._store, ref)
+
+    def _check_resident(self, ref: SampleRef) -> None:
+        """Refuse a ref whose bytes are gone (``NotResident``): a consumer's ``get`` would fail on it."""
+        check_resident(self._store, ref)
 
     def _require_store(self) -> None:
         """Raise when this instance cannot produce or consume (a backend's handle without a store)."""

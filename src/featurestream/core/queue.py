@@ -11,7 +11,6 @@ import time
 from collections.abc import Callable, Iterable
 
 from featurestream.core import errors, events
-from featurestream.core.arguments import check_resident
 from featurestream.core.backpressure import HealthCallback
 from featurestream.core.checks import check_count, check_seconds
 from featurestream.core.errors import LeaseLost
@@ -486,10 +485,6 @@ class SampleRefQueue(FrontEnd):
         if owed is not None and owed[0] == "scrub":
             raise errors.ScrubOwed(sample_id)
         self._check_resident(ref)
-
-    def _check_resident(self, ref: SampleRef) -> None:
-        """Refuse a ref whose bytes are gone (``NotResident``): a consumer's ``get`` would fail on it."""
-        check_resident(self._store, ref)
 
     def _retain(self, ref: SampleRef) -> None:
         try:

@@ -68,7 +68,6 @@ from featurestream.backends.redis.link import Link, first_contact
 from featurestream.backends.redis.resume import RedisTrainingLedger
 from featurestream.backends.redis.wire import dead_letter_from_json, ref_from_json, ref_to_json
 from featurestream.core import errors, events
-from featurestream.core.arguments import check_resident
 from featurestream.core.backpressure import HealthCallback
 from featurestream.core.checks import check_count, check_seconds
 from featurestream.core.frontend import FrontEnd, Tracer
@@ -629,10 +628,6 @@ class RedisSampleRefQueue(FrontEnd):
         return f"{now}{self._settings}{self._trace_flag}"
 
     # -- producer internals (lock held) ------------------------------------------
-    def _check_resident(self, ref: SampleRef) -> None:
-        """Refuse a ref whose bytes are gone (``NotResident``): a consumer's ``get`` would fail on it."""
-        check_resident(self._store, ref)
-
     def _require_store(self) -> None:
         if isinstance(self._store, _NoStore):
             raise RuntimeError(
