@@ -6,6 +6,8 @@ code written against those keeps working; code that needs to tell them apart cat
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 __all__ = [
     "DeadLetterNotKept",
     "DeadLetterQueued",
@@ -42,20 +44,26 @@ def _rebuild(cls: type[BaseException], args: tuple[object, ...], state: dict[str
     return error
 
 
-class QueueClosed(_Built, RuntimeError):
+class _SampleError(_Built):
+    """An error about one sample, built from its id alone: the text is the class's ``says`` with the id filled in."""
+
+    says: ClassVar[str]
+
+    def __init__(self, sample_id: str) -> None:
+        super().__init__(self.says.format(sample_id=sample_id))
+        self.sample_id = sample_id
+
+
+class QueueClosed(_SampleError, RuntimeError):
     """A put into a closed queue: nothing was enqueued."""
 
-    def __init__(self, sample_id: str) -> None:
-        super().__init__(f"cannot put sample {sample_id!r}: the queue is closed")
-        self.sample_id = sample_id
+    says = "cannot put sample {sample_id!r}: the queue is closed"
 
 
-class PutAborted(_Built, RuntimeError):
+class PutAborted(_SampleError, RuntimeError):
     """``put_blocks_until_below`` gave up because its ``abort_when()`` said so: nothing was enqueued."""
 
-    def __init__(self, sample_id: str) -> None:
-        super().__init__(f"put of sample {sample_id!r} aborted: abort_when() returned True")
-        self.sample_id = sample_id
+    says = "put of sample {sample_id!r} aborted: abort_when() returned True"
 
 
 class DuplicateSample(_Built, ValueError):
@@ -67,12 +75,10 @@ class DuplicateSample(_Built, ValueError):
         self.sample_id = sample_id
 
 
-class RepeatedInBatch(_Built, ValueError):
+class RepeatedInBatch(_SampleError, ValueError):
     """A ``put_many`` naming one id twice: the batch is refused as a whole."""
 
-    def __init__(self, sample_id: str) -> None:
-        super().__init__(f"sample {sample_id!r} appears twice in one put_many; ids must be unique")
-        self.sample_id = sample_id
+    says = "sample {sample_id!r} appears twice in one put_many; ids must be unique"
 
 
 class SettledSample(_Built, ValueError):
@@ -87,23 +93,19 @@ class SettledSample(_Built, ValueError):
         self.outcome = outcome
 
 
-class ScrubOwed(_Built, ValueError):
+class ScrubOwed(_SampleError, ValueError):
     """A re-put of a settled sample whose scrub the queue still owes its store."""
 
-    def __init__(self, sample_id: str) -> None:
-        super().__init__(f"sample {sample_id!r} was settled and the store still has to scrub it; re-puts are refused")
-        self.sample_id = sample_id
+    says = "sample {sample_id!r} was settled and the store still has to scrub it; re-puts are refused"
 
 
-class KeptDeadLetter(_Built, ValueError):
+class KeptDeadLetter(_SampleError, ValueError):
     """A put of a dead letter's id whose bytes are kept for a requeue."""
 
-    def __init__(self, sample_id: str) -> None:
-        super().__init__(
-            f"sample {sample_id!r} is a dead letter whose bytes are kept (keep_dead_letter_bytes); "
-            "requeue_dead_letters or purge_dead_letters it instead of re-putting"
-        )
-        self.sample_id = sample_id
+    says = (
+        "sample {sample_id!r} is a dead letter whose bytes are kept (keep_dead_letter_bytes); "
+        "requeue_dead_letters or purge_dead_letters it instead of re-putting"
+    )
 
 
 class LeaseLost(_Built, RuntimeError):
@@ -184,12 +186,10 @@ class DeadLetterNotKept(_Built, ValueError):
         self.sample_id = sample_id
 
 
-class DeadLetterQueued(_Built, ValueError):
+class DeadLetterQueued(_SampleError, ValueError):
     """A requeue of a dead letter whose id is queued again: nothing was requeued."""
 
-    def __init__(self, sample_id: str) -> None:
-        super().__init__(f"sample {sample_id!r} is queued again already; nothing requeued")
-        self.sample_id = sample_id
+    says = "sample {sample_id!r} is queued again already; nothing requeued"
 
 
 class QueueDrained(_Built, ValueError):
