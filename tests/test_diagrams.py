@@ -11,7 +11,7 @@ import xml.etree.ElementTree as ET
 import pytest
 import torch
 
-from featurestream import LocalFeatureStore, SampleRefQueue, VisibilityTimeout
+from featurestream import LocalFeatureStore, SampleRefQueue, VisibilityTimeout, render_queue
 from featurestream.cli import main
 from featurestream.core.machines import LEASE, MachineTable, build_machine
 from featurestream.spec.lifecycle import RESIDENCY, SAMPLE
@@ -267,7 +267,7 @@ def node_lines(source: str) -> dict[str, str]:
 def test_queue_render_annotates_counts_and_current_states(busy_queue: SampleRefQueue, tmp_path: pathlib.Path) -> None:
     counts, stats = busy_queue.lease_state_counts(), busy_queue.stats()
     assert counts == {"pending": 4, "leased": 1} and (stats.acked, stats.failed, stats.reclaimed) == (1, 1, 2)
-    busy_queue.render(tmp_path / "snapshot.dot")
+    render_queue(busy_queue, tmp_path / "snapshot.dot")
     nodes = node_lines((tmp_path / "snapshot.dot").read_text())
     for state, count in counts.items():
         assert nodes[state].startswith(f'label="{state}\\l{count} now\\l" color=firebrick'), nodes[state]
@@ -282,7 +282,7 @@ def test_queue_render_annotates_counts_and_current_states(busy_queue: SampleRefQ
 def test_queue_render_svg(busy_queue: SampleRefQueue, tmp_path: pathlib.Path) -> None:
     if shutil.which("dot") is None:
         pytest.skip(NEEDS_DOT)
-    busy_queue.render(tmp_path / "snapshot.svg")
+    render_queue(busy_queue, tmp_path / "snapshot.svg")
     text = svg_text((tmp_path / "snapshot.svg").read_bytes())
     for phrase in ("pending", "4 now", "reclaimed", "2 so far", "flowing", "draining"):
         assert phrase in text, f"snapshot svg lacks {phrase!r}: {text}"
@@ -290,9 +290,9 @@ def test_queue_render_svg(busy_queue: SampleRefQueue, tmp_path: pathlib.Path) ->
 
 def test_queue_render_refuses_an_unknown_suffix(busy_queue: SampleRefQueue, tmp_path: pathlib.Path) -> None:
     with pytest.raises(ValueError, match=r"snapshot\.txt"):
-        busy_queue.render(tmp_path / "snapshot.txt")
+        render_queue(busy_queue, tmp_path / "snapshot.txt")
     assert not (tmp_path / "snapshot.txt").exists()
-    busy_queue.render(tmp_path / "snapshot.txt", format="dot")
+    render_queue(busy_queue, tmp_path / "snapshot.txt", format="dot")
     assert (tmp_path / "snapshot.txt").read_text().startswith("digraph queue_snapshot {")
 
 

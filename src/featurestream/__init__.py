@@ -46,6 +46,7 @@ _EXPORTS: dict[str, str] = {
     "LocalFeatureStore": "featurestream.stores.local",
     "CorruptSampleError": "featurestream.stores.shared_dir",
     "SharedDirFeatureStore": "featurestream.stores.shared_dir",
+    "render_queue": "featurestream.tools.diagrams",
 }
 # redis-py and Mooncake are optional: RedisSampleRefQueue and MooncakeFeatureStore load
 # on first use and stay out of __all__, so ``from featurestream import *`` needs neither.
@@ -81,6 +82,7 @@ __all__ = [
     "TargetBackend",
     "VisibilityTimeout",
     "assert_no_tensors",
+    "render_queue",
 ]
 
 if TYPE_CHECKING:
@@ -97,6 +99,7 @@ if TYPE_CHECKING:
     from featurestream.stores.local import LocalFeatureStore
     from featurestream.stores.mooncake import MooncakeFeatureStore as MooncakeFeatureStore
     from featurestream.stores.shared_dir import CorruptSampleError, SharedDirFeatureStore
+    from featurestream.tools.diagrams import render_queue
 
 
 def __getattr__(name: str) -> object:

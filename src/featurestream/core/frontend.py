@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import collections
 import logging
-import os
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -218,16 +217,6 @@ class FrontEnd:
     def backpressure_state(self) -> str:
         """This producer's ``flowing`` or ``paused``."""
         return self._backpressure.state
-
-    def render(self, path: str | os.PathLike[str], format: str | None = None) -> None:
-        """Draw this queue's machines to ``path``: lease counts per state, current backpressure and lifecycle.
-
-        ``format`` is ``svg``, ``png`` or ``dot`` (default: the suffix of ``path``); svg/png need graphviz's
-        ``dot`` binary. See ``featurestream.tools.diagrams.render_queue``.
-        """
-        from featurestream.tools.diagrams import render_queue  # graphviz is optional: import on use
-
-        render_queue(self, path, format)  # type: ignore[arg-type]
 
     # -- shared internals (lock held) -----------------------------------------
     def _check_ref(self, ref: object) -> None:

@@ -45,6 +45,7 @@ from featurestream.pipeline.producer import FeatureProducer
 from featurestream.stores.base import FeatureStore
 from featurestream.stores.local import LocalFeatureStore
 from featurestream.stores.shared_dir import DATA_SUFFIX, RETAINED_SUFFIX, SharedDirFeatureStore
+from featurestream.tools.diagrams import render_queue
 from featurestream.tools.metrics import Metrics, MetricsLogger
 from featurestream.tools.models import (
     HF_FAMILIES,
@@ -367,7 +368,7 @@ def run(args: argparse.Namespace) -> int:
         leftovers = _leftover_files(directory, run_id) if directory else []
         residual = store.health()
         if args.render:
-            queue.render(args.render)
+            render_queue(queue, args.render)
         store.close()
         return _summary(
             args, store, queue, trainer, telemetry, elapsed, errors, residual, leftovers, target_description

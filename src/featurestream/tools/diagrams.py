@@ -3,7 +3,7 @@
 ``featurestream diagrams [--out DIR] [--format svg|png|dot]`` writes ``lease``,
 ``backpressure`` and ``lifecycle``, and the spec's sample lifecycle in three
 views (``sample``, ``sample-refused``, ``sample-owed``: see ``sample_views``), as
-DOT (always possible), SVG and PNG (need graphviz's ``dot`` binary). ``SampleRefQueue.render(path)`` draws a live
+DOT (always possible), SVG and PNG (need graphviz's ``dot`` binary). ``render_queue(queue, path)`` draws a live
 queue's snapshot: how many leases sit in each lease state, and the current
 backpressure and lifecycle states.
 
@@ -389,16 +389,17 @@ def _format_of(path: pathlib.Path, fmt: str | None) -> str:
     return suffix
 
 
-def render_queue(queue: LeaseQueue, path: str | os.PathLike[str], fmt: str | None = None) -> pathlib.Path:
-    """Draw ``queue``'s snapshot to ``path`` (format from ``fmt`` or the suffix); return the path.
+def render_queue(queue: LeaseQueue, path: str | os.PathLike[str], format: str | None = None) -> pathlib.Path:
+    """Draw ``queue``'s snapshot to ``path`` (any backend); return the path.
 
-    The lease counts come from one ``queue.stats()`` call, so they are
+    ``format`` is ``svg``, ``png`` or ``dot`` (default: the suffix of ``path``); svg/png need graphviz's ``dot``
+    binary. The lease counts come from one ``queue.stats()`` call, so they are
     mutually consistent (its ``pending``/``outstanding`` are
     ``lease_state_counts()``'s ``pending``/``leased``; each terminal state has
     the counter of the same name). Nothing is written when rendering fails.
     """
     target = pathlib.Path(path)
-    fmt = _format_of(target, fmt)
+    fmt = _format_of(target, format)
     stats = queue.stats()
     counts = {"pending": stats.pending, "leased": stats.outstanding}
     counts.update({state: getattr(stats, state) for state in LEASE.terminal})
