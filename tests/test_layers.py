@@ -43,3 +43,13 @@ def test_queues_have_no_render_method_and_the_root_exports_render_queue() -> Non
 def test_the_kit_invariants_do_not_import_the_machine_they_are_mixed_into() -> None:
     modules = imported(PACKAGE / "testing" / "invariants.py")
     assert "featurestream.testing.machine" not in modules and "featurestream.testing.rules" not in modules
+
+
+def test_a_host_lacking_what_the_invariants_read_is_refused_by_name() -> None:
+    from featurestream.testing.invariants import QueueInvariants
+
+    class Bare(QueueInvariants):
+        queue = None
+
+    with pytest.raises(TypeError, match=r"Bare cannot host QueueInvariants: it lacks store, inner, .*_sync_store"):
+        Bare()._init_invariants()

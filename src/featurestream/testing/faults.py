@@ -126,16 +126,18 @@ class FaultyStore(FeatureStore):
         self.inner.release(handle)
 
     def retain(self, ref: SampleRef) -> None:
-        self._enter("retain", ref.sample_id)
-        self.inner.retain(ref)
+        self._hook("retain", ref)
 
     def unretain(self, ref: SampleRef) -> None:
-        self._enter("unretain", ref.sample_id)
-        self.inner.unretain(ref)
+        self._hook("unretain", ref)
 
     def scrub(self, ref: SampleRef) -> None:
-        self._enter("scrub", ref.sample_id)
-        self.inner.scrub(ref)
+        self._hook("scrub", ref)
+
+    def _hook(self, call: str, ref: SampleRef) -> None:
+        """One of the queue's residency hooks, ``call``, of ``ref``: raise if armed, else the inner store's."""
+        self._enter(call, ref.sample_id)
+        getattr(self.inner, call)(ref)
 
     def health(self) -> StoreHealth:
         self._enter("health", None)

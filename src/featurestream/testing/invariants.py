@@ -16,22 +16,35 @@ invariant calls after each.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, NoReturn, Protocol
+
+import torch
 
 from featurestream.core import events
+from featurestream.core.lease import Lease
 from featurestream.core.machines import HELD, SETTLED
-from featurestream.spec.trace import STORE_GET, STORE_PUT, STORE_RELEASE, STORE_SCRUB
-from featurestream.testing.faults import QUEUE_CALLS
+from featurestream.core.protocol import LeaseQueue
+from featurestream.core.refs import SampleRef
+from featurestream.spec.mirror import SpecMirror
+from featurestream.spec.trace import STORE_GET, STORE_PUT, STORE_RELEASE, STORE_SCRUB, TraceRecorder
+from featurestream.stores.base import FeatureStore
+from featurestream.testing.clock import FakeClock
+from featurestream.testing.faults import QUEUE_CALLS, FaultyStore
 from featurestream.testing.report import suspect
+from featurestream.testing.samples import sample_tensors
 
-if TYPE_CHECKING:
-    from featurestream.testing.machine import _Sample
-
-__all__ = ["HELD", "INVARIANTS", "QUEUE_COUNTERS", "TERMINAL", "InvariantViolation", "QueueInvariants"]
-
-TERMINAL = SETTLED
+__all__ = [
+    "INVARIANTS",
+    "QUEUE_COUNTERS",
+    "InvariantHost",
+    "InvariantViolation",
+    "ObservedSample",
+    "QueueInvariants",
+    "check_host",
+]
 QUEUE_COUNTERS = (
     "put",
     "leased",
@@ -61,29 +74,105 @@ class InvariantViolation(AssertionError):
         self.invariant = invariant
 
 
-class QueueInvariants:
-    """``inv01`` ... ``inv15``; ``QueueMachine`` provides the state and the plumbing they use."""
+class ObservedSample(Protocol):
+    """What the host observed one sample's implementation do (``QueueMachine``'s record of it)."""
 
-    # Provided by QueueMachine (see there): the queue, the stores, the mirror, what was observed.
-    queue: Any
-    inner: Any
-    store: Any
-    mirror: Any
-    config: Any
-    clock: Any
-    trace: Any
-    samples: dict[str, _Sample]
-    pending: Any
+    index: int
+    ref: SampleRef
+    status: str  # stored | pending | leased | acked | dead (HELD and SETTLED of core.machines, and stored)
+    live: Lease | None
+    deadline: float
+    deliveries: int
+    acks: int
+
+
+class Bounds(Protocol):
+    """The bounds of the run the invariants read (``MachineConfig`` has them)."""
+
+    @property
+    def max_deliveries(self) -> int: ...
+
+    @property
+    def sample_ids(self) -> tuple[str, ...]: ...
+
+    @property
+    def sample_tokens(self) -> int | None: ...
+
+
+class InvariantHost(Protocol):
+    """What ``QueueInvariants`` reads of the machine it is mixed into; ``check_host`` enforces it.
+
+    The implementation under test (``queue``, the faulty ``store`` the queue sees, the ``inner`` store under it),
+    the spec ``mirror``, the ``clock`` and ``trace`` both are given, and what the host observed through the public
+    API: its ``samples``, the ``pending`` FIFO, whether it ``closed`` the queue, the scrubs (unretains) the store is
+    ``owed``, the callbacks it saw; and one hook, ``_sync_store``, that accounts for the store calls made since.
+    """
+
+    queue: LeaseQueue
+    store: FaultyStore
+    inner: FeatureStore
+    mirror: SpecMirror
+    config: Bounds
+    clock: FakeClock
+    trace: TraceRecorder
+    samples: Mapping[str, ObservedSample]
+    pending: Sequence[str]
     closed: bool
     owed: set[str]
     owed_unretain: set[str]
     dead_seen: list[str]
     pause_seen: list[Any]
-    _resident_check: bool | None
-    _trace_seen: int
-    _traced_now: float
 
-    def _held(self) -> Iterator[_Sample]:
+    def _sync_store(self, upto: int | None = None) -> None: ...
+
+
+def check_host(host: object) -> None:
+    """``TypeError`` naming what ``host`` lacks of ``InvariantHost``."""
+    methods = [name for name, value in vars(InvariantHost).items() if callable(value) and not name.startswith("__")]
+    wanted = [*InvariantHost.__annotations__, *methods]
+    missing = [name for name in wanted if not hasattr(host, name)]
+    if missing:
+        raise TypeError(f"{type(host).__name__} cannot host QueueInvariants: it lacks {', '.join(missing)}")
+
+
+class QueueInvariants:
+    """``inv01`` ... ``inv15``, mixed into an ``InvariantHost`` (``QueueMachine``); they own the violation notes.
+
+    An action that sees a violation while acting ``_note``s it under the invariant it breaks, and that
+    invariant reports it after the step (``_check_notes``).
+    """
+
+    def _init_invariants(self) -> None:
+        check_host(self)
+        self._notes: dict[str, list[str]] = collections.defaultdict(list)
+        self._resident_check: bool | None = None  # whether the store implements is_resident
+        self._trace_seen = 0  # how much of the trace has had its fields checked
+        self._traced_now = 0.0  # the clock of the last traced event (it never goes back)
+
+    def _note(self, invariant: str, message: str) -> None:
+        """Remember a violation seen while acting; the named invariant reports it after the step."""
+        self._notes[invariant].append(message)
+
+    def _fail(self, invariant: str, message: str) -> NoReturn:
+        __tracebackhide__ = True  # pytest shows the message, not this frame
+        raise InvariantViolation(invariant, message)
+
+    def _check_notes(self, invariant: str) -> None:
+        self._sync_store()
+        notes = self._notes.pop(invariant, None)
+        if notes:
+            self._fail(invariant, "; ".join(notes))
+
+    def _compare(self, sample: ObservedSample, tensors: dict[str, torch.Tensor], invariant: str) -> None:
+        """Note ``invariant`` broken when ``tensors`` are not the bytes the producer wrote for ``sample``."""
+        expected = sample_tensors(sample.index, self.config.sample_tokens)
+        if list(tensors) != list(expected) or not all(torch.equal(tensors[k], expected[k]) for k in expected):
+            sample_id = sample.ref.sample_id
+            self._note(
+                invariant, f"{sample_id!r} materialised with the wrong bytes; {self._suspect(sample_id, 'bytes')}"
+            )
+
+    def _held(self) -> Iterator[ObservedSample]:
         return (s for s in self.samples.values() if s.status in HELD)
 
     def _is_resident(self, sample_id: str) -> bool | None:
@@ -97,7 +186,7 @@ class QueueInvariants:
         self._resident_check = True
         return answer
 
-    def _should_be_resident(self) -> list[_Sample]:
+    def _should_be_resident(self) -> list[ObservedSample]:
         return [
             s for s in self.samples.values() if s.status == "stored" or s.status in HELD or s.ref.sample_id in self.owed
         ]
@@ -109,7 +198,7 @@ class QueueInvariants:
     def _suspect(self, sample_id: str, problem: str) -> str:
         return suspect(self.store.log, sample_id, problem)
 
-    def _still_there(self, sample: _Sample) -> bool:
+    def _still_there(self, sample: ObservedSample) -> bool:
         """Whether a sample the store should have freed is still resident (through ``get`` without ``is_resident``)."""
         resident = self._is_resident(sample.ref.sample_id)
         if resident is not None:
@@ -126,14 +215,15 @@ class QueueInvariants:
         __tracebackhide__ = True  # pytest: the violation's message says where, the kit's frames add nothing
         for name in INVARIANTS:
             try:
+                self._check_notes(name)  # what the step's actions saw first, then what the invariant checks
                 getattr(self, name)()
+                self._check_notes(name)
             except InvariantViolation as violation:
                 raise violation.with_traceback(None) from None
 
     def inv01_one_live_lease_per_sample(self) -> None:
         """1. At most one live lease per sample; a sample is leased iff it has one."""
         name = "inv01_one_live_lease_per_sample"
-        self._check_notes(name)
         leased = [s.ref.sample_id for s in self.samples.values() if s.status == "leased"]
         outstanding = self.queue.outstanding_count()
         if outstanding != len(leased):
@@ -145,19 +235,16 @@ class QueueInvariants:
     def inv02_exactly_once(self) -> None:
         """2. A sample is acked at most once and never delivered again after its ack."""
         name = "inv02_exactly_once"
-        self._check_notes(name)
         twice = [s.ref.sample_id for s in self.samples.values() if s.acks > 1]
         if twice:
             self._fail(name, f"samples acked more than once: {twice}")
 
     def inv03_terminal_leases_never_change(self) -> None:
         """3. Stale, duplicate and forged acks/fails/extends are rejected without effect."""
-        self._check_notes("inv03_terminal_leases_never_change")
 
     def inv04_no_loss(self) -> None:
         """4. A pending or leased sample is resident and materialisable, whatever consumers released."""
         name = "inv04_no_loss"
-        self._check_notes(name)
         for sample in list(self._held()):
             sample_id = sample.ref.sample_id
             if self._is_resident(sample_id) is False:
@@ -184,15 +271,13 @@ class QueueInvariants:
                     "until store.scrub())",
                 )
             self._compare(sample, tensors, name)
-            self._check_notes(name)
 
     def inv05_no_leak(self) -> None:
         """5. An acked or dead sample's bytes are gone (unless its scrub is owed), even with a crashed handle out."""
         name = "inv05_no_leak"
-        self._check_notes(name)
         for sample in self.samples.values():
             sample_id = sample.ref.sample_id
-            if sample.status in TERMINAL and sample_id not in self.owed and self._still_there(sample):
+            if sample.status in SETTLED and sample_id not in self.owed and self._still_there(sample):
                 self._fail(
                     name,
                     f"{sample.status} sample {sample_id!r} is still resident; " + self._suspect(sample_id, "leaked"),
@@ -239,12 +324,10 @@ class QueueInvariants:
 
     def inv08_backpressure_hysteresis(self) -> None:
         """8. Pause only at/above the high watermark, resume only at/below the low one."""
-        self._check_notes("inv08_backpressure_hysteresis")
 
     def inv09_close_drain(self) -> None:
         """9. No put after close; acquire drains; ``drained`` exactly when closed and nothing is held."""
         name = "inv09_close_drain"
-        self._check_notes(name)
         busy = any(True for _ in self._held())
         want = "open" if not self.closed else ("draining" if busy else "drained")
         if self.queue.lifecycle_state != want or self.queue.is_closed != self.closed:
@@ -255,12 +338,10 @@ class QueueInvariants:
 
     def inv10_expired_leases_reclaimed(self) -> None:
         """10 (safety side): every call that reaps reclaims every lease past its deadline."""
-        self._check_notes("inv10_expired_leases_reclaimed")
 
     def inv11_counters_consistent(self) -> None:
         """``stats()`` arithmetic and the counters agree with what the queue did."""
         name = "inv11_counters_consistent"
-        self._check_notes(name)
         stats = self.queue.stats()
         if stats.leased != stats.acked + stats.failed + stats.reclaimed + stats.outstanding:
             self._fail(name, f"leased != acked + failed + reclaimed + outstanding in {stats}")
@@ -276,7 +357,6 @@ class QueueInvariants:
     def inv12_agrees_with_spec_mirror(self) -> None:
         """The implementation's observable state is the spec mirror's (aligned for owed scrubs)."""
         name = "inv12_agrees_with_spec_mirror"
-        self._check_notes(name)
         mirror = self.mirror
         stats = dataclasses.asdict(self.queue.stats())
         self._sync_store()
@@ -336,12 +416,10 @@ class QueueInvariants:
 
     def inv13_producer_progress(self) -> None:
         """11. A blocked put waits only while the queue can still lower residency; otherwise it finishes."""
-        self._check_notes("inv13_producer_progress")
 
     def inv14_store_faults_survivable(self) -> None:
         """12/13. Store faults: settlements stand, errors are counted, owed scrubs go through once the store heals."""
         name = "inv14_store_faults_survivable"
-        self._check_notes(name)
         raised_before = sum(self.store.raised[call] for call in QUEUE_CALLS)
         stats = self.queue.stats()  # a queue call: it pays what the queue owes a healed store
         self._sync_store()
@@ -358,7 +436,6 @@ class QueueInvariants:
     def inv15_callbacks(self) -> None:
         """``on_dead_letter`` once per dead letter, ``on_pause`` once per pause; callbacks never break the queue."""
         name = "inv15_callbacks"
-        self._check_notes(name)
         dead = [d.ref.sample_id for d in self.queue.dead_letters()]
         if self.dead_seen != dead:
             self._fail(name, f"on_dead_letter saw {self.dead_seen}, the dead letters are {dead}")

@@ -33,12 +33,12 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-import torch
 from hypothesis.stateful import RuleBasedStateMachine
 
 from featurestream.core import events
 from featurestream.core.errors import LeaseLost, QueueClosed
 from featurestream.core.lease import Lease, VisibilityTimeout
+from featurestream.core.machines import HELD, SETTLED
 from featurestream.core.protocol import LeaseQueue
 from featurestream.core.queue import SampleRefQueue
 from featurestream.core.refs import SampleRef
@@ -47,7 +47,7 @@ from featurestream.spec.trace import TraceRecorder
 from featurestream.stores.base import FeatureStore, StoreHandle, StoreHealth
 from featurestream.testing.clock import FakeClock
 from featurestream.testing.faults import FaultyStore, InjectedFault
-from featurestream.testing.invariants import HELD, TERMINAL, InvariantViolation, QueueInvariants
+from featurestream.testing.invariants import InvariantViolation, QueueInvariants
 from featurestream.testing.producers import BlockedPut
 from featurestream.testing.report import InjectedCallbackError, quiet_injected_faults
 from featurestream.testing.samples import sample_tensors
@@ -197,13 +197,10 @@ class QueueMachine(QueueInvariants, RuleBasedStateMachine):
         self.owed: set[str] = set()  # settled samples whose scrub raised and has not gone through since
         self.owed_unretain: set[str] = set()  # refused puts whose unretain raised and has not gone through since
         self._log_seen = 0  # how much of the FaultyStore's call log has been accounted for
-        self._trace_seen = 0  # how much of the trace has had its fields checked
-        self._traced_now = 0.0  # the clock of the last traced event (it never goes back)
         self._owner: dict[int, tuple[str, int]] = {}  # id(lease or handle) -> (consumer, generation)
         self._keep: list[object] = []  # keeps leases/handles alive so id() stays unique
         self._forged_ids = itertools.count(2**30)  # never issued here; below TLC's 2**31 int limit
-        self._notes: dict[str, list[str]] = collections.defaultdict(list)
-        self._resident_check: bool | None = None  # whether the store implements is_resident
+        self._init_invariants()
         quiet_injected_faults(True, type(self))  # until teardown: logs of the faults injected here are noise
 
     # -- plumbing ---------------------------------------------------------------
@@ -212,20 +209,6 @@ class QueueMachine(QueueInvariants, RuleBasedStateMachine):
         if self._resident_check is not False and self.samples:
             if self._is_resident(next(iter(self.samples))) is not None:
                 self.trace.observe_residency(self.inner)
-
-    def _note(self, invariant: str, message: str) -> None:
-        """Remember a violation seen while acting; the named invariant reports it after the step."""
-        self._notes[invariant].append(message)
-
-    def _fail(self, invariant: str, message: str) -> None:
-        __tracebackhide__ = True  # pytest shows the message, not this frame
-        raise InvariantViolation(invariant, message)
-
-    def _check_notes(self, invariant: str) -> None:
-        self._sync_store()
-        notes = self._notes.pop(invariant, None)
-        if notes:
-            self._fail(invariant, "; ".join(notes))
 
     def _alive(self, owner_of: object) -> str | None:
         """The consumer that holds ``owner_of``, or ``None`` when it crashed since."""
@@ -299,7 +282,7 @@ class QueueMachine(QueueInvariants, RuleBasedStateMachine):
         """
         st = self.mirror.state
         for sample_id, sample in self.samples.items():
-            if sample.status not in TERMINAL:
+            if sample.status not in SETTLED:
                 continue
             s, size = sample.index, sample.ref.estimated_bytes
             if sample_id in self.owed and s not in st.resident:
@@ -371,7 +354,7 @@ class QueueMachine(QueueInvariants, RuleBasedStateMachine):
         status = self.mirror.status(sample_id)
         if status == "stored":
             self.mirror.put(sample_id)
-        elif status in TERMINAL:
+        elif status in SETTLED:
             self.mirror.reput(sample_id)
 
     def do_put(self, sample_id: str, blocking: bool) -> None:
@@ -407,7 +390,7 @@ class QueueMachine(QueueInvariants, RuleBasedStateMachine):
         sample = self.samples[sample_id]
         faulted = self._faulted(log_at, "retain", "health")
         if accepted:
-            if was in TERMINAL:
+            if was in SETTLED:
                 self._note("inv02_exactly_once", f"re-put of {was} sample {sample_id!r} was accepted")
             elif was in HELD:
                 self._note("inv02_exactly_once", f"put of {sample_id!r} accepted while it is already {was}")
@@ -554,7 +537,7 @@ class QueueMachine(QueueInvariants, RuleBasedStateMachine):
         sample = self.samples.get(sample_id)
         if sample is None:
             raise AssertionError(f"acquire() returned a sample this test never put: {sample_id!r}")
-        if sample.status in TERMINAL:
+        if sample.status in SETTLED:
             self._note("inv02_exactly_once", f"{sample.status} sample {sample_id!r} was delivered again")
         if sample.status == "leased":
             self._note("inv01_one_live_lease_per_sample", f"{sample_id!r} leased again while its lease is live")
@@ -599,14 +582,17 @@ class QueueMachine(QueueInvariants, RuleBasedStateMachine):
             sample = self.samples[lease.ref.sample_id]
             getattr(self.mirror, op)(consumer, (lease.ref.sample_id, lease.redelivery_count))
             self._drop_lease(consumer, lease)
-            if sample.live is not lease:
-                continue
-            if op == "ack":
-                sample.acks += 1
-                sample.live = None
-                sample.status = "acked"
-            else:
-                self._requeue(sample, lease.ref.sample_id in new_dead)
+            if sample.live is lease:
+                self._settled(sample, op, lease.ref.sample_id in new_dead)
+
+    def _settled(self, sample: _Sample, op: str, dead: bool) -> None:
+        """Record that ``op`` settled ``sample``'s live lease: acked, or (``dead``: dead-lettered) requeued."""
+        if op == "ack":
+            sample.acks += 1
+            sample.live = None
+            sample.status = "acked"
+        else:
+            self._requeue(sample, dead)
 
     def _settle(self, lease: Lease, op: str, forged: Lease | None = None) -> None:
         """Ack or fail ``forged or lease`` on behalf of the consumer holding ``lease``."""
@@ -631,14 +617,8 @@ class QueueMachine(QueueInvariants, RuleBasedStateMachine):
             self._note("inv03_terminal_leases_never_change", f"{kind} {op} of lease {target.lease_id} was accepted")
         if not accepted and live and forged is None:
             self._note("inv11_counters_consistent", f"{op} of the live lease {lease.lease_id} was rejected")
-        if not accepted:
-            return
-        if op == "ack":
-            sample.acks += 1
-            sample.live = None
-            sample.status = "acked"
-        else:
-            self._requeue(sample, sample.ref.sample_id in new_dead)
+        if accepted:
+            self._settled(sample, op, sample.ref.sample_id in new_dead)
 
     def do_ack(self, lease: Lease) -> None:
         """Ack (also a stale or duplicate ack, when the lease is no longer live)."""
@@ -726,14 +706,6 @@ class QueueMachine(QueueInvariants, RuleBasedStateMachine):
         self.consumers[consumer].handles[sample_id] = handle
         self._own(consumer, handle)
         return handle
-
-    def _compare(self, sample: _Sample, tensors: dict[str, torch.Tensor], invariant: str) -> None:
-        expected = sample_tensors(sample.index, self.config.sample_tokens)
-        if list(tensors) != list(expected) or not all(torch.equal(tensors[k], expected[k]) for k in expected):
-            sample_id = sample.ref.sample_id
-            self._note(
-                invariant, f"{sample_id!r} materialised with the wrong bytes; {self._suspect(sample_id, 'bytes')}"
-            )
 
     def do_release(self, handle: StoreHandle) -> None:
         """Release: the consumer drops its store handle (an injected fault leaves it held)."""
