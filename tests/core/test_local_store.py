@@ -1,9 +1,12 @@
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 
-from featurestream import FeatureAlgorithm, LocalFeatureStore, StoreHandle
+from featurestream import FeatureAlgorithm, LocalFeatureStore, SampleRef, StoreHandle
+from featurestream.stores.ledger import location
 
 from .samples import eagle3_tensors, put_sample
 
@@ -82,7 +85,7 @@ def test_get_errors() -> None:
 def test_get_detects_a_spec_mismatch() -> None:
     store = LocalFeatureStore()
     ref = put_sample(store, "s0")
-    store._data["s0"]["input_ids"] = torch.zeros(3, dtype=torch.float64)
+    store._data[location(ref)]["input_ids"] = torch.zeros(3, dtype=torch.float64)
     with pytest.raises(RuntimeError, match="input_ids"):
         store.get(ref)
 
@@ -172,3 +175,42 @@ def test_get_moves_to_device() -> None:
     ref = put_sample(store, "s0")
     got, _ = store.get(ref, device="cpu")
     assert all(t.device.type == "cpu" for t in got.values())
+
+
+class _PausingStore(LocalFeatureStore):
+    """Stops each bytes-freeing step that runs after the ledger's lock is released until the test lets it go."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.unlocked = threading.Event()  # a drop is past the lock: its sample's bookkeeping is gone
+        self.go_on = threading.Event()
+
+    def _pause(self) -> None:
+        self.unlocked.set()
+        assert self.go_on.wait(timeout=30), "the test never let the drop go on"
+
+    def _drop_released(self, ref: SampleRef) -> None:
+        self._pause()
+        super()._drop_released(ref)
+
+    def _drop_scrubbed(self, ref: SampleRef) -> None:
+        self._pause()
+        super()._drop_scrubbed(ref)
+
+
+@pytest.mark.parametrize("how", ["release", "scrub"])
+def test_a_put_of_the_same_id_while_the_old_bytes_are_being_freed_keeps_its_bytes(how: str) -> None:
+    store = _PausingStore()
+    old = put_sample(store, "s0")
+    _, handle = store.get(old)
+    free, what = (store.release, handle) if how == "release" else (store.scrub, old)
+    freeing = threading.Thread(target=free, args=(what,))
+    freeing.start()
+    assert store.unlocked.wait(timeout=30)
+    new = store.put("s0", eagle3_tensors(seed=1), run_id="run")  # admitted: the old entry is forgotten already
+    store.go_on.set()
+    freeing.join(timeout=30)
+    assert not freeing.is_alive()
+    got, _ = store.get(new)
+    assert torch.equal(got["aux_hidden_states"], eagle3_tensors(seed=1)["aux_hidden_states"])
+    assert store.health().sample_count == 1

@@ -13,10 +13,11 @@ from featurestream import SharedDirFeatureStore
 from featurestream.stores.shared_dir import _HOST
 
 WRITER = """
-import sys, torch
+import sys
 from featurestream import SharedDirFeatureStore
+from featurestream.testing import sample_tensors
 store = SharedDirFeatureStore(sys.argv[1], max_samples=None, max_bytes=1 << 40)
-tensors = {"aux_hidden_states": torch.ones(16 << 20, dtype=torch.uint8)}
+tensors = sample_tensors(0, tokens=400_000)  # 16 MB: each put spends a while writing its temporary
 print("ready", flush=True)
 n = 0
 while True:
@@ -52,7 +53,9 @@ def test_a_writer_sigkilled_mid_put_leaves_no_temporary_behind_once_a_new_instan
     writer = subprocess.Popen([sys.executable, "-c", WRITER, str(tmp_path)], stdout=subprocess.PIPE)
     assert writer.stdout is not None and writer.stdout.readline().strip() == b"ready"
     give_up = time.monotonic() + 60
-    while not _temporaries(tmp_path) and time.monotonic() < give_up:  # kill it inside a put
+    while not _temporaries(tmp_path):  # kill it inside a put
+        assert writer.poll() is None, "the writer died before any put"
+        assert time.monotonic() < give_up, "no put ever left a temporary to see"
         time.sleep(0.001)
     writer.send_signal(signal.SIGKILL)
     writer.wait(timeout=30)

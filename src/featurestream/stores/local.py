@@ -16,6 +16,7 @@ from featurestream.stores.ledger import (
     DEFAULT_MAX_SAMPLES,
     LedgerFeatureStore,
     check_spec,
+    location,
 )
 
 __all__ = ["LocalFeatureStore"]
@@ -47,6 +48,8 @@ class LocalFeatureStore(LedgerFeatureStore):
             high_watermark_bytes=high_watermark_bytes,
             low_watermark_bytes=low_watermark_bytes,
         )
+        # Keyed by incarnation, not id: the ledger frees bytes after its lock is released, so a drop that
+        # runs after a re-put of the same id was admitted must find only its own put's tensors.
         self._data: dict[str, dict[str, torch.Tensor]] = {}
         self._data_lock = threading.Lock()
 
@@ -60,11 +63,11 @@ class LocalFeatureStore(LedgerFeatureStore):
         else:
             kept = {name: t.detach().clone(memory_format=torch.contiguous_format) for name, t in tensors.items()}
         with self._data_lock:
-            self._data[sample_id] = kept
+            self._data[location(ref)] = kept
 
     def _load(self, ref: SampleRef, device: torch.device | str | None, copy: bool) -> dict[str, torch.Tensor]:
         with self._data_lock:
-            stored = self._data.get(ref.sample_id)
+            stored = self._data.get(location(ref))
         if stored is None:
             raise KeyError(f"sample {ref.sample_id!r} is not resident in {self.store_uri}")
         out = {}
@@ -79,4 +82,4 @@ class LocalFeatureStore(LedgerFeatureStore):
 
     def _drop(self, ref: SampleRef) -> None:
         with self._data_lock:
-            self._data.pop(ref.sample_id, None)
+            self._data.pop(location(ref), None)

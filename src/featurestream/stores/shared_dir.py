@@ -15,6 +15,11 @@ digits minted by each ``put`` and carried by its ref's feature keys, ``<id>@<inc
   background thread (``featurestream.stores.deleter``). ``close`` waits for
   those unlinks; a new instance on the directory unlinks any left by a
   process that died before finishing them.
+- ``<id>.current`` — a symbolic link to the data file of the id's latest put, so
+  ``is_resident`` of a sample another instance wrote is one ``stat`` rather than a
+  directory listing. It only ever answers that question: every read, release and
+  scrub goes by the ref's own incarnation. Whoever removes a data file removes the
+  link too when it still names that file.
 - ``<id>@<inc>.retained`` — an empty marker: a queue holds the sample. The queue's
   process creates it on ``retain`` (before the sample can be leased) and
   removes it on ``scrub`` (after the data file). A store instance releasing
@@ -37,6 +42,7 @@ on load; the files it reads and writes are interchangeable with it.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import logging
@@ -68,6 +74,7 @@ logger = logging.getLogger(__name__)
 
 DATA_SUFFIX = ".safetensors"
 RETAINED_SUFFIX = ".retained"
+POINTER_SUFFIX = ".current"
 SCRUBBED_PREFIX = ".scrubbed-"
 
 _DTYPES: dict[str, torch.dtype] = {
@@ -332,9 +339,8 @@ class SharedDirFeatureStore(LedgerFeatureStore):
         return os.path.join(self.directory, self._stem(ref) + DATA_SUFFIX)
 
     def is_resident(self, sample_id: str) -> bool:
-        """Samples this instance wrote: from its counters. Another instance's (same directory): a file of the id.
-
-        The second case lists the directory (O(files)); ``health`` never does.
+        """Samples this instance wrote: from its counters. Another instance's (same directory): whether the data
+        file of the id's latest put is there (one ``stat`` through ``<id>.current``, whatever the directory holds).
         """
         if super().is_resident(sample_id):
             return True
@@ -342,8 +348,51 @@ class SharedDirFeatureStore(LedgerFeatureStore):
             self._check_sample_id(sample_id)
         except ValueError:
             return False
-        name = re.compile(re.escape(sample_id + INCARNATION_SEP) + _INCARNATION.pattern + re.escape(DATA_SUFFIX))
-        return any(name.fullmatch(entry) for entry in os.listdir(self.directory))
+        return os.path.exists(self._pointer_path(sample_id))
+
+    def _pointer_path(self, sample_id: str) -> str:
+        return os.path.join(self.directory, sample_id + POINTER_SUFFIX)
+
+    def _temp_name(self, sample_id: str) -> str:
+        """A temporary name prefix the dead-writer sweep recognises (``.<id>.<host>-<pid>.``)."""
+        return f".{sample_id}.{_HOST}-{os.getpid()}."
+
+    def _point_at(self, sample_id: str, data_name: str) -> None:
+        """Make ``<id>.current`` name ``data_name`` (relative: nodes may mount the directory at other paths)."""
+        pointer = self._pointer_path(sample_id)
+        try:
+            os.symlink(data_name, pointer)
+            return
+        except FileExistsError:
+            pass  # an earlier put's link: replaced atomically, so a concurrent stat always finds one
+        temp = os.path.join(self.directory, f"{self._temp_name(sample_id)}{uuid.uuid4().hex}{TEMP_SUFFIX}")
+        os.symlink(data_name, temp)
+        try:
+            os.replace(temp, pointer)
+        except BaseException:
+            os.unlink(temp)
+            raise
+
+    def _unpoint(self, ref: SampleRef) -> None:
+        """Remove ``<id>.current`` if it names ``ref``'s data file; a later put's link stays.
+
+        The link is moved aside before it is read, so a re-put that replaces it meanwhile is never the one
+        removed; one taken by mistake is linked back unless a newer one is there already. A link left behind
+        (an error, a killed process) only ever dangles, and a dangling link reads as not resident.
+        """
+        pointer = self._pointer_path(ref.sample_id)
+        aside = os.path.join(self.directory, f"{self._temp_name(ref.sample_id)}{uuid.uuid4().hex}{TEMP_SUFFIX}")
+        try:
+            os.rename(pointer, aside)
+        except OSError:
+            return  # no link (another instance took it), or it cannot be moved: it is left to dangle
+        try:
+            if os.readlink(aside) != self._stem(ref) + DATA_SUFFIX:
+                with contextlib.suppress(FileExistsError):
+                    os.link(aside, pointer, follow_symlinks=False)
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(aside)
 
     def _marker_path(self, ref: SampleRef) -> str:
         return os.path.join(self.directory, self._stem(ref) + RETAINED_SUFFIX)
@@ -366,9 +415,7 @@ class SharedDirFeatureStore(LedgerFeatureStore):
         prefix, order = _encode_header(dense)
         action = f"write sample {sample_id!r}"
         try:
-            fd, temp = tempfile.mkstemp(
-                dir=self.directory, prefix=f".{sample_id}.{_HOST}-{os.getpid()}.", suffix=TEMP_SUFFIX
-            )
+            fd, temp = tempfile.mkstemp(dir=self.directory, prefix=self._temp_name(sample_id), suffix=TEMP_SUFFIX)
         except OSError as exc:
             raise self._io_error(exc, action, self.directory) from exc
         try:
@@ -385,6 +432,12 @@ class SharedDirFeatureStore(LedgerFeatureStore):
                 ) from None
             except OSError as exc:
                 raise self._io_error(exc, action, final) from exc
+            try:
+                self._point_at(sample_id, os.path.basename(final))
+            except OSError as exc:
+                with contextlib.suppress(OSError):
+                    os.unlink(final)  # a failed put stores nothing
+                raise self._io_error(exc, action, self._pointer_path(sample_id)) from exc
         finally:
             try:
                 os.unlink(temp)
@@ -408,16 +461,19 @@ class SharedDirFeatureStore(LedgerFeatureStore):
     def _drop(self, ref: SampleRef) -> None:
         # Data first, marker second: whoever still sees the marker finds the data gone or keeps it.
         self._unlink(self.data_path(ref), data=True)
+        self._unpoint(ref)
         self._unlink(self._marker_path(ref))
 
     def _drop_scrubbed(self, ref: SampleRef) -> None:
         # scrub moved the data file out already
+        self._unpoint(ref)
         self._unlink(self._marker_path(ref))
 
     def _drop_released(self, ref: SampleRef) -> None:
         if os.path.exists(self._marker_path(ref)):
             return  # a queue (maybe in another process) holds it; its scrub will unlink the file
         self._unlink(self.data_path(ref), data=True)
+        self._unpoint(ref)
 
     def _remove_data(self, path: str) -> None:
         """Take a data file out of the directory now; the background deleter frees its bytes."""
