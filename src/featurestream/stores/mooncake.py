@@ -17,14 +17,19 @@ evicts them, so the only way a sample's bytes vanish without a ``scrub`` is a
 fault (the segment holding it unmounted or its process dead, the master
 restarted without snapshots): ``get`` then raises ``SampleLostError``.
 
-Residency as every process sees it: caps and ``health`` count the samples this
-instance wrote that Mooncake still holds. Before deciding (``health``, a
-``put``), the instance asks the master which of its objects still exist (one
-``batch_is_exist`` call), so a sample a trainer in another process scrubbed, or
-one that was lost, stops counting at the producer at once. A reader's last
-``release`` of a sample it did not write frees nothing: the writer (its own
-last release) or the queue's ``scrub`` frees it, so a stale reader can never
-remove a sample a queue is about to redeliver.
+Residency as every process sees it: ``health`` reports the run's residency,
+every writer's samples that Mooncake still holds, in any process of the
+namespace. Each writer publishes its residency record (the keys and sizes of
+the samples it wrote) as a small object in a slot ``<namespace>/.residency/<n>``
+that it claims on its first ``put`` and republishes after every ``put``; every
+``health`` reads the records and asks the master which of their objects still
+exist, so a sample scrubbed by a trainer in another process, or lost, stops
+counting everywhere at once, and backpressure pauses every producer of the run
+at the run's total. The caps a ``put`` enforces (``max_samples``, ``max_bytes``)
+bound what this instance writes. A reader's last ``release`` of a sample it did
+not write frees nothing: the writer (its own last release) or the queue's
+``scrub`` frees it, so a stale reader can never remove a sample a queue is
+about to redeliver.
 
 Where the bytes live: in the segment of a client that mounted one
 (``global_segment_size > 0``). A producer-hosted segment dies with the
@@ -34,6 +39,9 @@ instance wrote (see ``docs/data-plane.md`` for the deployment choices).
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import logging
 import os
 import struct
 import threading
@@ -59,6 +67,8 @@ from featurestream.stores.shared_dir import CorruptSampleError
 
 __all__ = ["MooncakeFeatureStore"]
 
+logger = logging.getLogger(__name__)
+
 _MAGIC = b"FSMOON01"
 _ALIGN = 64  # every feature a get receives starts on a cache line, so any dtype can view it
 _HEADER = struct.Struct("<8s16sQ")  # magic, incarnation (uuid bytes), payload length
@@ -80,6 +90,9 @@ _CODE_NAMES = {
 _TRANSFER_RETRIES = 3
 _TRANSFER_RETRY_PAUSE = 0.05
 _CLOSE_POLL = 0.05
+# Writers' residency records: one slot each, at most this many writer instances per namespace.
+RESIDENCY_SLOTS = 256
+_RESIDENCY = "/.residency/"  # no sample key looks like this: every one ends in @<incarnation>
 _LOST_CAUSE = (
     "Mooncake no longer holds its object: unless a queue already scrubbed it, its bytes were lost (the "
     "segment that held it is gone with its process, or the master restarted without its data)"
@@ -233,6 +246,10 @@ class MooncakeFeatureStore(LedgerFeatureStore):
         self._config.with_hard_pin = True  # never evicted: only a scrub, a release or a fault removes a sample
         self._config.replica_num = 1
         self._keys: dict[str, str] = {}  # sample id -> object key, for the samples this instance wrote
+        self._writer = uuid.uuid4().hex  # names this instance in its residency record
+        self._slot: str | None = None  # the residency slot this instance claimed (on its first put)
+        self._publish_lock = threading.Lock()  # one record upload at a time, each of the latest state
+        self._slots = [f"{namespace}{_RESIDENCY}{n}" for n in range(RESIDENCY_SLOTS)]
         self._writing: set[str] = set()  # object keys whose put is in flight (not yet visible to the master)
         self._client_lock = threading.Lock()
         self._client_closed = False
@@ -255,6 +272,10 @@ class MooncakeFeatureStore(LedgerFeatureStore):
                 f"cannot set up a Mooncake client of master {master_server_address} (metadata {metadata_server}, "
                 f"{protocol}, hostname {local_hostname}): {_code(rc)}; is mooncake_master running there?"
             )
+        if global_segment_size > 0:
+            # Producer-hosted: what this instance writes lives in its own segment, so its exit loses only its own
+            # samples (those close() waits for), never another producer's; its record goes with them.
+            self._config.preferred_segment = self._client.get_hostname()
 
     @classmethod
     def from_config_file(cls, path: str | os.PathLike[str] | None = None, **options: Any) -> MooncakeFeatureStore:
@@ -311,6 +332,7 @@ class MooncakeFeatureStore(LedgerFeatureStore):
         if rc == 0:
             with self._lock:
                 self._keys[sample_id] = key
+            self._publish()
             return
         if rc in (-200, -201, -202):  # no segment has room (NO_AVAILABLE_HANDLE and its kin)
             raise MemoryError(f"sample {sample_id!r} refused: Mooncake has no room for {payload} B ({_code(rc)})")
@@ -422,10 +444,121 @@ class MooncakeFeatureStore(LedgerFeatureStore):
         self._reconcile()  # the caps count what Mooncake still holds of this instance's samples
         super()._admit(ref)
 
+    # -- the run's residency: every writer's record ---------------------------
+    def _record(self) -> bytes:
+        with self._lock:
+            samples = {key: self._resident[sid].nbytes for sid, key in self._keys.items() if sid in self._resident}
+        return json.dumps({"writer": self._writer, "samples": samples}, separators=(",", ":")).encode()
+
+    def _publish(self) -> None:
+        """Upload this instance's residency record to its slot (claiming one first); a failure is logged.
+
+        Only an under-count elsewhere can follow from a failed upload (the record is retried on the next put,
+        and on the next ``health`` if its slot is gone), never a failed put.
+        """
+        with self._publish_lock:
+            record = self._record()
+            with self._client_lock:
+                if self._client_closed:
+                    return
+                if self._slot is not None:
+                    rc = int(self._client.upsert(self._slot, record, self._config))
+                else:
+                    rc = self._claim(record)
+            if rc != 0:
+                logger.warning(
+                    "%s: could not publish this writer's residency record (%s); other processes' health() "
+                    "does not count its samples until it can",
+                    self.store_uri,
+                    _code(rc) if rc < 0 else "every one of the namespace's residency slots is taken",
+                )
+
+    def _claim(self, record: bytes) -> int:
+        """Take the first free residency slot: a ``put`` never replaces an existing object, so whoever's record
+        reads back from a slot owns it. 0 once claimed; else a Mooncake error code, or 1 when none is free."""
+        found = self._client.batch_is_exist(self._slots)
+        free = [slot for slot, exists in zip(self._slots, found, strict=True) if int(exists) == 0]
+        for slot in free:
+            rc = int(self._client.put(slot, record, self._config))
+            if rc != 0:
+                return rc
+            if self._writer_of(self._client.get(slot)) == self._writer:
+                self._slot = slot
+                return 0
+        return 1
+
+    @staticmethod
+    def _parse(blob: bytes) -> tuple[str, dict[str, int]] | None:
+        try:
+            record = json.loads(blob)
+            writer, samples = record["writer"], record["samples"]
+            if isinstance(writer, str) and isinstance(samples, dict):
+                return writer, {str(key): int(nbytes) for key, nbytes in samples.items()}
+        except (ValueError, KeyError, TypeError):
+            pass
+        return None
+
+    def _writer_of(self, blob: bytes) -> str | None:
+        parsed = self._parse(blob)
+        return parsed[0] if parsed is not None else None
+
+    def _others_residency(self) -> tuple[int, int]:
+        """(samples, bytes) that the namespace's other writers wrote and Mooncake still holds.
+
+        Three master calls: which slots exist, their records, which of the records' objects exist. Also
+        republishes this instance's own record when its slot vanished (the segment holding it went away).
+        """
+        with self._client_lock:
+            if self._client_closed:
+                return 0, 0
+            exists = self._client.batch_is_exist(self._slots)
+        taken = [slot for slot, found in zip(self._slots, exists, strict=True) if int(found) == 1]
+        mine = self._slot
+        if mine is not None and mine not in taken:
+            with self._publish_lock:
+                if self._slot == mine:
+                    self._slot = None
+            self._publish()
+        others = [slot for slot in taken if slot != mine]
+        if not others:
+            return 0, 0
+        with self._client_lock:
+            if self._client_closed:
+                return 0, 0
+            blobs = self._client.get_batch(others)
+        samples: dict[str, int] = {}
+        for blob in blobs:
+            parsed = self._parse(blob) if blob else None  # empty: removed since, or being written
+            if parsed is not None and parsed[0] != self._writer:
+                samples.update(parsed[1])
+        if not samples:
+            return 0, 0
+        keys = list(samples)
+        with self._client_lock:
+            if self._client_closed:
+                return 0, 0
+            held = self._client.batch_is_exist(keys)
+        alive = [samples[key] for key, found in zip(keys, held, strict=True) if int(found) == 1]
+        return len(alive), sum(alive)
+
     def health(self) -> StoreHealth:
-        """Residency of this instance's samples as the master sees them (one ``batch_is_exist`` call)."""
+        """The run's residency: this instance's samples and every other writer's, as the master sees them now.
+
+        Counts what Mooncake still holds of every writer's record (at most one ``put`` per writer, still in
+        flight, is missing from it), against this store's caps and watermarks. Four master calls, a few
+        hundred microseconds to a few milliseconds on a LAN; no bytes move.
+        """
         self._reconcile()
-        return super().health()
+        count, nbytes = self._others_residency()
+        own = super().health()
+        resident = own.resident_bytes + nbytes
+        return dataclasses.replace(
+            own,
+            resident_bytes=resident,
+            sample_count=own.sample_count + count,
+            high_watermark_hit=self.high_watermark_bytes is not None and resident >= self.high_watermark_bytes,
+            low_watermark_hit=resident <= self.low_watermark_bytes,
+        )
 
     def is_resident(self, sample_id: str) -> bool:
         self._reconcile()
@@ -474,6 +607,8 @@ class MooncakeFeatureStore(LedgerFeatureStore):
             if self._client_closed:
                 return
             self._client_closed = True
+            if self._slot is not None:  # this writer holds nothing any more: its record goes too
+                self._client.remove(self._slot, True)
         if self._owns_client:
             self._client.close()
 
