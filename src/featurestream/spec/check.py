@@ -7,7 +7,8 @@ output. A relative ``--config`` is looked up in the working directory, then
 in the spec directory and the checkout it belongs to, so
 ``--config spec/mutants/BugA.cfg`` works from anywhere. A config named
 ``Resume*.cfg`` (``--resume``, ``spec/mutants/ResumeNoLedger.cfg``) checks the
-checkpoint/restore model ``spec/Resume.tla``.
+checkpoint/restore model ``spec/Resume.tla``, one named ``Incarnation*.cfg`` the
+incarnation model ``spec/Incarnation.tla``.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ DEEP_CONFIG = "LeaseQueueDeep.cfg"
 SIM_CONFIG = "LeaseQueueSim.cfg"
 RESUME_CONFIG = "Resume.cfg"
 RESUME_MODULE = "Resume.tla"
+# Modules of their own, picked by the config's name prefix; any other config checks LeaseQueue.tla.
+SEPARATE_MODULES = {"Resume": RESUME_MODULE, "Incarnation": "Incarnation.tla"}
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -82,10 +85,9 @@ def run(args: argparse.Namespace) -> int:
             Simulation(depth=args.depth, seconds=args.seconds, seed=args.seed, traces=None) if args.simulate else None
         )
         mode = f"simulating ({args.depth} steps, {args.seconds:g} s)" if simulate else "model-checking"
-        resume = Path(config).name.startswith("Resume")
-        module = RESUME_MODULE if resume else MODULE
+        module = next((m for prefix, m in SEPARATE_MODULES.items() if Path(config).name.startswith(prefix)), MODULE)
         print(f"{mode} {spec_dir() / module} with {config} ...", flush=True)
-        modules = [spec_dir() / module] if resume else []
+        modules = [spec_dir() / module] if module != MODULE else []
         result = run_tlc(
             config, workers=args.workers, simulate=simulate, modules=modules, main_module=module, check_deadlock=True
         )
