@@ -455,6 +455,17 @@ def a_put(k: SpecConstants, st: SpecState, s: int) -> _Step | None:
     )
 
 
+def _pending_anew(k: SpecConstants, st: SpecState, s: int) -> SpecState:
+    """A settled ``s`` back at the pending tail as a new incarnation: no delivery spent, a fresh lease history."""
+    fresh = (NO_LEASE,) * (k.max_deliveries + 1)
+    return st._replace(
+        status=_set(st.status, s, "pending"),
+        deliveries=_set(st.deliveries, s, 0),
+        lease=_set(st.lease, s, _set(fresh, 0, "pending")),
+        queue=(*st.queue, s),
+    )
+
+
 def a_reput(k: SpecConstants, st: SpecState, s: int, sizes: tuple[int, ...]) -> _Step | None:
     """Reput(s): ``put`` of a settled id the queue still knows -- refused by dedup (bugs: accepted again)."""
     if st.status[s] not in TERMINAL or st.lifecycle != "open":
@@ -463,19 +474,12 @@ def a_reput(k: SpecConstants, st: SpecState, s: int, sizes: tuple[int, ...]) -> 
         return _Step(st, ((DEDUP_REFUSED, s, ""),))
     if "C" not in k.bugs and s not in st.resident:
         return None
-    fresh = (NO_LEASE,) * (k.max_deliveries + 1)
-    return _Step(
-        st._replace(
-            status=_set(st.status, s, "pending"),
-            deliveries=_set(st.deliveries, s, 0),
-            lease=_set(st.lease, s, _set(fresh, 0, "pending")),
-            queue=(*st.queue, s),
-            resident=st.resident | {s},
-            retained=st.retained | {s},
-            resident_bytes=st.resident_bytes + (0 if s in st.resident else sizes[s]),
-        ),
-        ((PUT, s, ""),),
+    requeued = _pending_anew(k, st, s)._replace(
+        resident=st.resident | {s},
+        retained=st.retained | {s},
+        resident_bytes=st.resident_bytes + (0 if s in st.resident else sizes[s]),
     )
+    return _Step(requeued, ((PUT, s, ""),))
 
 
 def a_acquire(k: SpecConstants, st: SpecState, c: int) -> _Step | None:
@@ -502,52 +506,37 @@ def _is_live(st: SpecState, token: tuple[int, int]) -> bool:
     return st.lease[s][attempt] == "leased"
 
 
-def a_ack(
+def _settled(trigger: str, s: int, settled: tuple[SpecState, tuple[Event, ...]] | None, drain: bool) -> _Step | None:
+    """The step of a lease of ``s`` settled by ``trigger`` with the outcome ``settled`` (``None``: the step is not
+    enabled), then ``DrainIfIdle`` when ``drain``."""
+    if settled is None:
+        return None
+    st, events = settled
+    drained, more = _drain_if_idle(st) if drain else (st, ())
+    return _Step(drained, ((trigger, s, ""), *events, *more))
+
+
+def a_settle(
     k: SpecConstants,
     st: SpecState,
     c: int,
     token: tuple[int, int],
     sizes: tuple[int, ...],
+    trigger: str,
     fault: bool = False,
     drain: bool = True,
 ) -> _Step | None:
-    """AckStep(c, l, fault) (``drain``) / Ack(c, l): ``ack`` -- settle the live lease or reject a stale one."""
+    """AckStep / FailStep(c, l, fault) (``drain``), Ack / Fail(c, l): ``ack`` or ``fail`` (``trigger``) -- settle
+    the live lease (ack retires it; fail redelivers or dead-letters it) or reject a stale one."""
     if token not in st.held[c] or token[0] in st.lost:  # a lost sample's get raises: it is reported (a_lose)
         return None
     st = st._replace(held=_set(st.held, c, st.held[c] - {token}))
     if not _is_live(st, token):
         return None if fault else _Step(st, ((STALE_REJECTED, token[0], ""),))
     s, attempt = token
-    retired = _retire(k, st._replace(lease=_fire(st, ACK, s, attempt)), s, "acked", fault, sizes)
-    if retired is None:
-        return None
-    st, events = retired
-    drained, more = _drain_if_idle(st) if drain else (st, ())
-    return _Step(drained, ((ACK, s, ""), *events, *more))
-
-
-def a_fail(
-    k: SpecConstants,
-    st: SpecState,
-    c: int,
-    token: tuple[int, int],
-    sizes: tuple[int, ...],
-    fault: bool = False,
-    drain: bool = True,
-) -> _Step | None:
-    """FailStep(c, l, fault) / Fail(c, l): ``fail`` -- redeliver or dead-letter the live lease; reject a stale one."""
-    if token not in st.held[c] or token[0] in st.lost:
-        return None
-    st = st._replace(held=_set(st.held, c, st.held[c] - {token}))
-    if not _is_live(st, token):
-        return None if fault else _Step(st, ((STALE_REJECTED, token[0], ""),))
-    s, attempt = token
-    redelivered = _redeliver(k, st._replace(lease=_fire(st, FAIL, s, attempt)), s, fault, sizes)
-    if redelivered is None:
-        return None
-    st, events = redelivered
-    drained, more = _drain_if_idle(st) if drain else (st, ())
-    return _Step(drained, ((FAIL, s, ""), *events, *more))
+    st = st._replace(lease=_fire(st, trigger, s, attempt))
+    outcome = _retire(k, st, s, "acked", fault, sizes) if trigger == ACK else _redeliver(k, st, s, fault, sizes)
+    return _settled(trigger, s, outcome, drain)
 
 
 def a_store_loses(k: SpecConstants, st: SpecState, s: int, sizes: tuple[int, ...]) -> _Step | None:
@@ -581,8 +570,7 @@ def a_lose(k: SpecConstants, st: SpecState, c: int, token: tuple[int, int], drai
     else:
         st = st._replace(status=_set(st.status, s, "dead"), window=_remember(k, st, s))
         events = ((DEAD_LETTER, s, ""),)
-    drained, more = _drain_if_idle(st) if drain else (st, ())
-    return _Step(drained, ((FAIL, s, ""), *events, *more))
+    return _settled(FAIL, s, (st, events), drain)
 
 
 def a_extend(k: SpecConstants, st: SpecState, c: int, token: tuple[int, int]) -> _Step | None:
@@ -610,11 +598,7 @@ def a_reclaim(
     if st.status[s] != "leased" or "E" in k.bugs:
         return None
     redelivered = _redeliver(k, st._replace(lease=_fire(st, RECLAIM, s, st.deliveries[s])), s, fault, sizes)
-    if redelivered is None:
-        return None
-    st, events = redelivered
-    drained, more = _drain_if_idle(st) if drain else (st, ())
-    return _Step(drained, ((RECLAIM, s, ""), *events, *more))
+    return _settled(RECLAIM, s, redelivered, drain)
 
 
 def a_get(k: SpecConstants, st: SpecState, c: int, s: int) -> _Step | None:
@@ -716,18 +700,8 @@ def a_requeue_dead_letter(k: SpecConstants, st: SpecState, s: int, bounded: bool
         return None
     if bounded and (st.lifecycle != "open" or st.hcount[s] or any(t[0] == s for held in st.held for t in held)):
         return None
-    fresh = (NO_LEASE,) * (k.max_deliveries + 1)
-    return _Step(
-        st._replace(
-            status=_set(st.status, s, "pending"),
-            deliveries=_set(st.deliveries, s, 0),
-            lease=_set(st.lease, s, _set(fresh, 0, "pending")),
-            queue=(*st.queue, s),
-            window=tuple(x for x in st.window if x != s),
-            kept=st.kept - {s},
-        ),
-        ((REQUEUE_DEAD_LETTER, s, ""),),
-    )
+    requeued = _pending_anew(k, st, s)._replace(window=tuple(x for x in st.window if x != s), kept=st.kept - {s})
+    return _Step(requeued, ((REQUEUE_DEAD_LETTER, s, ""),))
 
 
 def a_purge_dead_letter(
@@ -901,8 +875,8 @@ def labelled_successors(k: SpecConstants, st: SpecState) -> Iterator[tuple[str, 
             yield EXTEND, a_extend(k, st, c, token)  # type: ignore[misc]
             yield "Lose", a_lose(k, st, c, token)  # type: ignore[misc]
             for fault in (False, True):
-                yield ACK, a_ack(k, st, c, token, sizes, fault)  # type: ignore[misc]
-                yield FAIL, a_fail(k, st, c, token, sizes, fault)  # type: ignore[misc]
+                for trigger in (ACK, FAIL):
+                    yield trigger, a_settle(k, st, c, token, sizes, trigger, fault)  # type: ignore[misc]
         for s in range(n):
             yield "Get", a_get(k, st, c, s)  # type: ignore[misc]
             yield "Release", a_release(k, st, c, s, sizes)  # type: ignore[misc]
@@ -1075,6 +1049,15 @@ def check_step(k: SpecConstants, before: SpecState, after: SpecState) -> None:
 # -- the step API -----------------------------------------------------------------------------------------
 
 
+def _position(index: Mapping[str, int], kind: str, name: str) -> int:
+    """``name``'s position among the mirror's ``kind``s (``index``, in the constants' order); ``KeyError`` naming
+    the ones it has otherwise."""
+    try:
+        return index[name]
+    except KeyError:
+        raise KeyError(f"unknown {kind} {name!r}; the mirror's {kind}s are {tuple(index)}") from None
+
+
 class SpecMirror:
     """One spec state driven action by action (see the module docstring for the API)."""
 
@@ -1099,26 +1082,13 @@ class SpecMirror:
 
     # -- name lookup ------------------------------------------------------
     def _s(self, sample: str) -> int:
-        try:
-            return self._sample_index[sample]
-        except KeyError:
-            raise KeyError(f"unknown sample {sample!r}; the mirror's samples are {self.constants.samples}") from None
+        return _position(self._sample_index, "sample", sample)
 
     def _c(self, consumer: str) -> int:
-        try:
-            return self._consumer_index[consumer]
-        except KeyError:
-            raise KeyError(
-                f"unknown consumer {consumer!r}; the mirror's consumers are {self.constants.consumers}"
-            ) from None
+        return _position(self._consumer_index, "consumer", consumer)
 
     def _p(self, producer: str) -> int:
-        try:
-            return self._producer_index[producer]
-        except KeyError:
-            raise KeyError(
-                f"unknown producer {producer!r}; the mirror's producers are {self.constants.producers}"
-            ) from None
+        return _position(self._producer_index, "producer", producer)
 
     def _token(self, token: LeaseToken) -> tuple[int, int]:
         sample, attempt = token
@@ -1217,7 +1187,7 @@ class SpecMirror:
         if t not in self.state.held[c]:
             return self._forged(t)
         fault = _is_live(self.state, t) and self._take("scrub")
-        return self._apply(a_ack(self.constants, self.state, c, t, self._size_tuple(), fault, self.auto_drain))
+        return self._apply(a_settle(self.constants, self.state, c, t, self._size_tuple(), ACK, fault, self.auto_drain))
 
     def fail(self, consumer: str, token: LeaseToken) -> bool:
         """Fail: ``True`` when the live lease was failed (redelivered, or dead-lettered even if its scrub failed)."""
@@ -1225,7 +1195,7 @@ class SpecMirror:
         if t not in self.state.held[c]:
             return self._forged(t)
         fault = _is_live(self.state, t) and self._settling(t[0]) and self._take("scrub")
-        return self._apply(a_fail(self.constants, self.state, c, t, self._size_tuple(), fault, self.auto_drain))
+        return self._apply(a_settle(self.constants, self.state, c, t, self._size_tuple(), FAIL, fault, self.auto_drain))
 
     def extend(self, consumer: str, token: LeaseToken) -> bool:
         """Extend: ``True`` when granted; ``False`` is the implementation's ``LeaseLost``."""
