@@ -13,13 +13,15 @@ from typing import Any
 
 import pytest
 
-from featurestream import LocalFeatureStore, SampleRef
+from featurestream import DeadLetter, LocalFeatureStore, SampleRef
 from featurestream import VisibilityTimeout as VT
+from featurestream.core import events
 from featurestream.stores.base import FeatureStore
 from featurestream.testing import FakeClock, sample_tensors
 
 redis = pytest.importorskip("redis", reason="redis-py is missing: pip install 'featurestream[redis]'")
-from featurestream.backends.redis.queue import RedisSampleRefQueue  # noqa: E402 - needs redis-py
+from featurestream.backends.redis import functions  # noqa: E402 - needs redis-py
+from featurestream.backends.redis.queue import RedisSampleRefQueue  # noqa: E402
 
 Factory = Callable[..., RedisSampleRefQueue]
 
@@ -229,3 +231,117 @@ def test_a_retried_refused_put_counts_once(make: Factory) -> None:
     with pytest.raises(ValueError):
         queue.put(ref)
     assert lost and queue.stats().dedup_refused == 1
+
+
+def test_a_retried_traced_ack_traces_what_its_first_run_reported(make: Factory) -> None:
+    """The retry's trace is the first run's: its Ack carries the counts that run left, not the retry's."""
+    store, other = one_store_twice()
+    trace: list[tuple[str, dict[str, object]]] = []
+    queue, consumer = make(store, tracer=lambda action, fields: trace.append((action, fields))), make(other)
+    queue.put_many(stored(store, 0, 1, 2))
+    leases = queue.acquire_many(2, timeout=0)
+    lost = lose_reply(queue, "ack", lambda: consume_one(consumer))  # s2: pending 1 -> 0 before the retry
+    assert queue.ack(leases[0]) is True
+    assert lost
+    acks = [fields for action, fields in trace if action == events.ACK]
+    assert acks == [
+        {"sample_id": "s0", "lease_id": leases[0].lease_id, "n": 0, "pending": 1, "outstanding": 1, "now": 1000.0}
+    ]
+
+
+def test_a_retried_traced_acquire_hands_out_its_first_runs_leases(make: Factory) -> None:
+    store, other = one_store_twice()
+    queue = make(store, tracer=lambda action, fields: None)
+    consumer = make(other)
+    queue.put_many(stored(store, 0, 1))
+    lost = lose_reply(queue, "acquire", lambda: consume_one(consumer))
+    lease = queue.acquire(timeout=0)
+    assert lost and lease is not None and lease.ref.sample_id == "s0"
+    assert queue.ack(lease) is True
+    stats = queue.stats()
+    assert (stats.leased, stats.acked, stats.outstanding, stats.pending) == (2, 2, 0, 0)
+
+
+class Scrubs:
+    """Counts each sample's scrubs in ``store`` (and still scrubs)."""
+
+    def __init__(self, store: LocalFeatureStore) -> None:
+        self.counts: dict[str, int] = {}
+        real = store.scrub
+
+        def scrub(ref: SampleRef) -> None:
+            self.counts[ref.sample_id] = self.counts.get(ref.sample_id, 0) + 1
+            real(ref)
+
+        store.scrub = scrub  # type: ignore[method-assign]
+
+
+@pytest.mark.parametrize("reaper", ["reclaim", "put"])
+def test_a_lost_reply_of_a_call_that_dead_lettered_a_reaped_lease_is_applied_once(
+    make: Factory, clock: FakeClock, reaper: str
+) -> None:
+    """The reap events of a call whose reply was lost (a reclaim's, or a put's that reaped on the way) reach the
+    caller with the retry: the dead letter is scrubbed once and its callback runs once."""
+    store, other = one_store_twice()
+    scrubs = Scrubs(store)
+    dead: list[DeadLetter] = []
+    producer = make(store, max_deliveries=1, on_dead_letter=dead.append)
+    consumer = make(other, max_deliveries=1)
+    producer.put_many(stored(store, 0, 1))
+    crashed = consumer.acquire(timeout=0)  # leased, never settled: its holder crashed
+    assert crashed is not None and crashed.ref.sample_id == "s0"
+    clock.advance(11.0)
+    lost = lose_reply(producer, reaper, lambda: consume_one(consumer))  # s1 is acked meanwhile
+    if reaper == "reclaim":
+        producer.reclaim_expired()
+    else:
+        producer.put(stored(store, 2)[0])
+        assert consume_one(consumer) == "s2"
+    assert lost
+    assert [letter.ref.sample_id for letter in dead] == ["s0"]
+    producer.reclaim_expired()  # the settle feed: s1 (and s2)
+    assert scrubs.counts == {"s0": 1, "s1": 1} | ({"s2": 1} if reaper == "put" else {})
+    settled_everywhere(store, other)
+    assert [letter.ref.sample_id for letter in producer.dead_letters()] == ["s0"]
+    assert producer.stats().dead_lettered == 1
+
+
+def remembered(queue: RedisSampleRefQueue) -> dict[str, str]:
+    """The ``calls`` hash: instance id -> its remembered call."""
+    return {key.decode(): value.decode() for key, value in queue._redis.hgetall(queue._key["calls"]).items()}
+
+
+def test_a_disconnecting_instance_drops_its_remembered_reply(make: Factory) -> None:
+    store, other = one_store_twice()
+    queue, consumer = make(store), make(other)
+    queue.put(stored(store, 0)[0])
+    lease = queue.acquire(timeout=0)
+    assert lease is not None
+    queue.fail(lease)  # a fail's reply is always remembered
+    assert len(remembered(consumer)) == 1
+    queue.disconnect()
+    assert remembered(consumer) == {}
+    assert consumer._redis.zcard(consumer._key["calls_due"]) == 0
+
+
+def test_remembered_replies_are_dropped_by_the_reaper_once_no_retry_can_come(make: Factory, clock: FakeClock) -> None:
+    """Kept ``functions.MEMO_SECONDS`` of the queue's clock (at least twice the instance's reconnect_timeout),
+    then dropped by the next reaper call of any instance; a younger one stays."""
+    store, other = one_store_twice()
+    old, young, reaper = make(store), make(other), make(other)
+    old.put_many(stored(store, 0, 1))
+    lease = old.acquire(timeout=0)
+    assert lease is not None
+    old.extend(lease)  # remembered at 1000
+    clock.advance(functions.MEMO_SECONDS / 2)
+    lease = young.acquire(timeout=0)
+    assert lease is not None
+    young.fail(lease)  # remembered at 1300
+    assert len(remembered(reaper)) == 2
+    clock.advance(functions.MEMO_SECONDS / 2 + 1)
+    reaper.reclaim_expired()
+    assert list(remembered(reaper).values()) == list(remembered(young).values())
+    assert len(remembered(reaper)) == 1
+    clock.advance(functions.MEMO_SECONDS)
+    reaper.reclaim_expired()
+    assert remembered(reaper) == {}

@@ -197,10 +197,10 @@ def test_the_server_checks_the_token(make: Factory, store: LocalFeatureStore) ->
     assert lease is not None
     key = f"{lease.lease_id:016d}"
     for forged_token in ("0" * 16, lease.token[:-1], ""):
-        statuses, _ = queue._run("ack", queue._token(), key, forged_token, "s0")
+        statuses, _ = queue._run("ack", key, forged_token, "s0")
         assert statuses == [b"stale"]
     assert queue.outstanding_count() == 1 and queue.stats().stale_rejected == 3
-    statuses, _ = queue._run("ack", queue._token(), key, lease.token, "s0")
+    statuses, _ = queue._run("ack", key, lease.token, "s0")
     assert statuses == [b"ok"]
 
 
@@ -268,7 +268,7 @@ def test_a_queue_of_another_key_layout_is_refused_and_left_as_it_was(
     client = redis.Redis.from_url(redis_server.url)
     old = {"state": "open", "layout": "2", "max_deliveries": "5", "dedup_window": "10000", "keep_bytes": "0"}
     client.hset(meta, mapping=old)
-    with pytest.raises(ValueError, match=r"key layout '2'; this version reads layout '3' \(drain it with"):
+    with pytest.raises(ValueError, match=r"key layout '2'; this version reads layout '4' \(drain it with"):
         RedisSampleRefQueue(store, url=redis_server.url, name=queue_name)
     assert {k.decode(): v.decode() for k, v in client.hgetall(meta).items()} == old
     assert client.keys(f"featurestream:{{{queue_name}}}:*") == [meta.encode()]
@@ -608,7 +608,7 @@ def test_lost_replies_are_retried_idempotently(make: Factory, store: LocalFeatur
     assert status == b"ok" and queue.stats().put == 2
     lease = queue.acquire(timeout=0)
     assert lease is not None and lease.ref == ref
-    args = (queue._token(), f"{lease.lease_id:016d}", lease.token, "s0")
+    args = (f"{lease.lease_id:016d}", lease.token, "s0")
     assert queue._run("ack", *args)[0] == [b"ok"]
     assert queue._run("ack", *args)[0] == [b"again"]  # the client then scrubs; no stale count, no second ack
     assert queue.stats().acked == 1 and queue.stats().stale_rejected == 0

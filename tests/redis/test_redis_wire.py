@@ -3,19 +3,28 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
 
 from featurestream import DeadLetter, LocalFeatureStore, SampleRef, assert_no_tensors
 from featurestream.backends.redis.wire import (
+    DEAD_LETTER_FIELDS,
     DTYPES,
+    EVENT_STATE_FIELDS,
+    LEASE_FIELDS,
     dead_letter_from_json,
     dead_letter_to_json,
+    event_state,
+    lease_issued,
     ref_from_json,
     ref_to_json,
 )
 from featurestream.testing import sample_tensors
+
+Factory = Callable[..., Any]
 
 
 @pytest.fixture
@@ -144,4 +153,48 @@ def test_dead_letter_decoding_is_strict(ref: SampleRef) -> None:
     with pytest.raises(ValueError, match="unknown fields"):
         dead_letter_from_json(json.dumps({**good, "callback": "os.system"}))
     with pytest.raises(ValueError, match="dead letter ref"):
-        dead_letter_from_json(json.dumps({**good, "ref": {**good["ref"], "v": 9}}))
+        dead_letter_from_json(json.dumps({**good, "ref": good["ref"].replace('"v":1', '"v":9')}))
+    with pytest.raises(ValueError, match="names sample 's9' but holds the ref of"):
+        dead_letter_from_json(json.dumps({**good, "sample": "s9"}))
+
+
+# -- the Redis functions' records against this codec, through a real redis-server -------------------------------
+def test_the_servers_lease_records_are_the_codecs(make: Factory) -> None:
+    store = LocalFeatureStore()
+    queue = make(store)
+    queue.put(store.put("s0", sample_tensors(0)))
+    lease = queue.acquire(timeout=0)
+    raw = queue._redis.hget(queue._key["leases"], f"{lease.lease_id:016d}")
+    record = json.loads(raw)
+    assert sorted(record) == sorted(LEASE_FIELDS)
+    assert (record["token"], record["n"], record["sample"]) == (lease.token, "0", "s0")
+    assert lease_issued(raw) == float(record["issued"]) > 0
+
+
+def test_the_servers_dead_letters_are_the_codecs(make: Factory) -> None:
+    store = LocalFeatureStore()
+    queue = make(store, max_deliveries=1)
+    ref = store.put("sample\t/ünï", sample_tensors(0))
+    queue.put(ref)
+    queue.fail(queue.acquire(timeout=0))
+    (raw,) = queue._redis.lrange(queue._key["dead"], 0, -1)
+    record = json.loads(raw)
+    assert sorted(record) == sorted(DEAD_LETTER_FIELDS)
+    assert record["ref"] == ref_to_json(ref)  # the very text that was queued
+    assert dead_letter_from_json(raw) == DeadLetter(ref, "failed 1 times (max_deliveries=1)", 1)
+    letter = dead_letter_from_json(dead_letter_to_json(DeadLetter(ref, "failed 1 times (max_deliveries=1)", 1)))
+    assert letter == queue.dead_letters()[0]
+
+
+def test_the_servers_traced_states_are_the_codecs(make: Factory) -> None:
+    queue = make(LocalFeatureStore(), tracer=lambda action, fields: None, clock=lambda: 1000.0)
+    raw = queue._run("reclaim")[-1]  # the state a traced reclaim left
+    assert sorted(json.loads(raw)) == sorted(EVENT_STATE_FIELDS)
+    assert event_state(raw) == {"pending": 0, "outstanding": 0, "now": 1000.0}
+
+
+def test_a_record_without_the_codecs_fields_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"lease record is missing fields \['issued'\]"):
+        lease_issued(json.dumps({"token": "t", "n": "0", "put": "p", "sample": "s0"}))
+    with pytest.raises(ValueError, match=r"lease record has unknown fields \['deadline'\]"):
+        lease_issued(json.dumps(dict.fromkeys((*LEASE_FIELDS, "deadline"), "1")))

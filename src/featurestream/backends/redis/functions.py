@@ -14,7 +14,7 @@ prepended to the prelude as a Lua local, so Python and Lua cannot disagree.
 
 Key layout (``LAYOUT``): ``KEYS[1]`` is the prefix ``featurestream:{name}:`` and
 every key is the prefix plus one of these names (one ``{name}`` hash tag, so they
-share a cluster slot; the functions derive the names rather than take thirteen
+share a cluster slot; the functions derive the names rather than take fourteen
 KEYS, which would cost more to send than most calls cost to run):
 
 1. ``pending``   list of deliveries waiting for a lease, ``n \\t sample id`` (``n``: the
@@ -25,13 +25,15 @@ KEYS, which would cost more to send than most calls cost to run):
                  more than RPUSH and LPOP, and the lease record holds all a PEL entry would.
 2. ``refs``      hash sample id -> ``put token \\t ref JSON`` for every held
                  (pending or leased) sample; the put token makes a retried put idempotent.
-3. ``leases``    hash lease key -> ``issued \\t token \\t n \\t put token \\t sample id`` (live leases;
-                 ``issued``: the server's TIME when leased, for ``oldest_lease_age``).
+3. ``leases``    hash lease key -> lease record (live leases): JSON with named fields, ``issued`` (the server's
+                 TIME when leased, for ``oldest_lease_age``), ``token``, ``n``, ``put`` (put token), ``sample``;
+                 ``wire.LEASE_FIELDS`` is its Python codec.
 4. ``deadlines`` zset lease key -> deadline (seconds); the reap index.
 5. ``done``      hash sample id -> ``outcome \\t lease key \\t lease token \\t put token``:
                  the dedup window, also used to make retried ack/fail/put idempotent.
 6. ``done_order`` list of sample ids in retirement order (evicts the window's oldest).
-7. ``dead``      list of dead-letter JSON (``featurestream.backends.redis.wire`` schema).
+7. ``dead``      list of dead letters: JSON with named fields ``sample``, ``ref`` (the ref JSON as text),
+                 ``reason``, ``deliveries`` (``wire.dead_letter_from_json``, ``wire.DEAD_LETTER_FIELDS``).
 8. ``meta``      hash: ``state`` (open/draining/drained), fixed config (``max_deliveries``,
                  ``dedup_window``, ``keep_bytes``), ``kept_bytes``, ``waiting`` (until when,
                  server seconds, a consumer that found nothing to lease may be blocked on
@@ -52,11 +54,19 @@ KEYS, which would cost more to send than most calls cost to run):
 12. ``kept``     hash sample id -> estimated bytes of the dead letters whose bytes stay retained
                  (``keep_dead_letter_bytes``, their total in ``meta`` ``kept_bytes``) so that
                  ``requeue`` can deliver them again; ``purge`` releases them.
-13. ``calls``    hash instance id (a token's first ``INSTANCE_CHARS``) -> ``call id \\t reply JSON``: that
-                 instance's last ``extend``, ``requeue``, ``purge``, ``fail`` or ``lose`` (or last ack that
-                 rejected a lease, or put refused by the dedup window), whose retry after a lost reply gets
-                 this reply rather than acting or counting again (their effects leave nothing else to
-                 recognise them by). Those functions take the call id as their first argument.
+13. ``calls``    hash instance id (a call id's first ``INSTANCE_CHARS``: the client's ``Link``) -> ``call id \\t
+                 reply JSON``: that instance's last remembered call, whose retry after a lost reply gets this
+                 reply rather than acting, counting or reaping again. A call is remembered when it is one of
+                 ``REMEMBERED`` (their effects leave nothing else a retry could recognise them by), when it
+                 rejects a lease or refuses a put by the dedup window (counted once), and when its reply
+                 reports an event other than a feed settle: a reap's reclaims and dead letters (their scrubs
+                 and ``on_dead_letter`` callbacks), a drain, and every event of a traced call (so a retry
+                 traces what its first run did, counts included). An untraced put, acquire or ack that reaps
+                 nothing writes nothing here.
+14. ``calls_due`` zset instance id -> when (the call's clock) its ``calls`` entry is dropped: ``MEMO_SECONDS``
+                 or twice the instance's ``reconnect_timeout``, whichever is longer, after the call. ``init``
+                 and ``reclaim`` (the reaper's call) drop the entries whose time is up; an instance's
+                 ``disconnect`` drops its own.
 
 Lease keys are the lease id zero-padded to 16 digits, so the deadline zset
 orders ties by lease id exactly like the in-process queue's heap.
@@ -64,16 +74,20 @@ orders ties by lease id exactly like the in-process queue's heap.
 ``ARGV[1]`` is a tab-separated header: ``now`` in seconds (empty: the server's
 ``TIME``, which every node agrees on), max_deliveries, dedup_window, the
 caller's cursor in ``retired`` (empty: not wanted; ``$``: the caller holds no
-unsettled puts, so just report the newest id) and ``1`` when the caller
-traces; ``ARGV[2:]`` are per function. Every function except ``init`` and ``close`` first reaps
+unsettled puts, so just report the newest id), ``1`` when the caller
+traces, then (added by the ``Link``) the call id, ``1`` when the request may
+repeat one the server ran (a retry, or any request redis-py sends: it retries by
+itself; only such a call looks in ``calls``) and how long a remembered reply is
+kept; ``ARGV[2:]`` are per function. Every function except ``init`` and ``close`` first reaps
 due leases (at most ``REAP_LIMIT``), as every in-process queue operation does.
 Functions return ``{status, events, ...}`` (``ack`` and ``fail``, which take a
 batch of leases, ``{statuses, events}``) where ``events`` is a flat list of
 ``kind, a, b`` triples the client turns into tracer calls, scrubs and
 dead-letter callbacks; a traced call's events are quadruples, the fourth
-being the state the event left, computed in the same atomic call: ``{n,
-pending, leased, now, deadline}`` (the lease's redelivery count, the counts
-after the event, the call's clock, a lease's deadline; ``''`` where none). An
+being the state the event left, computed in the same atomic call: JSON with
+the named fields ``wire.EVENT_STATE_FIELDS`` (the lease's redelivery count, the
+counts after the event, the call's clock, a lease's deadline; ``''`` where
+none; ``wire.event_state`` decodes it). An
 untraced call reads nothing for them and gets only the events it acts on.
 ``kind`` uses the lease/lifecycle machines' trigger names (``lease``,
 ``extend``, ``ack``, ``fail``, ``reclaim``, ``close``, ``drain``) plus
@@ -101,15 +115,19 @@ KEY_NAMES = (
     "retired",
     "kept",
     "calls",
+    "calls_due",
 )
 
-LAYOUT = "3"  # key layout version, stored in ``meta``: a client refuses a queue of another layout
+LAYOUT = "4"  # key layout version, stored in ``meta``: a client refuses a queue of another layout
 REAP_LIMIT = 1000  # most leases one call reaps, to keep the server responsive
 FEED_LIMIT = 1000  # most settles one call reports from ``retired``
 RETIRED_MAXLEN = 100_000  # approximate cap of ``retired``
 # Put and lease tokens start with this many characters naming the instance that made them (a random hex id): a
 # sample settled by the instance that put it is left off the ``retired`` feed (that instance scrubs it itself).
 INSTANCE_CHARS = 16
+# A reply remembered for a retry after a lost reply is kept this many seconds of the call's clock at least (and at
+# least twice the calling instance's reconnect_timeout): the reaper's call drops it later (see ``calls_due``).
+MEMO_SECONDS = 600
 MAX_BATCH = 1000  # most items one batch call takes (the Lua unpacks a batch into one command's arguments)
 # The ``pending`` gauge from the ``stats`` counters: each counter's sign (every ``pending`` entry is a put, a
 # redelivery or a requeue; leases and dead letters take entries out). ``stats()`` and traced calls both derive it so.
@@ -127,6 +145,11 @@ CONSTANTS: dict[str, str | int | dict[str, int]] = {
     "MAX_BATCH": MAX_BATCH,
     "PENDING_TERMS": PENDING_TERMS,
 }
+
+# The functions every reply of which is remembered for a retry after a lost reply: their first run leaves nothing a
+# retry could recognise its effect by (a redelivery, an extension, a requeue, a purge). The others remember theirs
+# only when it reports what the client must act on or trace (see ``calls`` above).
+REMEMBERED = frozenset({"fail", "lose", "extend", "requeue", "purge"})
 
 FUNCTIONS = (
     "init",
@@ -175,8 +198,14 @@ class Library:
     """
 
     def __init__(self, scripts: dict[str, str], prelude: str = PRELUDE) -> None:
+        # Each body is a local function defined once, at load; its registered function begins the call, answers
+        # a retry whose first run's reply was remembered with that reply, and remembers the body's reply.
         bodies = "".join(
-            f"\nredis.register_function('{{tag}}_{name}', function(KEYS, ARGV)\nbegin(KEYS, ARGV)\n{body}end)\n"
+            f"\nlocal function run_{name}(KEYS, ARGV)\n{body}end\n"
+            f"redis.register_function('{{tag}}_{name}', function(KEYS, ARGV)\n"
+            f"begin(KEYS, ARGV, {'true' if name in REMEMBERED else 'false'})\n"
+            f"local again = recalled()\nif again then\n  return replay('{name}', again)\nend\n"
+            f"return remember(run_{name}(KEYS, ARGV))\nend)\n"
             for name, body in scripts.items()
         )
         self.tag = "fs_" + hashlib.sha1((prelude + bodies).encode()).hexdigest()[:16]

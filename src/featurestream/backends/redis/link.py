@@ -19,8 +19,10 @@ arguments to ``hiredis.pack_command`` itself: the same bytes, without redis-py's
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
+import secrets
 import threading
 import time
 from collections.abc import Callable
@@ -113,10 +115,13 @@ Arg = str | int | bytes
 class Link:
     """The functions of ``library`` on ``client`` for the queue ``name``; ``key[n]`` is key ``n``'s full name.
 
-    Every function is idempotent under a retry after a lost reply (put by its put token, ack by the dedup
-    record of the lease it settled, extend/requeue/purge/fail and refusals by the reply the server remembers
-    for the call id; a retried acquire leaves a lease nobody holds, which expires and is redelivered), so
-    retrying connection errors is safe. Thread-safe as redis-py's client is.
+    Every call gets an id (this link's random id, ``functions.INSTANCE_CHARS`` characters, and a counter) and
+    tells the server whether it may repeat a request the server already ran: a retry after a connection error,
+    or any request redis-py sends (it retries by itself). The server remembers a call's reply under that id when
+    the reply reports what the client must act on or trace, or an effect a retry could not recognise, and
+    answers the retry with it (see ``functions``: ``calls``); a put is recognised by its put token and an ack by
+    the dedup record of the lease it settled. So retrying connection errors is safe, and a retried call has the
+    effect, and reports the events, of its first run. Thread-safe as redis-py's client is.
     """
 
     def __init__(self, client: redis.Redis, name: str, library: functions.Library, reconnect_timeout: float) -> None:
@@ -139,6 +144,10 @@ class Link:
             self._pack = _hiredis_pack
         self._conn_lock = threading.Lock()
         self._pid = os.getpid()  # a forked child shares the socket: it must not use the connection
+        self._id = secrets.token_hex(functions.INSTANCE_CHARS // 2)
+        self._calls = itertools.count()
+        # how long the server keeps a reply for this link's retry: longer than any retry of it can come
+        self._keep = repr(float(max(functions.MEMO_SECONDS, 2 * reconnect_timeout)))
         first_contact(client, name, reconnect_timeout)
         self.load()
 
@@ -156,27 +165,46 @@ class Link:
             raise
 
     def call(self, script: str, header: Callable[[str], str], *args: Arg) -> Any:
-        """``FCALL`` function ``script`` with ``header(script)`` (built afresh for every attempt) and ``args``."""
+        """``FCALL`` function ``script`` with ``header(script)`` (built afresh for every attempt), this call's id,
+        whether the request may repeat one the server ran, how long a reply is kept for that, and ``args``."""
+        call = f"{self._id}{next(self._calls)}"
+        again = f"\t{call}\t1\t{self._keep}"
         try:
             conn = self._conn
             if conn is not None and self._pid == os.getpid() and self._conn_lock.acquire(blocking=False):
                 try:
-                    return self._request(conn, self._functions[script], header(script), args)
+                    first = f"{header(script)}\t{call}\t\t{self._keep}"
+                    return self._request(conn, self._functions[script], first, args)
                 finally:
                     self._conn_lock.release()
-            return self.redis.fcall(self._functions[script], 1, self.prefix, header(script), *args)
+            return self.redis.fcall(self._functions[script], 1, self.prefix, header(script) + again, *args)
         except RETRYABLE:
             pass
         except redis.ResponseError as exc:
             if "function not found" not in str(exc).lower():
                 raise
-        return self.retrying(self._call_reloading, script, header, args)
+        return self.retrying(self._call_reloading, script, lambda name: header(name) + again, args)
 
     def close(self) -> None:
-        """Close the hot path's connection (a later call opens it again)."""
-        if self._conn is not None:
-            with self._conn_lock:
-                self._conn.disconnect()
+        """Drop this link's remembered reply on the server and close the hot path's connection (a later call
+        opens it again). One attempt: when Redis cannot be reached the reaper drops the reply in time."""
+        forget = (("HDEL", self.key["calls"], self._id), ("ZREM", self.key["calls_due"], self._id))
+        try:
+            if self._conn is not None and self._pid == os.getpid():
+                with self._conn_lock:
+                    try:
+                        self._conn.send_packed_command(self._conn.pack_commands(forget))
+                        for _ in forget:
+                            self._conn.read_response()
+                    finally:
+                        self._conn.disconnect()
+            else:
+                with self.redis.pipeline(transaction=False) as pipe:
+                    for command in forget:
+                        pipe.execute_command(*command)
+                    pipe.execute()
+        except (redis.RedisError, OSError) as exc:
+            logger.debug("could not drop the remembered reply of %s on disconnect: %s", self._id, exc)
 
     def _request(
         self, conn: redis.connection.AbstractConnection, function: str, header: str, args: tuple[Arg, ...]

@@ -66,7 +66,13 @@ except ImportError as exc:  # pragma: no cover - exercised only without the opti
 from featurestream.backends.redis import functions
 from featurestream.backends.redis.link import Link, first_contact
 from featurestream.backends.redis.resume import RedisTrainingLedger
-from featurestream.backends.redis.wire import dead_letter_from_json, ref_from_json, ref_to_json
+from featurestream.backends.redis.wire import (
+    dead_letter_from_json,
+    event_state,
+    lease_issued,
+    ref_from_json,
+    ref_to_json,
+)
 from featurestream.core import errors, events
 from featurestream.core.backpressure import HealthCallback
 from featurestream.core.checks import check_count, check_seconds
@@ -161,19 +167,6 @@ def _pending(counters: dict[Any, Any]) -> int:
     """The pending gauge from the counters (``functions.PENDING_TERMS``, as traced calls derive it on the server)."""
     values = {_text(k): int(v) for k, v in counters.items()}
     return sum(sign * values.get(name, 0) for name, sign in functions.PENDING_TERMS.items())
-
-
-def _values(raw: list[Any]) -> dict[str, object]:
-    """A traced event's state (the fourth item of a traced call's events, see ``functions``), as the in-process
-    queue traces it: ``n`` (when the event concerns a lease or its sample), ``pending``, ``outstanding``, the
-    call's clock ``now`` and a lease's ``deadline`` (when it has one), in seconds of the queue's clock."""
-    n, pending, outstanding, now, deadline = raw
-    values: dict[str, object] = {"pending": int(pending), "outstanding": int(outstanding), "now": float(now)}
-    if n not in (b"", ""):
-        values["n"] = int(n)
-    if deadline:
-        values["deadline"] = float(deadline)
-    return values
 
 
 def _settings(values: dict[str, int]) -> str:
@@ -407,7 +400,7 @@ class RedisSampleRefQueue(FrontEnd):
         check_seconds("seconds", extra, positive=True)
         key, token, _ = self._proof(lease)
         with self._op:
-            status, reply_events, *rest = self._run("extend", key, token, repr(float(extra)), self._token())
+            status, reply_events, *rest = self._run("extend", key, token, repr(float(extra)))
             self._apply(reply_events)
             if _text(status) == "ok":
                 fire(LEASE_MACHINE, "extend", self._lease_model(lease.lease_id, "extend"))
@@ -521,7 +514,7 @@ class RedisSampleRefQueue(FrontEnd):
         """
         ids = _sample_ids(sample_ids)
         with self._op:
-            status, reply_events, *rest = self._run("purge", self._token(), *ids)
+            status, reply_events, *rest = self._run("purge", *ids)
             self._apply(reply_events)
             if _text(status) == "ok":
                 purged, released = rest
@@ -549,7 +542,7 @@ class RedisSampleRefQueue(FrontEnd):
         records, server_now = self._retrying(read)
         if not records:
             return None
-        issued = min(float(_text(record).split("\t", 1)[0]) for record in records)
+        issued = min(lease_issued(record) for record in records)
         return max(0.0, server_now - issued)
 
     @classmethod
@@ -785,7 +778,7 @@ class RedisSampleRefQueue(FrontEnd):
         _, reaped_events, _, state, held, left = self._run("reclaim")
         self._apply(reaped_events)
         if left:  # traced: the state the reclaim left, which this round's own events report
-            self._seen_state = _values(left)
+            self._seen_state = event_state(left)
         if self._owed:  # a scrub the reap just owed: retry it before judging residency
             self._pay_owed()
         if _text(state) != "open":
@@ -910,9 +903,8 @@ class RedisSampleRefQueue(FrontEnd):
             proofs.append((key, token if key not in seen else "", sample_id))
             seen.add(key)
         with self._op:
-            # the call id makes a retry after a lost reply exact (see functions: ``calls``)
             parts = (part for proof in proofs for part in proof)
-            statuses, reply_events = self._run(function or trigger, self._token(), *parts)
+            statuses, reply_events = self._run(function or trigger, *parts)
             texts = [_text(raw) for raw in statuses]
             # Acked samples are scrubbed at their "ack" event (traced calls get one), so a failed scrub is traced
             # right after its Ack, before a Drain the same call caused; untraced calls scrub them after.
@@ -961,7 +953,7 @@ class RedisSampleRefQueue(FrontEnd):
         for index in range(0, len(reply_events), width):
             kind, first, second = (_text(v) for v in reply_events[index : index + 3])
             action = _ACTIONS.get(kind, kind)
-            values = _values(reply_events[index + 3]) if width == 4 and kind != "retired" else {}
+            values = event_state(reply_events[index + 3]) if width == 4 and kind != "retired" else {}
             if values:
                 self._seen_state = {name: values[name] for name in ("pending", "outstanding", "now")}
             if kind in ("lease", "extend", "ack", "fail", "reclaim"):

@@ -7,6 +7,10 @@ and dtypes outside ``DTYPES`` raise ``ValueError`` naming the offending
 value, so a peer can never smuggle an object (or a tensor) into the reader.
 Every decoded ref is rebuilt through the ``SampleRef`` constructor from
 type-checked primitives, so it passes ``assert_no_tensors`` by construction.
+
+The Redis queue's server functions write records with named fields (``cjson``), which this module is the
+Python codec of: dead letters (``DEAD_LETTER_FIELDS``, the same format ``dead_letter_to_json`` writes), lease
+records (``LEASE_FIELDS``) and the state a traced event left (``EVENT_STATE_FIELDS``).
 """
 
 from __future__ import annotations
@@ -22,10 +26,15 @@ from featurestream.core.lease import DeadLetter
 from featurestream.core.refs import FeatureAlgorithm, FeatureSpec, SampleRef
 
 __all__ = [
+    "DEAD_LETTER_FIELDS",
     "DTYPES",
+    "EVENT_STATE_FIELDS",
+    "LEASE_FIELDS",
     "WIRE_VERSION",
     "dead_letter_from_json",
     "dead_letter_to_json",
+    "event_state",
+    "lease_issued",
     "ref_from_json",
     "ref_to_json",
 ]
@@ -71,7 +80,17 @@ _REF_FIELDS = {
     "features": list,
 }
 _FEATURE_FIELDS = {"name": str, "key": str, "shape": list, "dtype": str}
-_DEAD_FIELDS = {"ref": dict, "reason": str, "deliveries": int}
+# A dead letter: its sample id, its ref's JSON as text (the very text that was queued, so a requeue or a reader
+# gets it back byte for byte, whoever wrote the letter), why it died and after how many deliveries.
+_DEAD_FIELDS = {"sample": str, "ref": str, "reason": str, "deliveries": int}
+DEAD_LETTER_FIELDS = tuple(_DEAD_FIELDS)
+# A live lease's record in Redis: when the server leased it (its TIME, seconds), its token, the redelivery
+# count, the put token of the put it delivers and the sample id; every field text.
+LEASE_FIELDS = ("issued", "token", "n", "put", "sample")
+_LEASE_FIELDS = dict.fromkeys(LEASE_FIELDS, str)
+# The state a traced event left: the redelivery count ``n`` and the lease's ``deadline`` ('' where none), the
+# ``pending`` and ``outstanding`` counts, and the call's clock ``now``.
+EVENT_STATE_FIELDS = ("n", "pending", "outstanding", "now", "deadline")
 # JSON string literal of a str, as JSONEncoder(ensure_ascii=False) writes it (the C implementation).
 _STRING = json.encoder.encode_basestring
 # The encoded tail of a feature object by spec (',"shape":[...],"dtype":"..."}'): a run repeats a few specs.
@@ -121,17 +140,55 @@ def ref_from_json(text: str | bytes) -> SampleRef:
 
 
 def dead_letter_to_json(dead: DeadLetter) -> str:
-    """Encode a dead letter as ``{"ref": <ref object>, "reason": str, "deliveries": int}``."""
-    return f'{{"ref":{ref_to_json(dead.ref)},"reason":{_STRING(dead.reason)},"deliveries":{dead.deliveries:d}}}'
+    """Encode a dead letter as ``{"sample": id, "ref": <ref JSON text>, "reason": str, "deliveries": int}``."""
+    return json.dumps(
+        {
+            "sample": dead.ref.sample_id,
+            "ref": ref_to_json(dead.ref),
+            "reason": dead.reason,
+            "deliveries": dead.deliveries,
+        },
+        separators=(",", ":"),
+        ensure_ascii=False,
+    )
 
 
 def dead_letter_from_json(text: str | bytes) -> DeadLetter:
-    """Decode a dead letter encoded by ``dead_letter_to_json`` (or the Redis queue's Lua twin of it)."""
+    """Decode a dead letter encoded by ``dead_letter_to_json`` or by the Redis queue's server functions (the
+    same fields, in any order); ``ValueError`` for anything outside the schema or a ``sample`` that is not the
+    ref's id."""
     obj = _loads(text, "dead letter")
     _check_fields(obj, _DEAD_FIELDS, "dead letter")
     if obj["deliveries"] < 1:
         raise ValueError(f"dead letter deliveries must be >= 1, got {obj['deliveries']!r}")
-    return DeadLetter(_ref_from_obj(obj["ref"], "dead letter ref"), obj["reason"], obj["deliveries"])
+    try:
+        ref = ref_from_json(obj["ref"])
+    except ValueError as exc:
+        raise ValueError(f"dead letter ref: {exc}") from None
+    if ref.sample_id != obj["sample"]:
+        raise ValueError(f"dead letter names sample {obj['sample']!r} but holds the ref of {ref.sample_id!r}")
+    return DeadLetter(ref, obj["reason"], obj["deliveries"])
+
+
+def lease_issued(record: str | bytes) -> float:
+    """When the server leased the lease of a Redis lease record (``LEASE_FIELDS``), in its TIME's seconds."""
+    obj = _loads(record, "lease record")
+    _check_fields(obj, _LEASE_FIELDS, "lease record")
+    return float(obj["issued"])
+
+
+def event_state(text: str | bytes) -> dict[str, object]:
+    """The state a traced Redis event left (``EVENT_STATE_FIELDS``), as the in-process queue traces it:
+    ``pending``, ``outstanding``, the call's clock ``now``, and ``n`` and ``deadline`` when the event has them."""
+    obj = json.loads(text)
+    values: dict[str, object] = {
+        "pending": int(obj["pending"]), "outstanding": int(obj["outstanding"]), "now": float(obj["now"]),
+    }  # fmt: skip
+    if obj["n"] != "":
+        values["n"] = int(obj["n"])
+    if obj["deadline"] != "":
+        values["deadline"] = float(obj["deadline"])
+    return values
 
 
 # -- internals -----------------------------------------------------------------

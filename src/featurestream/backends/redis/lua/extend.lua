@@ -1,13 +1,6 @@
--- ARGV: lease key, token, seconds, call id. A retry after a lost reply gets the first run's reply (with this
--- run's now, against which the client reads the deadline), so a lease is extended and counted once per call.
-local key, token, extra, call = ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5]
-local again = recalled(call)
-if again then
-  if again[1] == 'ok' then
-    again[4] = fmt(clock())
-  end
-  return again
-end
+-- ARGV: lease key, token, seconds. Replies the new deadline and this run's now (against which the client reads
+-- it; a retry after a lost reply gets the first run's deadline with its own now: see replay).
+local key, token, extra = ARGV[2], ARGV[3], tonumber(ARGV[4])
 reap()
 local live, n, _, sid = live_lease(key, token)
 if live then
@@ -15,7 +8,7 @@ if live then
   redis.call('ZADD', K_DEADLINES, deadline, key)
   redis.call('HINCRBY', K_STATS, 'extended', '1')
   emit('extend', sid, key, n, 0, 0, deadline)
-  return remember(call, {'ok', events, deadline, fmt(clock())})
+  return {'ok', events, deadline, fmt(clock())}
 end
 stale('extend', key, redis.call('HEXISTS', K_LEASES, key) == 1)
-return remember(call, {'lost', events})
+return {'lost', events}

@@ -1,6 +1,7 @@
 -- ARGV: keep_dead_letter_bytes, store_uri ('' pins none: an operator's handle has no store). Creates the queue
 -- unless it exists, pinning the first store_uri given; replies its stored settings (layout, max_deliveries,
--- dedup_window, keep_dead_letter_bytes, store_uri or '') and the newest id of the retired feed.
+-- dedup_window, keep_dead_letter_bytes, store_uri or '') and the newest id of the retired feed. Drops the
+-- remembered replies whose time is up, as the reaper's call does.
 redis.call('HSETNX', K_META, 'state', 'open')
 redis.call('HSETNX', K_META, 'layout', LAYOUT)
 redis.call('HSETNX', K_META, 'max_deliveries', MAX_DELIVERIES)
@@ -11,6 +12,7 @@ if ARGV[3] ~= '' and redis.call('HGET', K_META, 'layout') == LAYOUT then  -- ano
 end
 local config = redis.call('HMGET', K_META, 'layout', 'max_deliveries', 'dedup_window', 'keep_bytes', 'store_uri')
 config[5] = config[5] or ''
+prune_calls()
 local last = redis.call('XREVRANGE', K_RETIRED, '+', '-', 'COUNT', 1)
 config[6] = last[1] and last[1][1] or '0-0'
 return config

@@ -18,13 +18,18 @@ local function count_arg(n)
 end
 
 local K_PENDING, K_REFS, K_LEASES, K_DEADLINES, K_DONE, K_DONE_ORDER, K_DEAD, K_META, K_STATS, K_WAKE, K_RETIRED
-local K_KEPT, K_CALLS, PREFIX
+local K_KEPT, K_CALLS, K_CALLS_DUE, PREFIX
 local ARGS, CLOCK, now, MAX_DELIVERIES, DEDUP_WINDOW, CURSOR, TRACE, events
 -- This call's read of ``meta`` (read_meta): the lifecycle state, until when (server seconds) a consumer may be
 -- blocked waiting for a delivery, and keep_dead_letter_bytes. ``woken``: this call woke the waiters already.
 local STATE, WAITING, KEEP_BYTES, woken
--- Whether this call counts the leases it rejects (see counts_rejections; nil: not asked yet).
-local COUNTS_REJECTIONS
+-- The call's id (its client's instance id, INSTANCE_CHARS characters, then a counter), that instance's id,
+-- whether the client sends it again after losing its reply, and how long (seconds of the call's clock) a reply
+-- remembered for that retry is kept (see remember).
+local CALL, INSTANCE, RETRY, KEEP
+-- Whether this call's reply is remembered for its retry: it reports something the client must act on or trace
+-- (see emit), changes what a retry could not recognise, or counts a refusal.
+local MEMO
 -- Traced calls only: the queue's pending and leased counts as this call's events so far left them (see emit).
 local traced_pending, traced_leased
 -- the header's settings as text, and their numbers: parsed again only when a call sends other text
@@ -45,7 +50,8 @@ local function read_counts()
   traced_leased = redis.call('HLEN', K_LEASES)
 end
 
-local function begin(keys, argv)
+-- ``remembers``: the function's every reply is remembered (its effects leave nothing a retry could recognise).
+local function begin(keys, argv, remembers)
   local P = keys[1]
   ARGS = argv
   -- the key names of the last queue called stay valid (one queue's calls usually follow each other)
@@ -53,20 +59,21 @@ local function begin(keys, argv)
     K_PENDING, K_REFS, K_LEASES, K_DEADLINES = P .. 'pending', P .. 'refs', P .. 'leases', P .. 'deadlines'
     K_DONE, K_DONE_ORDER, K_DEAD, K_META = P .. 'done', P .. 'done_order', P .. 'dead', P .. 'meta'
     K_STATS, K_WAKE, K_RETIRED, K_KEPT = P .. 'stats', P .. 'wake', P .. 'retired', P .. 'kept'
-    K_CALLS = P .. 'calls'
+    K_CALLS, K_CALLS_DUE = P .. 'calls', P .. 'calls_due'
     PREFIX = P
   end
-  local settings, max_deliveries, dedup_window
-  CLOCK, settings, max_deliveries, dedup_window, CURSOR, TRACE = string.match(
-    argv[1], '^([^\t]*)\t(([^\t]*)\t([^\t]*))\t([^\t]*)\t([^\t]*)$')
+  local settings, max_deliveries, dedup_window, keep
+  CLOCK, settings, max_deliveries, dedup_window, CURSOR, TRACE, CALL, RETRY, keep = string.match(
+    argv[1], '^([^\t]*)\t(([^\t]*)\t([^\t]*))\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)$')
   if settings ~= SETTINGS_TEXT or not settings then
     SETTINGS_TEXT, MAX_DELIVERIES, DEDUP_WINDOW = settings, tonumber(max_deliveries), tonumber(dedup_window)
   end
   TRACE = TRACE == '1'
+  INSTANCE, RETRY, KEEP = string.sub(CALL, 1, INSTANCE_CHARS), RETRY == '1', tonumber(keep)
+  MEMO = remembers
   now = nil
   STATE = nil
   woken = false
-  COUNTS_REJECTIONS = nil
   events = {}
   if TRACE then
     read_counts()
@@ -138,10 +145,19 @@ local function fmt(x)
   return string.format('%.17g', x)
 end
 
+-- The state a traced event left, a record with named fields (decoded by featurestream.backends.redis.wire's
+-- event_state): ``n`` (the lease's redelivery count), the pending and ``outstanding`` (leased) counts, the call's
+-- clock ``now`` and ``deadline`` (a lease's); '' where none. Times as text: cjson would round them to 14 digits.
+local function traced_state(n, deadline)
+  return cjson.encode({
+    n = n or '', pending = traced_pending, outstanding = traced_leased, now = fmt(clock()), deadline = deadline or ''})
+end
+
 -- Report event ``kind`` (arguments ``a``, ``b``) to the client. A traced call's events also carry the state they
--- left, computed here, atomically with the change: ``n`` (the lease's redelivery count), the pending and leased
--- counts after the event's own changes ``pending_change`` and ``leased_change`` (so each event of a batch reports
--- the state its item left, as one call per item would), the call's clock and ``deadline`` (a lease's).
+-- left (traced_state), computed here, atomically with the change: the pending and leased counts after the event's
+-- own changes ``pending_change`` and ``leased_change``, so each event of a batch reports the state its item left,
+-- as one call per item would. A call that reports an event other than a settle of the feed is remembered for its
+-- retry (see remember): the client acts on it (a scrub, a dead-letter callback, the lease machine) or traces it.
 local function emit(kind, a, b, n, pending_change, leased_change, deadline)
   if TRACE then
     traced_pending = traced_pending + (pending_change or 0)
@@ -149,11 +165,16 @@ local function emit(kind, a, b, n, pending_change, leased_change, deadline)
     events[#events + 1] = kind
     events[#events + 1] = a
     events[#events + 1] = b
-    events[#events + 1] = {n or '', traced_pending, traced_leased, fmt(clock()), deadline or ''}
+    events[#events + 1] = traced_state(n, deadline)
   elseif NEEDED[kind] then
     events[#events + 1] = kind
     events[#events + 1] = a
     events[#events + 1] = b
+  else
+    return
+  end
+  if kind ~= 'retired' then
+    MEMO = true
   end
 end
 
@@ -190,9 +211,15 @@ local function feed()
   end
 end
 
--- issued (the server's TIME when leased), token, n, put token, sample id (the id goes last: it may contain tabs)
+-- A ``leases`` value: a record with named fields (decoded in Python by featurestream.backends.redis.wire's
+-- lease_issued): ``issued`` (the server's TIME when leased), ``token``, ``n`` (the redelivery count), ``put`` (the
+-- put token) and ``sample`` (the id), all text. parse_lease reads one back.
+local function lease_record(issued, token, n, put_token, sid)
+  return cjson.encode({issued = issued, token = token, n = n, put = put_token, sample = sid})
+end
+
 local function parse_lease(rec)
-  return string.match(rec, '^([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t(.*)$')
+  return cjson.decode(rec)
 end
 
 -- Called after a sample leaves ``refs``: a closed queue that holds nothing drains.
@@ -224,17 +251,17 @@ local function own_settle(token, put_token)
   return token ~= '' and string.sub(token, 1, INSTANCE_CHARS) == string.sub(put_token, 1, INSTANCE_CHARS)
 end
 
--- Settle samples for good: ``items`` are {sample id, lease key, lease token, put token}. One command of each
--- kind for the whole batch: the held refs go, one ``retired`` entry reports the ones another instance put
--- (unless their bytes are ``kept``: a dead letter kept for requeue), the dedup window records them.
+-- Settle samples for good: ``items`` are {sample, key (the lease's), token (the lease's), put (the put token)}.
+-- One command of each kind for the whole batch: the held refs go, one ``retired`` entry reports the ones another
+-- instance put (unless their bytes are ``kept``: a dead letter kept for requeue), the dedup window records them.
 local function retire(items, outcome, kept)
   local sids, done, fed = {}, {}, {}
   for i, item in ipairs(items) do
-    sids[i] = item[1]
-    done[2 * i - 1] = item[1]
-    done[2 * i] = outcome .. '\t' .. item[2] .. '\t' .. item[3] .. '\t' .. item[4]
-    if not own_settle(item[3], item[4]) then
-      fed[#fed + 1] = item[1]
+    sids[i] = item.sample
+    done[2 * i - 1] = item.sample
+    done[2 * i] = outcome .. '\t' .. item.key .. '\t' .. item.token .. '\t' .. item.put
+    if not own_settle(item.token, item.put) then
+      fed[#fed + 1] = item.sample
     end
   end
   redis.call('HDEL', K_REFS, unpack(sids))
@@ -252,6 +279,13 @@ local function retire(items, outcome, kept)
 end
 
 local REASONS = {fail = 'failed', reclaim = 'expired'}
+
+-- A ``dead`` entry: a record with named fields, the dead-letter wire format of featurestream.backends.redis.wire
+-- (dead_letter_to_json / dead_letter_from_json): ``sample`` (the id), ``ref`` (the ref JSON, as text),
+-- ``reason`` and ``deliveries``.
+local function dead_letter(sid, ref, reason, deliveries)
+  return cjson.encode({sample = sid, ref = ref, reason = reason, deliveries = deliveries})
+end
 local LOST_REASON = 'lost: the store lost its bytes (it was never scrubbed); no redelivery could serve it'
 
 -- Finish the fail or reclaim (event ``kind``) of lease ``key`` of sample ``sid``: the sample goes to the tail as
@@ -264,7 +298,7 @@ local function redeliver(kind, sid, n, key, token, put_token, deadline, lost)
     local why = lost and LOST_REASON
       or REASONS[kind] .. ' ' .. deliveries .. ' times (max_deliveries=' .. MAX_DELIVERIES .. ')'
     local _, ref = split_held(redis.call('HGET', K_REFS, sid))
-    local letter = '{"ref":' .. ref .. ',"reason":"' .. why .. '","deliveries":' .. deliveries .. '}'
+    local letter = dead_letter(sid, ref, why, deliveries)
     redis.call('RPUSH', K_DEAD, letter)
     redis.call('HINCRBY', K_STATS, 'dead_lettered', '1')
     -- keep_dead_letter_bytes: the sample stays retained (for a requeue) while the kept bytes fit the cap
@@ -278,7 +312,7 @@ local function redeliver(kind, sid, n, key, token, put_token, deadline, lost)
     end
     emit(kind, sid, key, n, 0, -1, deadline)
     emit(kept and 'kept' or 'dead', sid, letter, n)
-    retire({{sid, key, token, put_token}}, 'dead-lettered', kept)
+    retire({{sample = sid, key = key, token = token, put = put_token}}, 'dead-lettered', kept)
   else
     enqueue({deliveries .. '\t' .. sid})
     emit(kind, sid, key, n, 1, -1, deadline)
@@ -302,30 +336,47 @@ local function reap()
     'ZRANGEBYSCORE', K_DEADLINES, '-inf', fmt(clock()), 'WITHSCORES', 'LIMIT', '0', count_arg(REAP_LIMIT))
   for i = 1, #due, 2 do
     local key = due[i]
-    local _, _, n, put_token, sid = parse_lease(redis.call('HGET', K_LEASES, key))
+    local lease = parse_lease(redis.call('HGET', K_LEASES, key))
     drop_leases({key}, 'reclaimed')
     -- no token in the dedup record: a late fail of this lease is stale, not a retry of a settle
-    redeliver('reclaim', sid, n, key, '', put_token, due[i + 1])
+    redeliver('reclaim', lease.sample, lease.n, key, '', lease.put, due[i + 1])
   end
   return #due / 2
 end
 
--- The reply of call ``call`` when this is its retry after a lost reply (the first run's reply, as it was
--- sent), else nil. For the calls whose first run leaves nothing a retry could recognise its effect by (extend,
--- requeue, purge): ``calls`` holds each instance's last such call id and reply, one field per instance (an
--- instance's calls are serial, so a retry always follows the call it repeats).
-local function recalled(call)
-  local memo = redis.call('HGET', K_CALLS, string.sub(call, 1, INSTANCE_CHARS))
-  if memo and string.sub(memo, 1, #call + 1) == call .. '\t' then
-    return cjson.decode(string.sub(memo, #call + 2))
+-- When this call is the retry of one whose reply was lost and that reply was remembered: that reply, as it was
+-- sent, else nil. ``calls`` holds each instance's last remembered call id and reply, one field per instance (an
+-- instance's calls are serial, so a retry always follows the call it repeats); only a retry looks.
+local function recalled()
+  if not RETRY then
+    return nil
+  end
+  local memo = redis.call('HGET', K_CALLS, INSTANCE)
+  if memo and string.sub(memo, 1, #CALL + 1) == CALL .. '\t' then
+    return cjson.decode(string.sub(memo, #CALL + 2))
   end
   return nil
 end
 
--- ``reply``, remembered as the reply of call ``call`` (see recalled).
-local function remember(call, reply)
-  redis.call('HSET', K_CALLS, string.sub(call, 1, INSTANCE_CHARS), call .. '\t' .. cjson.encode(reply))
+-- The end of every call: its reply, remembered for its retry when MEMO says so (the reply reports events the
+-- client acts on or traces, a refusal it counted, or an effect a retry could not recognise). Kept until the
+-- instance disconnects, its next remembered call replaces it, or KEEP seconds of the call's clock have passed
+-- (``calls_due``: instance -> when; see prune_calls).
+local function remember(reply)
+  if MEMO then
+    redis.call('HSET', K_CALLS, INSTANCE, CALL .. '\t' .. cjson.encode(reply))
+    redis.call('ZADD', K_CALLS_DUE, fmt(clock() + KEEP), INSTANCE)
+  end
   return reply
+end
+
+-- Drop the remembered replies whose time is up (at most REAP_LIMIT of them): no retry can come that late.
+local function prune_calls()
+  local due = redis.call('ZRANGEBYSCORE', K_CALLS_DUE, '-inf', fmt(clock()), 'LIMIT', '0', count_arg(REAP_LIMIT))
+  if #due > 0 then
+    redis.call('HDEL', K_CALLS, unpack(due))
+    redis.call('ZREM', K_CALLS_DUE, unpack(due))
+  end
 end
 
 -- Why a put with put token ``token`` cannot add a sample whose ``refs`` and ``done`` values are ``held`` and
@@ -353,13 +404,11 @@ local function put_verdict(sid, held, done, token)
   return nil
 end
 
--- A put refused by the dedup window. Call ``call``'s retry after a lost reply counts it no second time (a
--- refusal changes nothing else to recognise it by; remembered only when refusing, so a put pays nothing).
-local function refuse_dedup(sid, call)
-  if not recalled(call) then
-    redis.call('HINCRBY', K_STATS, 'dedup_refused', '1')
-    remember(call, {})
-  end
+-- A put refused by the dedup window: remembered, so a retry after a lost reply counts it no second time (a
+-- refusal changes nothing else to recognise it by).
+local function refuse_dedup(sid)
+  redis.call('HINCRBY', K_STATS, 'dedup_refused', '1')
+  MEMO = true
   emit('dedup', sid, '')
 end
 
@@ -412,7 +461,7 @@ local function lease_entries(count, vt, base, reply)
         local put_token, ref = split_held(held[i])
         local key = string.format('%016d', last - #taken + j)
         records[2 * j - 1] = key
-        records[2 * j] = issued .. '\t' .. base .. count_arg(leased + j) .. '\t' .. n .. '\t' .. put_token .. '\t' .. sid
+        records[2 * j] = lease_record(issued, base .. count_arg(leased + j), n, put_token, sid)
         scores[2 * j - 1] = deadline
         scores[2 * j] = key
         emit('lease', sid, key, n, -1, 1, deadline)
@@ -457,11 +506,11 @@ local function live_lease(key, token)
   if not rec then
     return nil
   end
-  local _, tok, n, put_token, sid = parse_lease(rec)
-  if tok ~= token or token == '' then
+  local lease = parse_lease(rec)
+  if lease.token ~= token or token == '' then
     return nil
   end
-  return true, tonumber(n), put_token, sid
+  return true, tonumber(lease.n), lease.put, lease.sample
 end
 
 -- whether the lease (key, token) was settled with ``outcome`` already (a retry after a lost reply)
@@ -482,63 +531,46 @@ local function settled_since(sid, held)
 end
 
 -- A rejected ack/fail/extend; ``live``: the lease key is live, so the caller presented a copy of it (forged).
--- ``counted`` false: a retry's rejection, counted by the run whose reply was lost.
-local function stale(op, key, live, counted)
-  if counted ~= false then
-    redis.call('HINCRBY', K_STATS, 'stale_rejected', '1')
-  end
+-- Remembered, so a retry after a lost reply counts it no second time.
+local function stale(op, key, live)
+  redis.call('HINCRBY', K_STATS, 'stale_rejected', '1')
+  MEMO = true
   emit(live and 'forged' or 'stale', op, key)
 end
 
--- Whether this settle call (call id ARGS[2]) counts its rejections: not when it retries one that counted them.
--- Asked at the first rejection only, so a settle that rejects nothing pays nothing for it.
-local function counts_rejections()
-  if COUNTS_REJECTIONS == nil then
-    COUNTS_REJECTIONS = not recalled(ARGS[2])
-    if COUNTS_REJECTIONS then
-      remember(ARGS[2], {})
-    end
-  end
-  return COUNTS_REJECTIONS
-end
-
--- The stale leases of a batch that came before one of its live ones: {lease key, held} each.
+-- The stale leases of a batch that came before one of its live ones: {key = lease key, live = held} each.
 local function stale_each(op, before)
   for _, item in ipairs(before) do
-    stale(op, item[1], item[2], counts_rejections())
+    stale(op, item.key, item.live)
   end
 end
 
--- Settle a batch of leases, ARGV[3:] = (lease key, token, sample id) per lease (ARGV[2]: the call id), each on
--- its own: 'ok',
--- 'again' (this very lease settled so already: a retry after a lost reply), or 'stale'. The live ones are
--- dropped together (``counter``); ``settle(live)`` finishes them, ``live`` being a list of
--- {sample id, lease key, token, redelivery count (text), put token, the stale leases just before it}: each live
--- lease's settle first rejects those, so the events follow the batch's order item by item, as the calls one
--- at a time would. Returns the statuses, in order.
+-- Settle a batch of leases, ARGV[2:] = (lease key, token, sample id) per lease, each on its own: 'ok', 'again'
+-- (this very lease settled so already: a retry after a lost reply whose reply was not remembered), or 'stale'.
+-- The live ones are dropped together (``counter``); ``settle(live)`` finishes them, ``live`` being a list of
+-- {sample, key, token, n (the redelivery count, text), put (the put token), before (the stale leases just before
+-- it)}: each live lease's settle first rejects those, so the events follow the batch's order item by item, as
+-- the calls one at a time would. Returns the statuses, in order.
 local function settle_batch(op, counter, outcome, settle)
   local keys = {}
-  for i = 3, #ARGS, 3 do
+  for i = 2, #ARGS, 3 do
     keys[#keys + 1] = ARGS[i]
   end
   local records = redis.call('HMGET', K_LEASES, unpack(keys))
   local statuses, live, live_keys, before = {}, {}, {}, {}
   for j, key in ipairs(keys) do
-    local token, sid = ARGS[3 * j + 1], ARGS[3 * j + 2]
-    local issued, tok, n, put_token, live_sid
-    if records[j] then
-      issued, tok, n, put_token, live_sid = parse_lease(records[j])
-    end
+    local token, sid = ARGS[3 * j], ARGS[3 * j + 1]
+    local lease = records[j] and parse_lease(records[j])
     -- the client sends each lease of a batch once with its token (a repeated one without), so keys differ
-    if issued and token ~= '' and tok == token then
+    if lease and token ~= '' and lease.token == token then
       statuses[j] = 'ok'
-      live[#live + 1] = {live_sid, key, token, n, put_token, before}
+      live[#live + 1] = {sample = lease.sample, key = key, token = token, n = lease.n, put = lease.put, before = before}
       before = {}
       live_keys[#live_keys + 1] = key
     elseif settled_by(sid, outcome, key, token) then
       statuses[j] = 'again'
     else
-      before[#before + 1] = {key, records[j] ~= false}
+      before[#before + 1] = {key = key, live = records[j] ~= false}
       statuses[j] = 'stale'
     end
   end
@@ -551,27 +583,23 @@ local function settle_batch(op, counter, outcome, settle)
 end
 
 local function ack_live(live)
-  local items = {}
-  for i, lease in ipairs(live) do
-    stale_each('ack', lease[6])
-    emit('ack', lease[1], lease[2], lease[4], 0, -1)
-    items[i] = {lease[1], lease[2], lease[3], lease[5]}
+  for _, lease in ipairs(live) do
+    stale_each('ack', lease.before)
+    emit('ack', lease.sample, lease.key, lease.n, 0, -1)
   end
-  retire(items, 'acked')
+  retire(live, 'acked')
 end
 
-local function fail_live(live)
+-- ``lost``: the store lost the samples' bytes (see redeliver).
+local function fail_live(live, lost)
   for _, lease in ipairs(live) do
-    stale_each('fail', lease[6])
-    redeliver('fail', lease[1], lease[4], lease[2], lease[3], lease[5])
+    stale_each('fail', lease.before)
+    redeliver('fail', lease.sample, lease.n, lease.key, lease.token, lease.put, nil, lost)
   end
 end
 
 local function lose_live(live)
-  for _, lease in ipairs(live) do
-    stale_each('fail', lease[6])
-    redeliver('fail', lease[1], lease[4], lease[2], lease[3], lease[5], nil, true)
-  end
+  fail_live(live, true)
 end
 
 -- The dead letters ARGS[first:] name (all of them when none is named), as positions in ``letters``, in the
@@ -579,7 +607,7 @@ end
 local function chosen_letters(letters, first)
   local sids, position = {}, {}
   for i, letter in ipairs(letters) do
-    sids[i] = cjson.decode(letter).ref.sample_id
+    sids[i] = cjson.decode(letter).sample
     position[sids[i]] = position[sids[i]] or i
   end
   local chosen = {}
@@ -599,9 +627,9 @@ local function chosen_letters(letters, first)
   return chosen, nil, sids
 end
 
--- The ref JSON inside a dead letter (built by redeliver: the reason holds no quote).
+-- The ref JSON of a dead letter.
 local function letter_ref(letter)
-  return string.match(letter, '^{"ref":(.*),"reason":"[^"]*","deliveries":%d+}$')
+  return cjson.decode(letter).ref
 end
 
 -- Rewrite the dead-letter list without the chosen ones.
@@ -627,4 +655,46 @@ local function unkeep(sid)
   redis.call('HDEL', K_KEPT, sid)
   redis.call('HINCRBY', K_META, 'kept_bytes', -tonumber(size))
   return true
+end
+
+-- What a remembered reply tells afresh when sent again to its call's retry, by function: a put's sample may have
+-- settled since (settled_since; a sample of that id queued by another put is not this put's), and an extend's
+-- deadline is read against this run's clock.
+local REPLAY = {}
+
+function REPLAY.put(reply)
+  if reply[1] == 'ok' then
+    local held = redis.call('HGET', K_REFS, ARGS[2])
+    reply[3] = settled_since(ARGS[2], held and split_held(held) == ARGS[4])
+  end
+end
+
+function REPLAY.put_many(reply)
+  if reply[1] == 'ok' then
+    local sids, settled, any_settled = {}, {}, false
+    for i = 3, #ARGS, 2 do
+      sids[#sids + 1] = ARGS[i]
+    end
+    local held = redis.call('HMGET', K_REFS, unpack(sids))
+    for j, sid in ipairs(sids) do
+      settled[j] = settled_since(sid, held[j] and split_held(held[j]) == ARGS[2] .. j)
+      any_settled = any_settled or settled[j] ~= 0
+    end
+    reply[3] = any_settled and settled or nil
+  end
+end
+
+function REPLAY.extend(reply)
+  if reply[1] == 'ok' then
+    reply[4] = fmt(clock())
+  end
+end
+
+-- The first run's reply (see recalled), as function ``name`` sends it again.
+local function replay(name, reply)
+  local tell = REPLAY[name]
+  if tell then
+    tell(reply)
+  end
+  return reply
 end

@@ -1,15 +1,10 @@
--- ARGV: the call id (a retry after a lost reply gets the first run's reply), then the sample ids (none: every
--- dead letter). All or nothing: refused when an id names no dead letter.
+-- ARGV: the sample ids (none: every dead letter). All or nothing: refused when an id names no dead letter.
 -- Purged letters leave the list for good; kept bytes are released: their ids go on the ``retired`` feed (the
 -- producing instance scrubs them) and their refs go back to the caller (which scrubs them in its store).
-local again = recalled(ARGS[2])
-if again then
-  return again
-end
 local letters = redis.call('LRANGE', K_DEAD, 0, -1)
-local chosen, unknown, sids = chosen_letters(letters, 3)
+local chosen, unknown, sids = chosen_letters(letters, 2)
 if not chosen then
-  return remember(ARGS[2], {'unknown', events, unknown})
+  return {'unknown', events, unknown}
 end
 local purged, released, released_refs = {}, {}, {}
 for i, letter in ipairs(letters) do
@@ -27,4 +22,4 @@ if #released > 0 then
   publish(released)
 end
 redis.call('HINCRBY', K_STATS, 'purged', count_arg(#purged))
-return remember(ARGS[2], {'ok', events, purged, released_refs})
+return {'ok', events, purged, released_refs}

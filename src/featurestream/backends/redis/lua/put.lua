@@ -11,12 +11,12 @@ end
 local done = not held and redis.call('HGET', K_DONE, sid)
 local why, outcome = put_verdict(sid, held, done, token)
 if why == 'again' then
-  -- a retry after a lost reply: this very put took effect; the third item says whether it settled since
-  emit('put', sid, '', '0', 0)  -- the first run's Put went with its reply
+  -- a retry after a lost reply that was not remembered: this very put took effect; the third item says whether
+  -- it settled since
   return {'ok', events, settled_since(sid, held)}
 end
 if why == 'dedup' then
-  refuse_dedup(sid, token)
+  refuse_dedup(sid)
   return {'dedup', events, outcome}
 end
 if why then

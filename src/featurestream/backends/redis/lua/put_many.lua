@@ -25,12 +25,9 @@ local fresh, settled, any_settled = {}, {}, false
 for j, sid in ipairs(sids) do
   local why, outcome = put_verdict(sid, held[j], done[j], base .. j)
   settled[j] = why == 'again' and settled_since(sid, held[j]) or 0
-  if why == 'again' and not check then
-    emit('put', sid, '', '0', 0)  -- the first run's Put went with its reply
-  end
   any_settled = any_settled or settled[j] ~= 0
   if why == 'dedup' then
-    refuse_dedup(sid, check and string.sub(base, 2) or base)
+    refuse_dedup(sid)
     return {'dedup', events, sid, outcome, held_flags()}
   end
   if why == 'held' or why == 'kept' then

@@ -1,28 +1,23 @@
--- ARGV: base put token (also the call id: a retry after a lost reply gets the first run's reply), then the
--- sample ids (none: every dead letter). All or nothing: refused (changing
+-- ARGV: base put token, then the sample ids (none: every dead letter). All or nothing: refused (changing
 -- nothing) when an id names no dead letter, a letter's bytes were not kept, the id is queued again, or the
 -- queue is drained. Each requeued sample goes to the tail with a fresh delivery budget (n = 0), leaves the
 -- dead letters and the dedup window (it was never acked), and counts under ``requeued``.
-local again = recalled(ARGS[2])
-if again then
-  return again
-end
 local state = read_meta()
 local letters = redis.call('LRANGE', K_DEAD, 0, -1)
 local chosen, unknown, sids = chosen_letters(letters, 3)
 if not chosen then
-  return remember(ARGS[2], {'unknown', events, unknown})
+  return {'unknown', events, unknown}
 end
 if state == 'drained' then
-  return remember(ARGS[2], {'drained', events, ''})
+  return {'drained', events, ''}
 end
 for i = 1, #letters do
   if chosen[i] then
     if redis.call('HEXISTS', K_KEPT, sids[i]) == 0 then
-      return remember(ARGS[2], {'gone', events, sids[i]})
+      return {'gone', events, sids[i]}
     end
     if redis.call('HEXISTS', K_REFS, sids[i]) == 1 then
-      return remember(ARGS[2], {'held', events, sids[i]})
+      return {'held', events, sids[i]}
     end
   end
 end
@@ -42,4 +37,4 @@ for i, letter in ipairs(letters) do
 end
 keep_letters(letters, chosen)
 redis.call('HINCRBY', K_STATS, 'requeued', count_arg(#requeued))
-return remember(ARGS[2], {'ok', events, requeued})
+return {'ok', events, requeued}
