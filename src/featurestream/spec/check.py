@@ -27,6 +27,13 @@ DEEP_CONFIG = "LeaseQueueDeep.cfg"
 SIM_CONFIG = "LeaseQueueSim.cfg"
 RESUME_CONFIG = "Resume.cfg"
 RESUME_MODULE = "Resume.tla"
+# The models named by an option of their own: option -> (config, what it models), for --help and run().
+NAMED_MODELS = {
+    "deep": (DEEP_CONFIG, "the larger nightly model"),
+    "window": (WINDOW_CONFIG, "the dedup-window eviction model"),
+    "keep": (KEEP_CONFIG, "the dead-letter repair model: requeue, purge"),
+    "resume": (RESUME_CONFIG, "the checkpoint/restore model: exactly-once training across restarts"),
+}
 # Modules of their own, picked by the config's name prefix; any other config checks LeaseQueue.tla.
 SEPARATE_MODULES = {"Resume": RESUME_MODULE, "Incarnation": "Incarnation.tla"}
 
@@ -40,18 +47,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="a TLC model config, relative to the working directory or the spec directory "
         "(default: the CI model, spec/LeaseQueue.cfg)",
     )
-    which.add_argument("--deep", action="store_true", help="the larger nightly model (spec/LeaseQueueDeep.cfg)")
-    which.add_argument(
-        "--window", action="store_true", help="the dedup-window eviction model (spec/LeaseQueueWindow.cfg)"
-    )
-    which.add_argument(
-        "--keep", action="store_true", help="the dead-letter repair model: requeue, purge (spec/LeaseQueueKeep.cfg)"
-    )
-    which.add_argument(
-        "--resume",
-        action="store_true",
-        help="the checkpoint/restore model: exactly-once training across restarts (spec/Resume.cfg)",
-    )
+    for name, (config, models) in NAMED_MODELS.items():
+        which.add_argument(f"--{name}", action="store_true", help=f"{models} (spec/{config})")
     parser.add_argument(
         "--simulate",
         action="store_true",
@@ -69,16 +66,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Run TLC; exit 0 when no error is found, 1 on a violation, 2 when TLC cannot run."""
     try:
+        named = [config for name, (config, _) in NAMED_MODELS.items() if getattr(args, name)]
         if args.config:
             config = find_config(args.config)
-        elif args.deep:
-            config = spec_dir() / DEEP_CONFIG
-        elif args.window:
-            config = spec_dir() / WINDOW_CONFIG
-        elif args.keep:
-            config = spec_dir() / KEEP_CONFIG
-        elif args.resume:
-            config = spec_dir() / RESUME_CONFIG
+        elif named:  # the options are mutually exclusive: at most one
+            config = spec_dir() / named[0]
         else:
             config = spec_dir() / (SIM_CONFIG if args.simulate else CI_CONFIG)
         simulate = (
