@@ -12,7 +12,7 @@ import torch
 
 pytest.importorskip("transformers", reason="the HF backend tests need transformers: pip install 'featurestream[hf]'")
 
-from featurestream.eagle3 import Eagle3TargetBackend, Eagle3TargetBatch
+from featurestream.eagle3 import Eagle3TargetBackend, Eagle3TargetBatch, ForwardInputs
 from featurestream.loader import FeatureDataLoader
 from featurestream.pipeline import hf
 from featurestream.pipeline.hf import HFEagle3TargetModel, default_aux_layer_ids
@@ -378,7 +378,7 @@ def test_packing_needs_position_ids_and_one_row_on_a_flash_attention_model() -> 
     }
     inputs = {**as_inputs(input_ids, attention_mask, loss_mask), **packing}
     with pytest.raises(ValueError, match=r"need per-document position_ids .*got position_ids=None"):
-        target.forward_features(input_ids, attention_mask, None, packing["seq_lens"])
+        target.forward_features(ForwardInputs(input_ids, attention_mask, None, packing["seq_lens"]))
     with pytest.raises(ValueError, match=r"each row of seq_lens must sum to the sequence length 6, got \[6, 5\]"):
         target.generate_batch(**{**inputs, "seq_lens": torch.tensor([[6], [5]])})
     model.config._attn_implementation = "flash_attention_2"  # refused before any forward: no GPU needed

@@ -51,6 +51,7 @@ __all__ = [
     "Eagle3ForwardBackend",
     "Eagle3TargetBackend",
     "Eagle3TargetBatch",
+    "ForwardInputs",
     "check_feature_names",
     "eagle3_logits_feature_specs",
     "eagle3_logits_tensors",
@@ -342,11 +343,23 @@ def packed_attention_allowed(seq_lens: torch.Tensor, length: int) -> torch.Tenso
     return (document[:, :, None] == document[:, None, :]) & causal
 
 
+@dataclasses.dataclass(frozen=True)
+class ForwardInputs:
+    """What the model of an ``Eagle3ForwardBackend`` sees of a batch (``loss_mask`` and ``doc_remaining`` never
+    reach it): the tokens, their attention mask and, for a packed batch, the per-document ``position_ids`` and
+    the document lengths ``seq_lens``."""
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    position_ids: torch.Tensor | None = None
+    seq_lens: torch.Tensor | None = None
+
+
 class Eagle3ForwardBackend(Eagle3TargetBackend):
     """An ``Eagle3TargetBackend`` defined by one forward: subclasses implement ``forward_features``.
 
-    ``generate_batch`` runs ``forward_features(input_ids, attention_mask,
-    position_ids, seq_lens)`` under ``torch.no_grad()`` and returns an
+    ``generate_batch`` runs ``forward_features(ForwardInputs(input_ids,
+    attention_mask, position_ids, seq_lens))`` under ``torch.no_grad()`` and returns an
     ``Eagle3TargetBatch`` in the EAGLE-3 token alignment (module docstring):
     ``logits``, ``input_ids`` and ``loss_mask`` shifted left, the
     ``aux_hidden_states``, ``attention_mask`` and packing metadata as they
@@ -364,7 +377,8 @@ class Eagle3ForwardBackend(Eagle3TargetBackend):
     ) -> Eagle3TargetBatch:
         """One no-grad forward over the batch: EAGLE-3 supervision with logits, in the EAGLE-3 token alignment."""
         with torch.no_grad():
-            aux_hidden_states, logits = self.forward_features(input_ids, attention_mask, position_ids, seq_lens)
+            inputs = ForwardInputs(input_ids, attention_mask, position_ids, seq_lens)
+            aux_hidden_states, logits = self.forward_features(inputs)
         return Eagle3TargetBatch(
             aux_hidden_states=aux_hidden_states,
             input_ids=shift_left(input_ids),
@@ -377,15 +391,10 @@ class Eagle3ForwardBackend(Eagle3TargetBackend):
         )
 
     @abc.abstractmethod
-    def forward_features(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor,
-        position_ids: torch.Tensor | None,
-        seq_lens: torch.Tensor | None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(aux_hidden_states [B, T, 3H], logits [B, T, V])`` for ``input_ids [B, T]``, as fresh tensors in the
-        input's positions (not shifted); with ``seq_lens`` (packing) each document attends to itself only."""
+    def forward_features(self, inputs: ForwardInputs) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(aux_hidden_states [B, T, 3H], logits [B, T, V])`` for ``inputs.input_ids [B, T]``, as fresh tensors in
+        the input's positions (not shifted); with ``inputs.seq_lens`` (packing) each document attends to itself
+        only."""
 
 
 EAGLE3_SCHEMA = register(

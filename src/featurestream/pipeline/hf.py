@@ -53,7 +53,7 @@ except ImportError as exc:
         "pip install 'featurestream[hf]'"
     ) from exc
 
-from featurestream.pipeline.eagle3 import Eagle3ForwardBackend, packed_attention_allowed
+from featurestream.pipeline.eagle3 import Eagle3ForwardBackend, ForwardInputs, packed_attention_allowed
 
 __all__ = ["HFEagle3TargetModel", "default_aux_layer_ids", "find_decoder_layers"]
 
@@ -250,15 +250,9 @@ class HFEagle3TargetModel(Eagle3ForwardBackend):
         self.selected_token_ids = selected_token_ids
         self.selected_token_mask = selected_token_mask
 
-    def forward_features(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor,
-        position_ids: torch.Tensor | None,
-        seq_lens: torch.Tensor | None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(aux_hidden_states, logits)`` of one eval forward over ``input_ids [B, T]``: fresh tensors on the
-        model's device, not shifted.
+    def forward_features(self, inputs: ForwardInputs) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(aux_hidden_states, logits)`` of one eval forward over ``inputs.input_ids [B, T]``: fresh tensors on
+        the model's device, not shifted.
 
         Without ``seq_lens`` the model gets ``input_ids`` and
         ``attention_mask``; with it (packing), the per-document
@@ -268,19 +262,14 @@ class HFEagle3TargetModel(Eagle3ForwardBackend):
         model given a batch of more than one row.
         """
         with self._lock:
-            return self._forward(input_ids, attention_mask, position_ids, seq_lens)
+            return self._forward(inputs)
 
-    def _model_inputs(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor,
-        position_ids: torch.Tensor | None,
-        seq_lens: torch.Tensor | None,
-    ) -> dict[str, Any]:
+    def _model_inputs(self, given: ForwardInputs) -> dict[str, Any]:
         device = self.get_input_embeddings().weight.device
+        input_ids, position_ids, seq_lens = given.input_ids, given.position_ids, given.seq_lens
         inputs: dict[str, Any] = {"input_ids": input_ids.to(device)}
         if seq_lens is None:
-            inputs["attention_mask"] = attention_mask.to(device)
+            inputs["attention_mask"] = given.attention_mask.to(device)
             return inputs
         if position_ids is None or "position_ids" not in inspect.signature(self.model.forward).parameters:
             raise ValueError(
@@ -304,14 +293,8 @@ class HFEagle3TargetModel(Eagle3ForwardBackend):
         inputs["attention_mask"] = blocked.masked_fill_(allowed, 0.0).unsqueeze(1)
         return inputs
 
-    def _forward(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor,
-        position_ids: torch.Tensor | None,
-        seq_lens: torch.Tensor | None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        inputs = self._model_inputs(input_ids, attention_mask, position_ids, seq_lens)
+    def _forward(self, given: ForwardInputs) -> tuple[torch.Tensor, torch.Tensor]:
+        inputs = self._model_inputs(given)
         # One [B, T, 3H] buffer, filled slot by slot as the hooked layers run: a single copy of each state,
         # taken at once (so a later layer cannot modify it in place under us), and no concatenation afterwards.
         buffer: list[torch.Tensor] = []

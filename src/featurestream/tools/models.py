@@ -31,7 +31,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from featurestream.pipeline.eagle3 import Eagle3ForwardBackend, Eagle3TargetBatch, packed_attention_allowed
+from featurestream.pipeline.eagle3 import (
+    Eagle3ForwardBackend,
+    Eagle3TargetBatch,
+    ForwardInputs,
+    packed_attention_allowed,
+)
 
 __all__ = ["HF_FAMILIES", "TinyConfig", "TinyEagle3Draft", "TinyTargetModel", "prompt_batches", "tiny_hf_causal_lm"]
 
@@ -148,16 +153,10 @@ class TinyTargetModel(nn.Module, Eagle3ForwardBackend):
         """The token embedding (a draft head may copy or share it)."""
         return self.embed
 
-    def forward_features(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor,
-        position_ids: torch.Tensor | None,
-        seq_lens: torch.Tensor | None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward_features(self, inputs: ForwardInputs) -> tuple[torch.Tensor, torch.Tensor]:
         """``(aux_hidden_states, logits)``, not shifted: ``generate_batch`` (the producer's backend protocol)
         aligns them."""
-        logits, aux_hidden_states = self(input_ids, attention_mask, position_ids, seq_lens)
+        logits, aux_hidden_states = self(inputs.input_ids, inputs.attention_mask, inputs.position_ids, inputs.seq_lens)
         return aux_hidden_states, logits
 
 
