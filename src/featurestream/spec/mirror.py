@@ -1183,19 +1183,22 @@ class SpecMirror:
 
     def ack(self, consumer: str, token: LeaseToken) -> bool:
         """Ack: ``True`` when the live lease was acked (even if its scrub failed); ``False``: stale or forged."""
-        c, t = self._c(consumer), self._token(token)
-        if t not in self.state.held[c]:
-            return self._forged(t)
-        fault = _is_live(self.state, t) and self._take("scrub")
-        return self._apply(a_settle(self.constants, self.state, c, t, self._size_tuple(), ACK, fault, self.auto_drain))
+        return self._settle(consumer, token, ACK)
 
     def fail(self, consumer: str, token: LeaseToken) -> bool:
         """Fail: ``True`` when the live lease was failed (redelivered, or dead-lettered even if its scrub failed)."""
+        return self._settle(consumer, token, FAIL)
+
+    def _settle(self, consumer: str, token: LeaseToken, trigger: str) -> bool:
         c, t = self._c(consumer), self._token(token)
         if t not in self.state.held[c]:
             return self._forged(t)
-        fault = _is_live(self.state, t) and self._settling(t[0]) and self._take("scrub")
-        return self._apply(a_settle(self.constants, self.state, c, t, self._size_tuple(), FAIL, fault, self.auto_drain))
+        # An armed scrub fault fires only where the settle calls scrub: an ack, or a fail that dead-letters.
+        scrubs = trigger == ACK or self._settling(t[0])
+        fault = _is_live(self.state, t) and scrubs and self._take("scrub")
+        return self._apply(
+            a_settle(self.constants, self.state, c, t, self._size_tuple(), trigger, fault, self.auto_drain)
+        )
 
     def extend(self, consumer: str, token: LeaseToken) -> bool:
         """Extend: ``True`` when granted; ``False`` is the implementation's ``LeaseLost``."""
