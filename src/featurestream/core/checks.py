@@ -1,14 +1,15 @@
 """Argument checks shared by the queues, stores and pipeline: one wording for every bad value.
 
-Each raises ``ValueError`` naming the parameter and the offending value; a
-``bool`` is never accepted as a number (``True`` would otherwise pass as 1).
+Each raises naming the parameter and the offending value: ``ValueError`` for a
+bad number (a ``bool`` is never accepted as one: ``True`` would otherwise pass
+as 1), ``TypeError`` for a flag that is no ``bool``.
 """
 
 from __future__ import annotations
 
 import math
 
-__all__ = ["check_count", "check_seconds"]
+__all__ = ["check_count", "check_flag", "check_seconds"]
 
 
 def check_count(name: str, value: object, *, minimum: int = 0, allow_none: bool = False) -> None:
@@ -17,6 +18,12 @@ def check_count(name: str, value: object, *, minimum: int = 0, allow_none: bool 
         return
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+
+
+def check_flag(name: str, value: object) -> None:
+    """``value`` must be a ``bool`` (a truthy ``1`` or ``"no"`` would be a silent guess)."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {value!r}")
 
 
 def check_seconds(name: str, value: object, *, positive: bool = False) -> None:

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from featurestream.core.checks import check_count, check_seconds
+from featurestream.core.checks import check_count, check_flag, check_seconds
 from featurestream.core.lease import Lease
 from featurestream.core.protocol import LeaseQueue
 from featurestream.core.refs import FeatureAlgorithm
@@ -127,8 +127,7 @@ class FeatureDataLoader:
             raise TypeError(f"collate_fn must be callable, got {collate_fn!r}")
         if batch_type is not None and not isinstance(batch_type, type):
             raise TypeError(f"batch_type must be a class, got {batch_type!r}")
-        if not isinstance(non_blocking, bool):
-            raise TypeError(f"non_blocking must be a bool, got {non_blocking!r}")
+        check_flag("non_blocking", non_blocking)
         if process_group is not None:
             lockstep.check_group(process_group)
         schema = schema_for(FeatureAlgorithm.EAGLE3 if algorithm is None else algorithm)

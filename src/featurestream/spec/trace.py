@@ -69,7 +69,7 @@ from typing import Any
 import torch
 
 from featurestream.core import events
-from featurestream.core.checks import check_count, check_seconds
+from featurestream.core.checks import check_count, check_flag, check_seconds
 from featurestream.core.refs import SampleRef
 from featurestream.spec.tlc import TLCResult, run_tlc, spec_dir
 from featurestream.stores.base import FeatureStore, StoreHandle, StoreHealth
@@ -130,8 +130,7 @@ class TraceConstants:
         check_count("low_watermark", self.low_watermark, allow_none=True)
         if self.visibility_timeout is not None:
             check_seconds("visibility_timeout", self.visibility_timeout, positive=True)
-        if not isinstance(self.keep_dead_letters, bool):
-            raise TypeError(f"keep_dead_letters must be a bool, got {self.keep_dead_letters!r}")
+        check_flag("keep_dead_letters", self.keep_dead_letters)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -35,7 +35,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from featurestream.core.checks import check_count
+from featurestream.core.checks import check_count, check_flag
 from featurestream.core.protocol import LeaseQueue
 from featurestream.core.queue import QUEUE_STATS_GAUGES, QueueStats
 
@@ -136,5 +136,4 @@ def _check_arguments(queue: object, newest_dead_letters: object, backpressure: o
     if not isinstance(queue, LeaseQueue):
         raise TypeError(f"queue must implement featurestream.core.protocol.LeaseQueue, got {type(queue).__name__}")
     check_count("newest_dead_letters", newest_dead_letters)
-    if not isinstance(backpressure, bool):
-        raise TypeError(f"backpressure must be a bool, got {backpressure!r}")
+    check_flag("backpressure", backpressure)
