@@ -6,10 +6,8 @@ import contextlib
 import http.server
 import re
 import shutil
-import socket
 import subprocess
 import threading
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -23,83 +21,54 @@ from featurestream import FeatureStore, LocalFeatureStore  # noqa: E402 - after 
 from featurestream import VisibilityTimeout as VT  # noqa: E402
 from featurestream.backends.redis.queue import RedisSampleRefQueue  # noqa: E402 - needs redis-py
 from featurestream.testing import FakeClock  # noqa: E402
+from featurestream.testing.servers import ServerProcess, free_port  # noqa: E402
 
 INSTALL_HINT = "install it (Debian/Ubuntu: apt-get install redis-server; macOS: brew install redis)"
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-class RedisServer:
+class RedisServer(ServerProcess):
     """One ``redis-server`` process; ``restart(kill=True)`` SIGKILLs it and starts it again on the same port/dir."""
+
+    name = "redis-server"
 
     def __init__(self, directory: Path, *, appendonly: bool) -> None:
         binary = shutil.which("redis-server")
         if binary is None:
             pytest.skip(f"redis-server is not on PATH; {INSTALL_HINT}")
-        self.binary = binary
         version = subprocess.run([binary, "--version"], capture_output=True, text=True, check=True).stdout
         found = re.search(r"v=(\d+)\.", version)
         if found is None or int(found.group(1)) < 7:
             pytest.skip(f"RedisSampleRefQueue needs redis-server 7.0+ (Redis Functions), found: {version.strip()}")
+        super().__init__()
+        self.binary = binary
         self.directory = directory
         self.appendonly = appendonly
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"redis://127.0.0.1:{self.port}/0"
-        self.process: subprocess.Popen[bytes] | None = None
 
-    def start(self) -> None:
+    def command(self) -> list[str]:
         persistence = ["--appendonly", "yes", "--appendfsync", "always"] if self.appendonly else ["--appendonly", "no"]
-        self.process = subprocess.Popen(
-            [
-                self.binary,
-                "--port", str(self.port),
-                "--bind", "127.0.0.1",
-                "--dir", str(self.directory),
-                "--save", "",
-                *persistence,
-                "--daemonize", "no",
-                "--protected-mode", "no",
-                "--loglevel", "warning",
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-        )  # fmt: skip
+        return [
+            self.binary,
+            "--port", str(self.port),
+            "--bind", "127.0.0.1",
+            "--dir", str(self.directory),
+            "--save", "",
+            *persistence,
+            "--daemonize", "no",
+            "--protected-mode", "no",
+            "--loglevel", "warning",
+        ]  # fmt: skip
+
+    def ready(self) -> bool:
+        """It answers PING (a restarted server with AOF refuses commands while it loads the file)."""
         client = redis.Redis(port=self.port, socket_connect_timeout=0.5)
-        give_up = time.monotonic() + 15
         try:
-            while True:
-                try:
-                    if client.ping():
-                        return
-                except (redis.ConnectionError, redis.BusyLoadingError):
-                    if self.process.poll() is not None:
-                        stderr = self.process.stderr.read().decode(errors="replace") if self.process.stderr else ""
-                        raise RuntimeError(f"redis-server exited with {self.process.returncode}: {stderr}") from None
-                    if time.monotonic() > give_up:
-                        raise
-                    time.sleep(0.01)
+            return bool(client.ping())
+        except (redis.ConnectionError, redis.BusyLoadingError):
+            return False
         finally:
             client.close()
-
-    def stop(self, *, kill: bool = False) -> None:
-        if self.process is None:
-            return
-        if kill:
-            self.process.kill()
-        else:
-            self.process.terminate()
-        self.process.wait(timeout=15)
-        if self.process.stderr is not None:
-            self.process.stderr.close()
-        self.process = None
-
-    def restart(self, *, kill: bool = True) -> None:
-        self.stop(kill=kill)
-        self.start()
 
 
 @contextlib.contextmanager
@@ -141,7 +110,7 @@ def not_redis_url() -> Iterator[str]:
 @pytest.fixture
 def closed_port_url() -> str:
     """A redis:// URL of a port bound on 127.0.0.1 and closed again: connections to it are refused."""
-    return f"redis://127.0.0.1:{_free_port()}/0"
+    return f"redis://127.0.0.1:{free_port()}/0"
 
 
 @pytest.fixture(scope="session")

@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import inspect
 import itertools
 from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any
 
 import torch
 
 from featurestream.core.refs import FeatureAlgorithm, SampleRef
 
-__all__ = ["FeatureStore", "SampleLostError", "StoreHandle", "StoreHealth", "new_handle_id"]
+__all__ = ["REF_FIELD_DEFAULTS", "FeatureStore", "SampleLostError", "StoreHandle", "StoreHealth", "new_handle_id"]
 
 # ``next`` on an ``itertools.count`` is atomic in CPython, so ids are unique across threads without a lock.
 _handle_ids = itertools.count(1)
@@ -142,3 +144,14 @@ class FeatureStore(abc.ABC):
     def is_resident(self, sample_id: str) -> bool:
         """Whether ``sample_id``'s bytes are held; stores that can tell override this."""
         raise NotImplementedError(f"{type(self).__name__} does not report per-sample residency")
+
+
+# ``put``'s ref metadata keywords and their defaults, read off the contract's signature (the one place they are
+# written), for stores that take them as ``**fields``.
+REF_FIELD_DEFAULTS: Mapping[str, Any] = MappingProxyType(
+    {
+        name: parameter.default
+        for name, parameter in inspect.signature(FeatureStore.put).parameters.items()
+        if parameter.kind is parameter.KEYWORD_ONLY and name != "take_ownership"
+    }
+)

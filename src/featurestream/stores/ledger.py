@@ -6,11 +6,12 @@ import abc
 import threading
 import uuid
 from collections.abc import Mapping
+from typing import Any, TypedDict, Unpack
 
 import torch
 
-from featurestream.core.refs import FeatureAlgorithm, FeatureSpec, SampleRef
-from featurestream.stores.base import FeatureStore, StoreHandle, StoreHealth, new_handle_id
+from featurestream.core.refs import FeatureSpec, SampleRef
+from featurestream.stores.base import REF_FIELD_DEFAULTS, FeatureStore, StoreHandle, StoreHealth, new_handle_id
 
 DEFAULT_MAX_SAMPLES = 64
 DEFAULT_MAX_BYTES = 256 * 1024 * 1024
@@ -27,6 +28,47 @@ class _Resident:
         self.nbytes = nbytes
         self.handles: set[int] = set()
         self.retained = False
+
+
+class StoreCaps(TypedDict, total=False):
+    """The caps and watermarks every built-in store takes, as keywords (each defaults to ``DEFAULT_<NAME>``).
+
+    ``max_samples`` / ``max_bytes``: a ``put`` that would exceed either raises ``MemoryError`` (``None``: no
+    such cap; not both). ``high_watermark_bytes`` (default ``max_bytes``) / ``low_watermark_bytes`` (default 0):
+    the band of ``health()``'s watermark flags, which the queues' backpressure follows.
+    """
+
+    max_samples: int | None
+    max_bytes: int | None
+    high_watermark_bytes: int | None
+    low_watermark_bytes: int | None
+
+
+def _resolve_caps(
+    *,
+    max_samples: int | None = DEFAULT_MAX_SAMPLES,
+    max_bytes: int | None = DEFAULT_MAX_BYTES,
+    high_watermark_bytes: int | None = DEFAULT_HIGH_WATERMARK,
+    low_watermark_bytes: int | None = DEFAULT_LOW_WATERMARK,
+) -> tuple[int | None, int | None, int | None, int]:
+    """``StoreCaps`` checked, with the watermarks' defaults filled in: ``ValueError`` naming a bad value."""
+    if max_samples is None and max_bytes is None:
+        raise ValueError("max_samples and max_bytes cannot both be None: set at least one of max_samples / max_bytes")
+    _check_cap("max_samples", max_samples)
+    _check_cap("max_bytes", max_bytes)
+    _check_cap("high_watermark_bytes", high_watermark_bytes)
+    if low_watermark_bytes is not None and (
+        isinstance(low_watermark_bytes, bool) or not isinstance(low_watermark_bytes, int) or low_watermark_bytes < 0
+    ):
+        raise ValueError(f"low_watermark_bytes must be a non-negative int or None, got {low_watermark_bytes!r}")
+    high = high_watermark_bytes if high_watermark_bytes is not None else max_bytes
+    low = low_watermark_bytes if low_watermark_bytes is not None else 0
+    if high is not None and low >= high:
+        raise ValueError(
+            f"low_watermark_bytes ({low}) must be strictly less than high_watermark_bytes ({high}), "
+            "or no band is left below the high watermark (high defaults to max_bytes, low to 0)"
+        )
+    return max_samples, max_bytes, high, low
 
 
 def _check_cap(name: str, value: int | None) -> None:
@@ -79,38 +121,15 @@ class LedgerFeatureStore(FeatureStore):
 
     adopts_foreign = False
 
-    def __init__(
-        self,
-        store_uri: str,
-        *,
-        max_samples: int | None,
-        max_bytes: int | None,
-        high_watermark_bytes: int | None,
-        low_watermark_bytes: int | None,
-    ) -> None:
-        if max_samples is None and max_bytes is None:
-            raise ValueError(
-                "max_samples and max_bytes cannot both be None: set at least one of max_samples / max_bytes"
-            )
-        _check_cap("max_samples", max_samples)
-        _check_cap("max_bytes", max_bytes)
-        _check_cap("high_watermark_bytes", high_watermark_bytes)
-        if low_watermark_bytes is not None and (
-            isinstance(low_watermark_bytes, bool) or not isinstance(low_watermark_bytes, int) or low_watermark_bytes < 0
-        ):
-            raise ValueError(f"low_watermark_bytes must be a non-negative int or None, got {low_watermark_bytes!r}")
-        high = high_watermark_bytes if high_watermark_bytes is not None else max_bytes
-        low = low_watermark_bytes if low_watermark_bytes is not None else 0
-        if high is not None and low >= high:
-            raise ValueError(
-                f"low_watermark_bytes ({low}) must be strictly less than high_watermark_bytes ({high}), "
-                "or no band is left below the high watermark (high defaults to max_bytes, low to 0)"
+    def __init__(self, store_uri: str, **caps: Unpack[StoreCaps]) -> None:
+        unknown = sorted(set(caps) - set(StoreCaps.__annotations__))
+        if unknown:
+            raise TypeError(
+                f"{type(self).__name__} got unexpected keyword argument(s) {', '.join(unknown)}; "
+                f"its caps are {', '.join(StoreCaps.__annotations__)}"
             )
         self.store_uri = store_uri
-        self.max_samples = max_samples
-        self.max_bytes = max_bytes
-        self.high_watermark_bytes = high
-        self.low_watermark_bytes = low
+        self.max_samples, self.max_bytes, self.high_watermark_bytes, self.low_watermark_bytes = _resolve_caps(**caps)
         self._lock = threading.Lock()
         self._resident: dict[str, _Resident] = {}
         self._foreign: dict[str, _Resident] = {}
@@ -146,19 +165,17 @@ class LedgerFeatureStore(FeatureStore):
 
     # -- contract ---------------------------------------------------------
     def put(
-        self,
-        sample_id: str,
-        tensors: Mapping[str, torch.Tensor],
-        *,
-        run_id: str = "default",
-        algorithm: FeatureAlgorithm = FeatureAlgorithm.EAGLE3,
-        schema_version: int = 1,
-        target_model_version: str = "0",
-        draft_weight_version: str = "0",
-        num_tokens: int = 0,
-        take_ownership: bool = False,
+        self, sample_id: str, tensors: Mapping[str, torch.Tensor], *, take_ownership: bool = False, **fields: Any
     ) -> SampleRef:
-        """``FeatureStore.put`` (the contract); ``ValueError`` for bad ids or duplicates, ``MemoryError`` over a cap."""
+        """``FeatureStore.put`` (the contract): ``fields`` are its ref metadata keywords (``run_id``,
+        ``algorithm``, ``schema_version``, ``target_model_version``, ``draft_weight_version``, ``num_tokens``),
+        with its defaults. ``ValueError`` for bad ids or duplicates, ``MemoryError`` over a cap."""
+        unknown = sorted(set(fields) - set(REF_FIELD_DEFAULTS))
+        if unknown:
+            raise TypeError(
+                f"{type(self).__name__}.put got unexpected keyword argument(s) {', '.join(unknown)}; "
+                f"a ref's fields are {', '.join(REF_FIELD_DEFAULTS)}"
+            )
         self._check_sample_id(sample_id)
         if not isinstance(tensors, Mapping) or not tensors:
             raise ValueError(f"sample {sample_id!r}: tensors must be a non-empty mapping of name -> tensor")
@@ -166,16 +183,11 @@ class LedgerFeatureStore(FeatureStore):
         incarnation = uuid.uuid4().hex  # tells this put's bytes apart from any other put of the same id
         ref = SampleRef(
             sample_id=sample_id,
-            run_id=run_id,
             store_uri=self.store_uri,
             feature_keys={name: self._feature_key(sample_id, name, incarnation) for name in specs},
             feature_specs=specs,
-            algorithm=algorithm,
-            schema_version=schema_version,
-            num_tokens=num_tokens,
             estimated_bytes=sum(spec.nbytes for spec in specs.values()),
-            target_model_version=target_model_version,
-            draft_weight_version=draft_weight_version,
+            **{**REF_FIELD_DEFAULTS, **fields},
         )
         self._admit(ref)
         try:

@@ -5,19 +5,12 @@ from __future__ import annotations
 import threading
 import uuid
 from collections.abc import Mapping
+from typing import Unpack
 
 import torch
 
 from featurestream.core.refs import SampleRef
-from featurestream.stores.ledger import (
-    DEFAULT_HIGH_WATERMARK,
-    DEFAULT_LOW_WATERMARK,
-    DEFAULT_MAX_BYTES,
-    DEFAULT_MAX_SAMPLES,
-    LedgerFeatureStore,
-    check_spec,
-    location,
-)
+from featurestream.stores.ledger import LedgerFeatureStore, StoreCaps, check_spec, location
 
 __all__ = ["LocalFeatureStore"]
 
@@ -30,24 +23,12 @@ class LocalFeatureStore(LedgerFeatureStore):
     ones are freed at once). Copies per sample: one on ``put`` and one per
     ``get`` by default; ``put(..., take_ownership=True)`` keeps the caller's
     (detached, contiguous) tensors and ``get(..., copy=False)`` returns the
-    stored ones, so the fully zero-copy path moves no bytes at all.
+    stored ones, so the fully zero-copy path moves no bytes at all. Caps and
+    watermarks: the ``StoreCaps`` keywords (``featurestream.stores.ledger``).
     """
 
-    def __init__(
-        self,
-        *,
-        max_samples: int | None = DEFAULT_MAX_SAMPLES,
-        max_bytes: int | None = DEFAULT_MAX_BYTES,
-        high_watermark_bytes: int | None = DEFAULT_HIGH_WATERMARK,
-        low_watermark_bytes: int | None = DEFAULT_LOW_WATERMARK,
-    ) -> None:
-        super().__init__(
-            f"mem://local-{uuid.uuid4().hex}",
-            max_samples=max_samples,
-            max_bytes=max_bytes,
-            high_watermark_bytes=high_watermark_bytes,
-            low_watermark_bytes=low_watermark_bytes,
-        )
+    def __init__(self, **caps: Unpack[StoreCaps]) -> None:
+        super().__init__(f"mem://local-{uuid.uuid4().hex}", **caps)
         # Keyed by incarnation, not id: the ledger frees bytes after its lock is released, so a drop that
         # runs after a re-put of the same id was admitted must find only its own put's tensors.
         self._data: dict[str, dict[str, torch.Tensor]] = {}

@@ -48,21 +48,14 @@ import threading
 import time
 import uuid
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Unpack
 
 import torch
 
 from featurestream.core.checks import check_count, check_seconds
 from featurestream.core.refs import SampleRef
 from featurestream.stores.base import SampleLostError, StoreHealth
-from featurestream.stores.ledger import (
-    DEFAULT_HIGH_WATERMARK,
-    DEFAULT_LOW_WATERMARK,
-    DEFAULT_MAX_BYTES,
-    DEFAULT_MAX_SAMPLES,
-    INCARNATION_SEP,
-    LedgerFeatureStore,
-)
+from featurestream.stores.ledger import INCARNATION_SEP, LedgerFeatureStore, StoreCaps
 from featurestream.stores.shared_dir import CorruptSampleError
 
 __all__ = ["MooncakeFeatureStore"]
@@ -180,7 +173,8 @@ class MooncakeFeatureStore(LedgerFeatureStore):
     object whose size or header does not match its ref -> ``CorruptSampleError``;
     a transfer that keeps failing, an unreachable master -> ``OSError`` naming
     the sample and Mooncake's error code; a put Mooncake has no room for ->
-    ``MemoryError``.
+    ``MemoryError``. Caps and watermarks: the ``StoreCaps`` keywords; the caps
+    bound what this instance writes, ``health`` measures the run against them.
 
     ``get`` receives into buffers it reuses once the tensors of an earlier
     ``get`` carved from them are gone (``read_pool_bytes`` of them at most;
@@ -204,13 +198,10 @@ class MooncakeFeatureStore(LedgerFeatureStore):
         local_buffer_size: int = 64 * 1024 * 1024,
         device_name: str = "",
         namespace: str = "featurestream",
-        max_samples: int | None = DEFAULT_MAX_SAMPLES,
-        max_bytes: int | None = DEFAULT_MAX_BYTES,
-        high_watermark_bytes: int | None = DEFAULT_HIGH_WATERMARK,
-        low_watermark_bytes: int | None = DEFAULT_LOW_WATERMARK,
         close_timeout: float = 60.0,
         client: Any = None,
         read_pool_bytes: int = 256 * 1024 * 1024,
+        **caps: Unpack[StoreCaps],
     ) -> None:
         check_seconds("close_timeout", close_timeout)
         check_count("read_pool_bytes", read_pool_bytes)
@@ -229,13 +220,7 @@ class MooncakeFeatureStore(LedgerFeatureStore):
             raise ValueError(f"namespace {namespace!r} may not contain {INCARNATION_SEP!r}")
         check_count("global_segment_size", global_segment_size)
         check_count("local_buffer_size", local_buffer_size)
-        super().__init__(
-            f"mooncake://{master_server_address}/{namespace}",
-            max_samples=max_samples,
-            max_bytes=max_bytes,
-            high_watermark_bytes=high_watermark_bytes,
-            low_watermark_bytes=low_watermark_bytes,
-        )
+        super().__init__(f"mooncake://{master_server_address}/{namespace}", **caps)
         self.namespace = namespace
         self.close_timeout = close_timeout
         self._pool = _ReadPool(read_pool_bytes)
@@ -453,8 +438,8 @@ class MooncakeFeatureStore(LedgerFeatureStore):
     def _publish(self) -> None:
         """Upload this instance's residency record to its slot (claiming one first); a failure is logged.
 
-        Only an under-count elsewhere can follow from a failed upload (the record is retried on the next put,
-        and on the next ``health`` if its slot is gone), never a failed put.
+        Only an under-count elsewhere can follow from a failed upload, never a failed put: the next put uploads
+        the record again (and ``health`` does when the slot it had vanished).
         """
         with self._publish_lock:
             record = self._record()
@@ -478,14 +463,16 @@ class MooncakeFeatureStore(LedgerFeatureStore):
         reads back from a slot owns it. 0 once claimed; else a Mooncake error code, or 1 when none is free."""
         found = self._client.batch_is_exist(self._slots)
         free = [slot for slot, exists in zip(self._slots, found, strict=True) if int(exists) == 0]
+        failed = 1
         for slot in free:
             rc = int(self._client.put(slot, record, self._config))
-            if rc != 0:
-                return rc
+            if rc != 0:  # taken meanwhile (a put in flight may answer so), or the master refused: try the next
+                failed = rc
+                continue
             if self._writer_of(self._client.get(slot)) == self._writer:
                 self._slot = slot
                 return 0
-        return 1
+        return failed
 
     @staticmethod
     def _parse(blob: bytes) -> tuple[str, dict[str, int]] | None:

@@ -53,18 +53,16 @@ import struct
 import tempfile
 import uuid
 from collections.abc import Mapping
+from typing import Unpack
 
 import torch
 
 from featurestream.core.refs import SampleRef
 from featurestream.stores.deleter import BackgroundDeleter, remove_reporting
 from featurestream.stores.ledger import (
-    DEFAULT_HIGH_WATERMARK,
-    DEFAULT_LOW_WATERMARK,
-    DEFAULT_MAX_BYTES,
-    DEFAULT_MAX_SAMPLES,
     INCARNATION_SEP,
     LedgerFeatureStore,
+    StoreCaps,
     check_spec,
 )
 
@@ -279,7 +277,7 @@ class SharedDirFeatureStore(LedgerFeatureStore):
     ``KeyError``; an undecodable file -> ``CorruptSampleError``; the
     directory gone, a full disk or a permission problem -> the ``OSError``
     subclass, naming the sample and the path. A failed ``put`` stores nothing
-    and leaves no file behind.
+    and leaves no file behind. Caps and watermarks: the ``StoreCaps`` keywords.
     """
 
     adopts_foreign = True
@@ -289,21 +287,12 @@ class SharedDirFeatureStore(LedgerFeatureStore):
         directory: str | os.PathLike[str],
         *,
         create: bool = False,
-        max_samples: int | None = DEFAULT_MAX_SAMPLES,
-        max_bytes: int | None = DEFAULT_MAX_BYTES,
-        high_watermark_bytes: int | None = DEFAULT_HIGH_WATERMARK,
-        low_watermark_bytes: int | None = DEFAULT_LOW_WATERMARK,
+        **caps: Unpack[StoreCaps],
     ) -> None:
         self.directory = os.path.abspath(os.fspath(directory))
         self._unlink_later: dict[str, None] = {}  # paths whose unlink failed, retried by scrub/gc/close
         self._deleter = BackgroundDeleter(self._unlink_failed)
-        super().__init__(
-            f"file://{self.directory}",
-            max_samples=max_samples,
-            max_bytes=max_bytes,
-            high_watermark_bytes=high_watermark_bytes,
-            low_watermark_bytes=low_watermark_bytes,
-        )
+        super().__init__(f"file://{self.directory}", **caps)
         _prepare_directory(self.directory, create)
         for name in os.listdir(self.directory):
             if name.startswith(SCRUBBED_PREFIX):  # left by a process that died before unlinking it

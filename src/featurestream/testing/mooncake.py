@@ -10,17 +10,13 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
-import subprocess
 import sys
-import time
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
-__all__ = ["MooncakeMaster", "find_master_binary", "missing_reason"]
+from featurestream.testing.servers import HOST, ServerProcess, free_port, listening
 
-HOST = "127.0.0.1"
+__all__ = ["MooncakeMaster", "find_master_binary", "missing_reason"]
 
 
 def find_master_binary() -> str | None:
@@ -48,19 +44,7 @@ def missing_reason() -> str | None:
     return None
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((HOST, 0))
-        return int(sock.getsockname()[1])
-
-
-def _listening(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.settimeout(0.2)
-        return sock.connect_ex((HOST, port)) == 0
-
-
-class MooncakeMaster:
+class MooncakeMaster(ServerProcess):
     """One ``mooncake_master`` process; ``restart(kill=True)`` SIGKILLs it and starts a fresh one on the same ports.
 
     A restarted master forgets every object (no HA, no snapshots): what a
@@ -68,17 +52,18 @@ class MooncakeMaster:
     keeps a client's segment, and the objects in it, after its heartbeats stop.
     """
 
+    name = "mooncake_master"
+
     def __init__(self, *, binary: str | None = None, client_ttl: int = 10, log: str | os.PathLike[str] | None = None):
         found = binary or find_master_binary()
         if found is None:
             raise FileNotFoundError(
                 "mooncake_master is not installed: pip install 'featurestream[mooncake]' (it ships the binary)"
             )
+        super().__init__(log=log)
         self.binary = found
         self.client_ttl = client_ttl
-        self.log = log
-        self.metadata_port, self.rpc_port, self.metrics_port = _free_port(), _free_port(), _free_port()
-        self.process: subprocess.Popen[bytes] | None = None
+        self.metadata_port, self.rpc_port, self.metrics_port = free_port(), free_port(), free_port()
         os.environ["MC_TCP_BIND_ADDRESS"] = HOST
 
     @property
@@ -99,8 +84,8 @@ class MooncakeMaster:
             **overrides,
         }
 
-    def start(self, timeout: float = 30.0) -> None:
-        command = [
+    def command(self) -> list[str]:
+        return [
             self.binary,
             "--enable_http_metadata_server=true",
             f"--http_metadata_server_host={HOST}",
@@ -111,44 +96,6 @@ class MooncakeMaster:
             f"--metrics_port={self.metrics_port}",
             f"--client_ttl={self.client_ttl}",
         ]
-        out = open(self.log, "ab") if self.log is not None else subprocess.DEVNULL
-        try:
-            self.process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
-        finally:
-            if self.log is not None:
-                out.close()  # type: ignore[union-attr]
-        give_up = time.monotonic() + timeout
-        while not (_listening(self.rpc_port) and _listening(self.metadata_port)):
-            if self.process.poll() is not None:
-                raise RuntimeError(f"mooncake_master exited with {self.process.returncode} (command: {command})")
-            if time.monotonic() > give_up:
-                self.stop(kill=True)
-                raise TimeoutError(f"mooncake_master did not listen on ports {self.rpc_port}/{self.metadata_port}")
-            time.sleep(0.05)
 
-    def stop(self, *, kill: bool = False) -> None:
-        if self.process is None:
-            return
-        if kill:
-            self.process.kill()
-        else:
-            self.process.terminate()
-        try:
-            self.process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait(timeout=15)
-        self.process = None
-
-    def restart(self, *, kill: bool = True) -> None:
-        self.stop(kill=kill)
-        self.start()
-
-    def __enter__(self) -> MooncakeMaster:
-        self.start()
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
+    def ready(self) -> bool:
+        return listening(self.rpc_port) and listening(self.metadata_port)

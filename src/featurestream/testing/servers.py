@@ -1,0 +1,113 @@
+"""``ServerProcess``: a real server (``redis-server``, ``mooncake_master``) started on 127.0.0.1 for tests,
+benchmarks and the demo, on free ports, waited for until it answers, and stopped (or killed) again."""
+
+from __future__ import annotations
+
+import abc
+import os
+import socket
+import subprocess
+import tempfile
+import time
+from types import TracebackType
+from typing import IO, Self
+
+__all__ = ["HOST", "ServerProcess", "free_port", "listening"]
+
+HOST = "127.0.0.1"
+_POLL = 0.01
+
+
+def free_port() -> int:
+    """A TCP port on ``HOST`` that nothing listens on right now (the kernel's pick)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((HOST, 0))
+        return int(sock.getsockname()[1])
+
+
+def listening(port: int) -> bool:
+    """Whether something accepts TCP connections on ``HOST:port``."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.settimeout(0.2)
+        return sock.connect_ex((HOST, port)) == 0
+
+
+class ServerProcess(abc.ABC):
+    """One server process: ``command`` says how to run it, ``ready`` when it serves; ``restart(kill=True)``
+    SIGKILLs it and starts it again with the same command (same ports, same files).
+
+    Its output goes to ``log`` (appended), or to a temporary file; either way the end of it is in the error
+    when the process exits before it is ready.
+    """
+
+    name = "server"
+
+    def __init__(self, *, log: str | os.PathLike[str] | None = None) -> None:
+        self.log = log
+        self.process: subprocess.Popen[bytes] | None = None
+        self._output: IO[bytes] | None = None
+
+    @abc.abstractmethod
+    def command(self) -> list[str]:
+        """The argument vector that runs the server."""
+
+    @abc.abstractmethod
+    def ready(self) -> bool:
+        """Whether the started server answers (a failed attempt returns ``False``, it does not raise)."""
+
+    def start(self, timeout: float = 30.0) -> None:
+        """Run the server and return once ``ready``; ``RuntimeError`` (with its output) if it exits first,
+        ``TimeoutError`` (after killing it) if it is not ready within ``timeout`` seconds."""
+        command = self.command()
+        self._output = open(self.log, "a+b") if self.log is not None else tempfile.TemporaryFile()
+        self.process = subprocess.Popen(command, stdout=self._output, stderr=subprocess.STDOUT)
+        give_up = time.monotonic() + timeout
+        while not self.ready():
+            if self.process.poll() is not None:
+                code, output = self.process.returncode, self._tail()
+                self._release()
+                raise RuntimeError(f"{self.name} exited with {code} (command: {command}): {output}")
+            if time.monotonic() > give_up:
+                self.stop(kill=True)
+                raise TimeoutError(f"{self.name} was not ready within {timeout} s (command: {command})")
+            time.sleep(_POLL)
+
+    def stop(self, *, kill: bool = False) -> None:
+        """Terminate the server (SIGKILL with ``kill``) and wait for it; idempotent."""
+        if self.process is None:
+            return
+        if kill:
+            self.process.kill()
+        else:
+            self.process.terminate()
+        try:
+            self.process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(timeout=15)
+        self._release()
+
+    def restart(self, *, kill: bool = True) -> None:
+        self.stop(kill=kill)
+        self.start()
+
+    def _tail(self, limit: int = 2000) -> str:
+        assert self._output is not None
+        self._output.flush()
+        self._output.seek(max(0, self._output.seek(0, os.SEEK_END) - limit))
+        return self._output.read().decode(errors="replace")
+
+    def _release(self) -> None:
+        self.process = None
+        if self._output is not None:
+            self._output.close()
+            self._output = None
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
