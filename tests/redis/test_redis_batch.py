@@ -172,8 +172,8 @@ def test_a_batch_of_live_and_stale_leases_is_traced_item_by_item(
 # The public members each backend defines beyond the LeaseQueue protocol. A new public method is a contract
 # change: add it here (and to the protocol if every backend offers it).
 BEYOND_PROTOCOL = {
-    SampleRefQueue: {"lease_state_counts", "render", "training_ledger"},
-    RedisSampleRefQueue: {"lease_state_counts", "render", "disconnect", "open", "training_ledger"},
+    SampleRefQueue: {"lease_state_counts", "training_ledger"},
+    RedisSampleRefQueue: {"lease_state_counts", "disconnect", "open", "training_ledger"},
 }
 
 
