@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -121,6 +122,7 @@ def test_a_writer_s_record_follows_its_releases_and_scrubs_elsewhere_and_leaves_
     queued = second.put("y0", sample_tensors(2, tokens=30))
     second.retain(queued)
     assert _counts(reader.health())[:2] == (3, 400 + 800 + 1200)
+    assert reader.is_resident("x0") and reader.is_resident("y0") and not reader.is_resident("x")
     _, handle = first.get(freed)
     first.release(handle)  # the writer's own last release frees it; its record is not republished until a put
     reader.scrub(queued)  # and a scrub in a third instance, which no writer's record hears of
@@ -132,7 +134,31 @@ def test_a_writer_s_record_follows_its_releases_and_scrubs_elsewhere_and_leaves_
     assert taken == 2 and len(reader._slots) == RESIDENCY_SLOTS
     first.close()
     assert sum(int(found) for found in client.batch_is_exist(reader._slots)) == 1, "a closed writer's slot goes"
-    assert _counts(reader.health())[:2] == (0, 0) and kept.sample_id == "x0"
+    assert _counts(reader.health())[:2] == (0, 0) and not reader.is_resident(kept.sample_id)
     third = make_store()
     third.put("z0", sample_tensors(0, tokens=10))
     assert _counts(reader.health())[:2] == (1, 400), "a new writer claims the freed slot"
+
+
+def test_a_killed_writer_s_samples_and_record_stop_counting_once_the_master_drops_its_segment(
+    own_master: MooncakeMaster, namespace: str
+) -> None:
+    """Its record lived in its own segment, with its samples: both go when the master expires the client."""
+    from featurestream import MooncakeFeatureStore
+
+    reader = MooncakeFeatureStore(**own_master.store_kwargs(namespace=namespace, global_segment_size=0))
+    try:
+        writer = Writer(own_master, namespace, 2)
+        writer.expect("put")
+        assert _counts(reader.health())[:2] == (2, 4_000 + 4_000) and reader.is_resident("b1")
+        writer.process.kill()
+        writer.process.wait(timeout=30)
+        # Its record cannot be read from a dead process, and the master drops the segment after client_ttl (2 s)
+        # without heartbeats; either way its samples are lost, and stop counting.
+        give_up = time.monotonic() + 60
+        while any(int(found) for found in reader._client.batch_is_exist(reader._slots)):
+            assert time.monotonic() < give_up, "the master never dropped the dead writer's segment"
+            time.sleep(0.1)
+        assert _counts(reader.health())[:2] == (0, 0) and not reader.is_resident("b1")
+    finally:
+        reader.close()

@@ -258,8 +258,8 @@ class MooncakeFeatureStore(LedgerFeatureStore):
                 f"{protocol}, hostname {local_hostname}): {_code(rc)}; is mooncake_master running there?"
             )
         if global_segment_size > 0:
-            # Producer-hosted: what this instance writes lives in its own segment, so its exit loses only its own
-            # samples (those close() waits for), never another producer's; its record goes with them.
+            # Producer-hosted: what this instance writes goes to its own segment while it has room, so its exit
+            # loses its own samples (those close() waits for) rather than another producer's; its record goes too.
             self._config.preferred_segment = self._client.get_hostname()
 
     @classmethod
@@ -489,15 +489,15 @@ class MooncakeFeatureStore(LedgerFeatureStore):
         parsed = self._parse(blob)
         return parsed[0] if parsed is not None else None
 
-    def _others_residency(self) -> tuple[int, int]:
-        """(samples, bytes) that the namespace's other writers wrote and Mooncake still holds.
+    def _others_samples(self) -> dict[str, int]:
+        """Object key -> bytes of the samples the namespace's other writers wrote that Mooncake still holds.
 
         Three master calls: which slots exist, their records, which of the records' objects exist. Also
         republishes this instance's own record when its slot vanished (the segment holding it went away).
         """
         with self._client_lock:
             if self._client_closed:
-                return 0, 0
+                return {}
             exists = self._client.batch_is_exist(self._slots)
         taken = [slot for slot, found in zip(self._slots, exists, strict=True) if int(found) == 1]
         mine = self._slot
@@ -508,10 +508,10 @@ class MooncakeFeatureStore(LedgerFeatureStore):
             self._publish()
         others = [slot for slot in taken if slot != mine]
         if not others:
-            return 0, 0
+            return {}
         with self._client_lock:
             if self._client_closed:
-                return 0, 0
+                return {}
             blobs = self._client.get_batch(others)
         samples: dict[str, int] = {}
         for blob in blobs:
@@ -519,14 +519,13 @@ class MooncakeFeatureStore(LedgerFeatureStore):
             if parsed is not None and parsed[0] != self._writer:
                 samples.update(parsed[1])
         if not samples:
-            return 0, 0
+            return {}
         keys = list(samples)
         with self._client_lock:
             if self._client_closed:
-                return 0, 0
+                return {}
             held = self._client.batch_is_exist(keys)
-        alive = [samples[key] for key, found in zip(keys, held, strict=True) if int(found) == 1]
-        return len(alive), sum(alive)
+        return {key: samples[key] for key, found in zip(keys, held, strict=True) if int(found) == 1}
 
     def health(self) -> StoreHealth:
         """The run's residency: this instance's samples and every other writer's, as the master sees them now.
@@ -536,20 +535,24 @@ class MooncakeFeatureStore(LedgerFeatureStore):
         hundred microseconds to a few milliseconds on a LAN; no bytes move.
         """
         self._reconcile()
-        count, nbytes = self._others_residency()
+        others = self._others_samples()
         own = super().health()
-        resident = own.resident_bytes + nbytes
+        resident = own.resident_bytes + sum(others.values())
         return dataclasses.replace(
             own,
             resident_bytes=resident,
-            sample_count=own.sample_count + count,
+            sample_count=own.sample_count + len(others),
             high_watermark_hit=self.high_watermark_bytes is not None and resident >= self.high_watermark_bytes,
             low_watermark_hit=resident <= self.low_watermark_bytes,
         )
 
     def is_resident(self, sample_id: str) -> bool:
+        """Whether Mooncake holds a put of ``sample_id`` by any writer of the run (this one: from its counters)."""
         self._reconcile()
-        return super().is_resident(sample_id)
+        if super().is_resident(sample_id):
+            return True
+        start = len(self.namespace) + 1
+        return any(key[start:].rsplit(INCARNATION_SEP, 1)[0] == sample_id for key in self._others_samples())
 
     def scrub(self, ref: SampleRef) -> None:
         """Remove ``ref``'s object, whichever instance wrote it; an ``OSError`` leaves it counted for a retry."""
