@@ -1,18 +1,95 @@
-"""The library's stateful suite (``featurestream.testing``) against the Redis backend on a real server."""
+"""The library's stateful suite (``featurestream.testing``) against the Redis backend on a real server.
+
+The Redis backend declares that its replies can be lost (``RedisLostReplies``, through ``replies=``): the machine's
+``lose_reply`` rule then makes a call run on the server while its reply is lost, and the client retries it.
+"""
 
 from __future__ import annotations
 
+import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Collection, Iterator
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, Phase, settings
+from hypothesis.stateful import run_state_machine_as_test
 
 from featurestream import LocalFeatureStore
-from featurestream.testing import make_queue_machine
+from featurestream.testing import EXACT_CALLS, InvariantViolation, make_queue_machine
 
 redis = pytest.importorskip("redis", reason="redis-py is missing: pip install 'featurestream[redis]'")
 from featurestream.backends.redis.queue import RedisSampleRefQueue  # noqa: E402 - needs redis-py
+
+# The server function behind each queue call whose reply can be lost.
+FUNCTION_OF = {
+    "put": "put",
+    "put_many": "put_many",
+    "ack": "ack",
+    "ack_many": "ack",
+    "fail": "fail",
+    "fail_many": "fail",
+    "lose": "lose",
+    "extend": "extend",
+    "reclaim_expired": "reclaim",
+    "requeue_dead_letters": "requeue",
+    "purge_dead_letters": "purge",
+}
+
+
+class RedisLostReplies:
+    """``LosesReplies`` for one ``RedisSampleRefQueue``: an armed server function runs, and its reply is lost.
+
+    The queue's link sends a call on its own connection first; this drops that attempt's reply, so the client
+    sees the connection error a lost reply gives and retries through redis-py's path, which is left alone: each
+    armed call loses one reply. ``always`` names queue calls whose every first reply is lost, whatever ``clear``.
+    """
+
+    def __init__(self, queue: RedisSampleRefQueue, always: Collection[str] = ()) -> None:
+        self._lock = threading.Lock()
+        self._armed: dict[str, int | None] = {}
+        self._always = {FUNCTION_OF[call] for call in always}
+        self._lost = 0
+        link = queue._link
+        send = link._request
+        called_as = {queue._library.function(function): function for function in FUNCTION_OF.values()}
+
+        def request(conn: Any, called: str, header: str, args: tuple[Any, ...]) -> Any:
+            reply = send(conn, called, header, args)
+            if self._take(called_as.get(called)):
+                raise redis.ConnectionError("the reply was lost")
+            return reply
+
+        link._request = request  # type: ignore[method-assign]
+
+    def _take(self, function: str | None) -> bool:
+        with self._lock:
+            if function is None or (function not in self._always and function not in self._armed):
+                return False
+            left = self._armed.get(function)
+            if function not in self._always and left is not None:
+                if left <= 1:
+                    del self._armed[function]
+                else:
+                    self._armed[function] = left - 1
+            self._lost += 1
+            return True
+
+    def arm(self, call: str, times: int | None = 1) -> None:
+        with self._lock:
+            self._armed[FUNCTION_OF[call]] = times
+
+    def clear(self) -> None:
+        with self._lock:
+            self._armed.clear()
+
+    def armed(self) -> bool:
+        with self._lock:
+            return bool(self._armed)
+
+    def lost(self) -> int:
+        with self._lock:
+            return self._lost
 
 
 @pytest.fixture(scope="module")
@@ -22,11 +99,85 @@ def shared_client(redis_server: Any) -> Iterator[redis.Redis]:
     client.close()
 
 
-def test_redis_queue_follows_the_spec(shared_client: redis.Redis) -> None:
-    """Every rule of the spec machine, applied to RedisSampleRefQueue (fresh queue name per example)."""
-
+def queues_on(client: redis.Redis, prefix: str) -> Callable[..., RedisSampleRefQueue]:
     def queue_factory(store: LocalFeatureStore, **hooks: Any) -> RedisSampleRefQueue:
-        return RedisSampleRefQueue(store, client=shared_client, name=f"stateful-{uuid.uuid4().hex}", **hooks)
+        return RedisSampleRefQueue(store, client=client, name=f"{prefix}-{uuid.uuid4().hex}", **hooks)
 
-    machine = make_queue_machine(lambda: LocalFeatureStore(max_samples=16), queue_factory, name="RedisQueueMachine")
-    machine.TestCase().runTest()
+    return queue_factory
+
+
+def test_redis_queue_follows_the_spec(shared_client: redis.Redis) -> None:
+    """Every rule of the spec machine, lost replies among them, applied to RedisSampleRefQueue (a fresh queue
+    name per example); its runs lose replies."""
+    lost: list[int] = []
+
+    class Counting(RedisLostReplies):
+        def __init__(self, queue: RedisSampleRefQueue) -> None:
+            super().__init__(queue)
+            lost.append(0)
+
+        def _take(self, function: str | None) -> bool:
+            took = super()._take(function)
+            lost[-1] += took
+            return took
+
+    machine = make_queue_machine(
+        lambda: LocalFeatureStore(max_samples=16),
+        queues_on(shared_client, "stateful"),
+        name="RedisQueueMachine",
+        replies=Counting,
+    )
+    run_state_machine_as_test(machine)
+    assert sum(1 for n in lost if n) > len(lost) // 10, f"replies lost per example: {lost}"
+
+
+def test_redis_queue_follows_the_spec_when_every_first_reply_is_lost(shared_client: redis.Redis) -> None:
+    """The same machine, every exact call's first reply lost: each retry must leave what one call would have."""
+    machine = make_queue_machine(
+        lambda: LocalFeatureStore(max_samples=16),
+        queues_on(shared_client, "lossy"),
+        name="LossyRedisMachine",
+        replies=lambda queue: RedisLostReplies(queue, always=EXACT_CALLS),
+    )
+    run_state_machine_as_test(machine)
+
+
+def retrying_as_new(queue: RedisSampleRefQueue) -> RedisSampleRefQueue:
+    """A seeded defect: ``queue``'s link retries a call under a fresh call id and unmarked as a repeat, so the
+    server cannot tell it from a new call and runs it again (only a put's token and an ack's dedup record still
+    recognise a repeat)."""
+    link = queue._link
+    reload = link._call_reloading
+
+    def anew(script: str, header: Callable[[str], str], args: tuple[Any, ...]) -> Any:
+        def fresh(name: str) -> str:
+            rest, call, _, keep = header(name).rsplit("\t", 3)
+            return f"{rest}\t{call}x\t\t{keep}"
+
+        return reload(script, fresh, args)
+
+    link._call_reloading = anew  # type: ignore[method-assign]
+    return queue
+
+
+def test_lost_replies_catch_a_retry_that_runs_the_call_again(shared_client: redis.Redis) -> None:
+    """The lossy machine finds a link whose retry is not exact (the CI budget, derandomized, unshrunk)."""
+    machine = make_queue_machine(
+        lambda: LocalFeatureStore(max_samples=16),
+        queues_on(shared_client, "anew"),
+        name="RetryAnewMachine",
+        replies=lambda queue: RedisLostReplies(retrying_as_new(queue)),
+    )
+    budget = settings(
+        max_examples=200,
+        stateful_step_count=40,
+        deadline=None,
+        database=None,
+        derandomize=True,
+        report_multiple_bugs=False,
+        phases=[Phase.explicit, Phase.generate],
+        suppress_health_check=list(HealthCheck),
+    )
+    with pytest.raises(InvariantViolation) as caught:
+        run_state_machine_as_test(machine, settings=budget)
+    assert caught.value.invariant == "inv11_counters_consistent", str(caught.value)

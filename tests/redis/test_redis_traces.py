@@ -44,7 +44,7 @@ TOKENS = 2
 SAMPLE_BYTES = 40 * TOKENS  # sample_tensors(_, 2): the trace module models one sample size
 # The kit's watermarks (high 200 B, low 80 B): the runs pause producers, and the kit traces its store's calls,
 # so the trace module knows the bytes behind each Pause.
-CONFIG = MachineConfig(samples=6, sample_tokens=TOKENS)
+CONFIG = MachineConfig(samples=6, sample_tokens=TOKENS, store_losses=0)  # the trace spec has no lost bytes
 RUNS = 15
 THREADED_VT = 0.05  # short leases, so the threaded run reclaims
 Trace = list[tuple[str, dict[str, object]]]

@@ -1,14 +1,15 @@
 """Known defects re-introduced one at a time as test-only subclasses.
 
-The reference's A-E (docs/design.md) and issue 9's two: the old
-backpressure rule (P) and an ack whose scrub fault un-settles the sample (S).
+The reference's A-E (docs/design.md); the old backpressure rule (P); an ack
+whose scrub fault un-settles the sample (S); a lost sample redelivered (L, the
+spec's BugLostRedelivered); a store blind to incarnations on release (I).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from featurestream import LocalFeatureStore, SampleRef, SampleRefQueue
+from featurestream import Lease, LocalFeatureStore, SampleRef, SampleRefQueue, StoreHandle
 
 
 class RetainIgnoringStore(LocalFeatureStore):
@@ -18,19 +19,35 @@ class RetainIgnoringStore(LocalFeatureStore):
         pass
 
 
+class IncarnationBlindStore(LocalFeatureStore):
+    """I: ``release`` finds the entry by sample id, so a stale handle of a scrubbed put frees a later put of the id."""
+
+    def release(self, handle: StoreHandle) -> None:
+        with self._lock:
+            self._handles.pop(handle.handle_id, None)
+            entry = self._resident.get(handle.sample_id)  # whichever put of the id is resident now
+            if entry is None:
+                return
+            entry.handles.discard(handle.handle_id)
+            if entry.handles or entry.retained:
+                return
+            self._forget(entry.ref)
+        self._drop_released(entry.ref)
+
+
 class UnretainingScrubStore(LocalFeatureStore):
     """B: a settled sample is only un-retained, so a crashed consumer's unreleased handle keeps its bytes."""
 
     def scrub(self, ref: SampleRef) -> None:
         with self._lock:
-            entry = self._resident.get(ref.sample_id)
+            entry = self._entry(ref)
             if entry is None:
                 return
             entry.retained = False
             if entry.handles:
                 return
-            self._forget(ref.sample_id)
-        self._drop(ref.sample_id)
+            self._forget(ref)
+        self._drop(ref)
 
 
 class NoDedupQueue(SampleRefQueue):
@@ -93,3 +110,12 @@ class UnsettlingScrubQueue(SampleRefQueue):
         self._store.scrub(ref)  # raises out of ack / fail / the reaping call: the id below is never recorded
         self._recent_terminal[ref.sample_id] = self._outcome
         self._not_full.notify_all()
+
+
+class LostRedeliveringQueue(SampleRefQueue):
+    """L: ``lose`` fails the lease like any error, so bytes no redelivery can serve are delivered again."""
+
+    def lose(self, lease: Lease) -> bool:
+        with self._op:
+            self._reap_due()
+            return self._fail_locked(lease)

@@ -32,7 +32,7 @@ from .defects import NoDedupQueue
 
 # One sample size (80 B), as the trace module models it; the watermarks (200 / 80 B) pause at three resident
 # samples and resume at one.
-CONFIG = MachineConfig(samples=6, sample_tokens=2, store_faults=True)
+CONFIG = MachineConfig(samples=6, sample_tokens=2, store_faults=True, store_losses=0)  # the trace spec has no losses
 RUNS = 50  # ~40 distinct traces; the derandomized ones (profile ci) resume in 4
 
 
@@ -93,7 +93,7 @@ def test_traces_of_machine_runs_and_threads_are_admitted_and_a_defect_trace_is_n
 
 def test_recorded_traces_leave_out_repeats_of_a_run() -> None:
     """One sample, one consumer, no faults: Hypothesis repeats runs, and repeats differ only in their ids."""
-    small = MachineConfig(samples=1, consumers=1, store_faults=False)
+    small = MachineConfig(samples=1, consumers=1, store_faults=False, store_losses=0)
     traces = record_machine_traces(make_queue_machine(LocalFeatureStore, config=small, name="SmallMachine"), 30)
 
     def shape(trace: list[tuple[str, dict[str, object]]]) -> list[tuple[str, dict[str, object]]]:

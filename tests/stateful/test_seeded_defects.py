@@ -1,4 +1,4 @@
-"""Each known defect (reference A-E, issue 9's P and S), re-introduced in the implementation, is caught by name.
+"""Each known defect (reference A-E, P, S, L, I), re-introduced in the implementation, is caught by name.
 
 The budget is the CI profile's (200 examples of 40 steps, derandomized); shrinking is skipped
 because only the verdict and the invariant's name are asserted here. The
@@ -16,6 +16,8 @@ from featurestream import LocalFeatureStore, SampleRefQueue
 from featurestream.testing import InvariantViolation, make_queue_machine
 
 from .defects import (
+    IncarnationBlindStore,
+    LostRedeliveringQueue,
     NoDedupQueue,
     NoDeliveryLimitQueue,
     NoReaperQueue,
@@ -31,6 +33,8 @@ DEFECTS = {
     "C": (LocalFeatureStore, NoDedupQueue, "inv02_exactly_once"),
     "D": (LocalFeatureStore, NoDeliveryLimitQueue, "inv07_bounded_delivery"),
     "E": (LocalFeatureStore, NoReaperQueue, "inv10_expired_leases_reclaimed"),
+    "I": (IncarnationBlindStore, SampleRefQueue, "inv16_incarnations_never_cross"),
+    "L": (LocalFeatureStore, LostRedeliveringQueue, "inv04_no_loss"),
     "P": (LocalFeatureStore, OldBackpressureQueue, "inv13_producer_progress"),
     "S": (LocalFeatureStore, UnsettlingScrubQueue, "inv14_store_faults_survivable"),
 }

@@ -17,23 +17,34 @@ from featurestream.testing import InvariantViolation, make_queue_machine
 
 
 class DictStore(FeatureStore):
-    """A user's store written only against the reference contract: no retain/scrub, no is_resident."""
+    """A user's store written only against the reference contract: no retain/scrub, no is_resident.
+
+    Each put is its own incarnation (``<id>@<n>`` in its feature keys), so a ref or a handle of an earlier put
+    of an id never reaches a later one.
+    """
 
     def __init__(self) -> None:
         self.store_uri = f"dict://{id(self)}"
         self._lock = threading.Lock()
-        self._data: dict[str, dict[str, torch.Tensor]] = {}
-        self._handles: dict[int, str] = {}
+        self._data: dict[str, dict[str, torch.Tensor]] = {}  # incarnation key -> tensors
+        self._live: dict[str, str] = {}  # sample id -> its incarnation key, while resident
+        self._handles: dict[int, str] = {}  # handle id -> incarnation key
         self._ids = itertools.count()
+        self._puts = itertools.count()
         self._closed = False
+
+    @staticmethod
+    def _key(ref: SampleRef) -> str:
+        return next(iter(ref.feature_keys.values())).rsplit("/", 1)[0]
 
     def put(self, sample_id: str, tensors: Mapping[str, torch.Tensor], **meta: object) -> SampleRef:
         specs = {name: FeatureSpec(tuple(t.shape), t.dtype) for name, t in tensors.items()}
+        key = f"{sample_id}@{next(self._puts)}"
         ref = SampleRef(
             sample_id=sample_id,
             run_id=str(meta.get("run_id", "default")),
             store_uri=self.store_uri,
-            feature_keys={name: f"{sample_id}/{name}" for name in tensors},
+            feature_keys={name: f"{key}/{name}" for name in tensors},
             feature_specs=specs,
             algorithm=meta.get("algorithm", "eagle3"),  # type: ignore[arg-type]
             schema_version=1,
@@ -43,24 +54,33 @@ class DictStore(FeatureStore):
             draft_weight_version="0",
         )
         with self._lock:
-            if sample_id in self._data:
+            if sample_id in self._live:
                 raise ValueError(f"duplicate sample {sample_id!r}")
-            self._data[sample_id] = {name: t.clone() for name, t in tensors.items()}
+            self._live[sample_id] = key
+            self._data[key] = {name: t.clone() for name, t in tensors.items()}
         return ref
 
     def get(self, ref: SampleRef, device: object = None) -> tuple[dict[str, torch.Tensor], StoreHandle]:
+        key = self._key(ref)
         with self._lock:
-            if ref.sample_id not in self._data:
+            if key not in self._data:
                 raise KeyError(ref.sample_id)
             handle = StoreHandle(self, ref.sample_id, ref, next(self._ids))
-            self._handles[handle.handle_id] = ref.sample_id
-            return {name: t.clone() for name, t in self._data[ref.sample_id].items()}, handle
+            self._handles[handle.handle_id] = key
+            return {name: t.clone() for name, t in self._data[key].items()}, handle
+
+    def _free(self, key: str) -> None:
+        """Drop one incarnation (lock held)."""
+        self._data.pop(key, None)
+        sample_id = key.rsplit("@", 1)[0]
+        if self._live.get(sample_id) == key:
+            del self._live[sample_id]
 
     def release(self, handle: StoreHandle) -> None:
         with self._lock:
-            sample_id = self._handles.pop(handle.handle_id, None)
-            if sample_id is not None and sample_id not in self._handles.values():
-                self._data.pop(sample_id, None)
+            key = self._handles.pop(handle.handle_id, None)
+            if key is not None and key not in self._handles.values():
+                self._free(key)
 
     def gc(self) -> int:
         return 0
@@ -73,6 +93,7 @@ class DictStore(FeatureStore):
     def close(self) -> None:
         with self._lock:
             self._data.clear()
+            self._live.clear()
             self._closed = True
 
 
@@ -85,19 +106,20 @@ class RetainingDictStore(DictStore):
 
     def retain(self, ref: SampleRef) -> None:
         with self._lock:
-            self._retained.add(ref.sample_id)
+            if self._key(ref) in self._data:
+                self._retained.add(self._key(ref))
 
     def scrub(self, ref: SampleRef) -> None:
         with self._lock:
-            self._retained.discard(ref.sample_id)
-            self._data.pop(ref.sample_id, None)
+            self._retained.discard(self._key(ref))
+            self._free(self._key(ref))
 
     def release(self, handle: StoreHandle) -> None:
         with self._lock:
-            sample_id = self._handles.pop(handle.handle_id, None)
-            if sample_id is None or sample_id in self._retained or sample_id in self._handles.values():
+            key = self._handles.pop(handle.handle_id, None)
+            if key is None or key in self._retained or key in self._handles.values():
                 return
-            self._data.pop(sample_id, None)
+            self._free(key)
 
 
 TestRetainingUserStore = make_queue_machine(RetainingDictStore, name="RetainingUserStoreMachine").TestCase

@@ -1229,6 +1229,20 @@ class SpecMirror:
         s = self._s(sample)
         return self._apply(a_release(self.constants, self.state, self._c(consumer), s, self._size_tuple()))
 
+    def store_loses(self, sample: str) -> bool:
+        """StoreLoses: the store loses a queued sample's bytes while no consumer reads it."""
+        s = self._s(sample)
+        return self._apply(a_store_loses(self.constants, self.state, s, self._size_tuple()))
+
+    def lose(self, consumer: str, token: LeaseToken) -> bool:
+        """Lose: the consumer whose get found the bytes lost reports it; ``False``: stale (nothing changed)."""
+        c, t = self._c(consumer), self._token(token)
+        return self._apply(a_lose(self.constants, self.state, c, t, self.auto_drain))
+
+    def lost(self) -> set[str]:
+        """The samples whose bytes the store lost (until a producer stores the id anew)."""
+        return {self.constants.samples[s] for s in self.state.lost}
+
     def crash(self, consumer: str) -> bool:
         """Crash: the consumer forgets its leases and handles."""
         return self._apply(a_crash(self.constants, self.state, self._c(consumer)))

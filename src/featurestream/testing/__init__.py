@@ -3,7 +3,7 @@
 ``make_queue_machine(store_factory, queue_factory)`` returns a Hypothesis
 ``RuleBasedStateMachine`` whose rules are the actions of ``spec/LeaseQueue.tla``;
 each step is applied to your queue/store and to the spec's Python mirror, and
-the named invariants ``inv01_...`` to ``inv15_...`` are checked at the end of every rule::
+the named invariants ``inv01_...`` to ``inv16_...`` are checked at the end of every rule::
 
     from featurestream.testing import make_queue_machine
     TestMyStore = make_queue_machine(lambda: MyStore(max_samples=16)).TestCase
@@ -15,7 +15,7 @@ See ``docs/testing.md``.
 """
 
 from featurestream.testing.clock import FakeClock
-from featurestream.testing.faults import UNTIL_CLEARED, FaultyStore, InjectedFault
+from featurestream.testing.faults import EXACT_CALLS, UNTIL_CLEARED, FaultyStore, InjectedFault, LosesReplies
 from featurestream.testing.machine import InvariantViolation, MachineConfig, QueueMachine
 from featurestream.testing.producers import BlockedPut
 from featurestream.testing.profiles import PROFILES, register_profiles
@@ -29,11 +29,13 @@ from featurestream.testing.traces import (
 )
 
 __all__ = [
+    "EXACT_CALLS",
     "UNTIL_CLEARED",
     "BlockedPut",
     "FakeClock",
     "FaultyStore",
     "InjectedFault",
+    "LosesReplies",
     "PROFILES",
     "InvariantViolation",
     "MachineConfig",

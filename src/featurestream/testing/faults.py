@@ -1,4 +1,5 @@
-"""``FaultyStore``: a ``FeatureStore`` wrapper whose chosen calls raise ``OSError``, or whose bytes vanish."""
+"""Faults of the world around a queue: ``FaultyStore`` (store calls raise ``OSError``, or bytes vanish), and what a
+backend whose replies a network can lose offers the machine (``LosesReplies``)."""
 
 from __future__ import annotations
 
@@ -6,19 +7,57 @@ import collections
 import errno
 import threading
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
 from featurestream.core.refs import SampleRef
 from featurestream.stores.base import FeatureStore, SampleLostError, StoreHandle, StoreHealth
 
-__all__ = ["CALLS", "QUEUE_CALLS", "UNTIL_CLEARED", "FaultyStore", "InjectedFault"]
+__all__ = ["CALLS", "EXACT_CALLS", "QUEUE_CALLS", "UNTIL_CLEARED", "FaultyStore", "InjectedFault", "LosesReplies"]
 
 # Every store call a fault can be armed on; the queue makes the last five itself.
 CALLS = ("put", "get", "release", "retain", "scrub", "unretain", "health", "gc")
 QUEUE_CALLS = ("retain", "scrub", "unretain", "health", "gc")
 UNTIL_CLEARED = None  # ``arm(call, times=UNTIL_CLEARED)``: raise on every call until ``clear``
+# The queue calls whose retry after a lost reply must have the effect of one call that got its reply, on the queue
+# and on the store's accounting. Not acquire: a retried acquire leaves a lease nobody holds, which expires and is
+# redelivered (a visible difference the contract allows).
+EXACT_CALLS = (
+    "put",
+    "put_many",
+    "ack",
+    "ack_many",
+    "fail",
+    "fail_many",
+    "lose",
+    "extend",
+    "reclaim_expired",
+    "requeue_dead_letters",
+    "purge_dead_letters",
+)
+
+
+class LosesReplies(Protocol):
+    """A backend that a network separates from its server, declared by whoever builds its queue for the machine.
+
+    ``make_queue_machine(..., replies=lambda queue: ...)`` returns one for each queue; the machine's
+    ``lose_reply`` rule arms it and its ``clear_faults`` rule clears it. A lost reply is one whose call ran on
+    the server and whose answer never reached the client: the client retries the call.
+    """
+
+    def arm(self, call: str, times: int | None = 1) -> None:
+        """Lose the reply of the next ``times`` calls of queue method ``call`` (one of ``EXACT_CALLS``;
+        ``UNTIL_CLEARED``: of every one until ``clear``)."""
+
+    def clear(self) -> None:
+        """Disarm every call armed by ``arm``."""
+
+    def armed(self) -> bool:
+        """Whether some call's reply would be lost now."""
+
+    def lost(self) -> int:
+        """How many replies were lost so far."""
 
 
 class InjectedFault(OSError):
@@ -49,6 +88,7 @@ class FaultyStore(FeatureStore):
         self.log: list[tuple[str, str | None, bool]] = []
         self.last_health: StoreHealth | None = None
         self._lost: set[str] = set()
+        self._refs: dict[str, SampleRef] = {}  # each id's latest put through this wrapper: what ``lose`` frees
 
     # -- arming -------------------------------------------------------------
     def arm(self, call: str, times: int | None = 1) -> None:
@@ -93,12 +133,23 @@ class FaultyStore(FeatureStore):
     def lose(self, sample_id: str) -> None:
         """The store loses ``sample_id``'s bytes (its segment's owner died, it was evicted, the server restarted).
 
-        Every later ``get`` of it raises ``SampleLostError`` until the id is put
-        again (a new incarnation); the inner store is left as it is, so the
-        queue's scrub of the dead letter still frees its bookkeeping.
+        The bytes of its latest put through this wrapper vanish: the inner store
+        frees them and stops counting them, whatever handles are out, as the
+        spec's ``StoreLoses`` does. Every later ``get`` of the id raises
+        ``SampleLostError`` until the id is put again (a new incarnation); the
+        queue's scrub of its dead letter finds nothing left to free. The bytes
+        go through the inner store's ``scrub``, logged as the scrub it is (a
+        store whose scrub frees nothing cannot lose them either). ``KeyError``
+        for an id never put through this wrapper.
         """
         with self._lock:
+            ref = self._refs.get(sample_id)
+        if ref is None:
+            raise KeyError(f"cannot lose {sample_id!r}: it was never put through this FaultyStore")
+        self.inner.scrub(ref)  # what it raises propagates: then nothing was lost
+        with self._lock:
             self._lost.add(sample_id)
+            self.log.append(("scrub", sample_id, True))
 
     def lost(self) -> frozenset[str]:
         """The ids whose bytes are lost now."""
@@ -111,6 +162,7 @@ class FaultyStore(FeatureStore):
         ref = self.inner.put(sample_id, tensors, **kwargs)
         with self._lock:
             self._lost.discard(sample_id)
+            self._refs[sample_id] = ref
         return ref
 
     def get(self, ref: SampleRef, device: torch.device | str | None = None, **kwargs: Any) -> Any:

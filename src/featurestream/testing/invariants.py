@@ -44,6 +44,7 @@ __all__ = [
     "ObservedSample",
     "QueueInvariants",
     "check_host",
+    "same_tensors",
 ]
 QUEUE_COUNTERS = (
     "put",
@@ -126,6 +127,11 @@ class InvariantHost(Protocol):
     def _sync_store(self, upto: int | None = None) -> None: ...
 
 
+def same_tensors(got: Mapping[str, torch.Tensor], expected: Mapping[str, torch.Tensor]) -> bool:
+    """Whether ``got`` has ``expected``'s names, in order, and equal tensors."""
+    return list(got) == list(expected) and all(torch.equal(got[k], expected[k]) for k in expected)
+
+
 def check_host(host: object) -> None:
     """``TypeError`` naming what ``host`` lacks of ``InvariantHost``."""
     methods = [name for name, value in vars(InvariantHost).items() if callable(value) and not name.startswith("__")]
@@ -136,7 +142,7 @@ def check_host(host: object) -> None:
 
 
 class QueueInvariants:
-    """``inv01`` ... ``inv15``, mixed into an ``InvariantHost`` (``QueueMachine``); they own the violation notes.
+    """``inv01`` ... ``inv16``, mixed into an ``InvariantHost`` (``QueueMachine``); they own the violation notes.
 
     An action that sees a violation while acting ``_note``s it under the invariant it breaks, and that
     invariant reports it after the step (``_check_notes``).
@@ -165,8 +171,7 @@ class QueueInvariants:
 
     def _compare(self, sample: ObservedSample, tensors: dict[str, torch.Tensor], invariant: str) -> None:
         """Note ``invariant`` broken when ``tensors`` are not the bytes the producer wrote for ``sample``."""
-        expected = sample_tensors(sample.index, self.config.sample_tokens)
-        if list(tensors) != list(expected) or not all(torch.equal(tensors[k], expected[k]) for k in expected):
+        if not same_tensors(tensors, sample_tensors(sample.index, self.config.sample_tokens)):
             sample_id = sample.ref.sample_id
             self._note(
                 invariant, f"{sample_id!r} materialised with the wrong bytes; {self._suspect(sample_id, 'bytes')}"
@@ -187,8 +192,12 @@ class QueueInvariants:
         return answer
 
     def _should_be_resident(self) -> list[ObservedSample]:
+        lost = self.store.lost()  # gone with the bytes: an owed scrub of one holds nothing
         return [
-            s for s in self.samples.values() if s.status == "stored" or s.status in HELD or s.ref.sample_id in self.owed
+            s
+            for s in self.samples.values()
+            if (s.status == "stored" or s.status in HELD or s.ref.sample_id in self.owed)
+            and s.ref.sample_id not in lost
         ]
 
     def _expected_residency(self) -> tuple[int, int]:
@@ -243,9 +252,18 @@ class QueueInvariants:
         """3. Stale, duplicate and forged acks/fails/extends are rejected without effect."""
 
     def inv04_no_loss(self) -> None:
-        """4. A pending or leased sample is resident and materialisable, whatever consumers released."""
+        """4. Nothing queued is lost unless the store lost it, and then it is reported.
+
+        A pending or leased sample is resident and materialisable, whatever consumers released; one whose bytes
+        the store lost is dead-lettered with reason ``lost`` when its consumer reports it (``lose``), never
+        redelivered after that and never acked.
+        """
         name = "inv04_no_loss"
-        for sample in list(self._held()):
+        lost = self.store.lost()
+        acked = [s.ref.sample_id for s in self.samples.values() if s.status == "acked" and s.ref.sample_id in lost]
+        if acked:
+            self._fail(name, f"samples whose bytes the store lost were acked: {acked}")
+        for sample in [s for s in self._held() if s.ref.sample_id not in lost]:
             sample_id = sample.ref.sample_id
             if self._is_resident(sample_id) is False:
                 self._fail(
@@ -441,6 +459,9 @@ class QueueInvariants:
             self._fail(name, f"on_dead_letter saw {self.dead_seen}, the dead letters are {dead}")
         if len(self.pause_seen) != self.queue.stats().producer_pauses:
             self._fail(name, f"on_pause ran {len(self.pause_seen)} times for {self.queue.stats().producer_pauses}")
+
+    def inv16_incarnations_never_cross(self) -> None:
+        """A handle or ref of an earlier put of an id never frees, serves, retains or scrubs a later put of it."""
 
 
 # The order they are checked in after every step: the first violated one is reported.

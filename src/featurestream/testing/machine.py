@@ -9,7 +9,8 @@ bookkeeping here follows what the implementation *did* (observed through its
 public API), the mirror says what the spec *allows*.
 
 The machine also drives the world around the queue: the store is wrapped in a
-``FaultyStore`` whose calls the rules make fail (one-shot or until cleared),
+``FaultyStore`` whose calls the rules make fail (one-shot or until cleared)
+and that loses a queued sample's bytes,
 blocked producers run ``put_blocks_until_below`` on real threads
 (``BlockedPut``), consumers crash, the ``FakeClock`` jumps, and the queue's
 callbacks record, raise, or call the queue back. The kit's own oracle covers
@@ -17,10 +18,10 @@ what the mirror does not model yet (store faults, the producer rule): a
 settled sample whose scrub failed stays resident until the queue's retry
 goes through, and the mirror's residency is aligned to that.
 
-After every step the named invariants ``inv01`` ... ``inv15`` check the
+After every step the named invariants ``inv01`` ... ``inv16`` check the
 invariants 1-9 and 11-13 of docs/design.md, bounded reaping (the safety side of 10), the
 counters, agreement with the mirror, producer progress, survivable store
-faults and the callbacks. A failure raises ``InvariantViolation`` naming the
+faults, the callbacks, and that incarnations of an id never cross. A failure raises ``InvariantViolation`` naming the
 invariant, and Hypothesis prints the shrunk sequence of rules.
 """
 
@@ -37,17 +38,17 @@ from hypothesis.stateful import RuleBasedStateMachine
 
 from featurestream.core import events
 from featurestream.core.errors import LeaseLost, QueueClosed
-from featurestream.core.lease import Lease, VisibilityTimeout
+from featurestream.core.lease import LOST_REASON, Lease, VisibilityTimeout
 from featurestream.core.machines import HELD, SETTLED
 from featurestream.core.protocol import LeaseQueue
 from featurestream.core.queue import SampleRefQueue
 from featurestream.core.refs import SampleRef
 from featurestream.spec.mirror import SpecConstants, SpecMirror
 from featurestream.spec.trace import TraceRecorder
-from featurestream.stores.base import FeatureStore, StoreHandle, StoreHealth
+from featurestream.stores.base import FeatureStore, SampleLostError, StoreHandle, StoreHealth
 from featurestream.testing.clock import FakeClock
-from featurestream.testing.faults import FaultyStore, InjectedFault
-from featurestream.testing.invariants import InvariantViolation, QueueInvariants
+from featurestream.testing.faults import FaultyStore, InjectedFault, LosesReplies
+from featurestream.testing.invariants import InvariantViolation, QueueInvariants, same_tensors
 from featurestream.testing.producers import BlockedPut
 from featurestream.testing.report import InjectedCallbackError, quiet_injected_faults
 from featurestream.testing.samples import sample_tensors
@@ -68,7 +69,9 @@ class MachineConfig:
     thread); a woken blocked put gets ``producer_rounds`` rounds to enqueue or
     give up once the queue lets it (the bounded-progress check).
     ``store_faults=False`` keeps the store healthy (for traces of a spec
-    without faults).
+    without faults). ``store_losses`` bounds how many queued samples the store
+    may lose in one run (the spec's ``MaxLosses``; 0 for traces, whose spec
+    has no lost bytes).
     """
 
     samples: int = 4
@@ -82,12 +85,16 @@ class MachineConfig:
     producers: int = 2
     producer_rounds: int = 3
     store_faults: bool = True
+    store_losses: int = 1
 
     def __post_init__(self) -> None:
         for name in ("samples", "consumers", "max_deliveries", "dedup_window", "producers"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"MachineConfig.{name} must be an int >= 1, got {value!r}")
+        losses = self.store_losses
+        if isinstance(losses, bool) or not isinstance(losses, int) or losses < 0:
+            raise ValueError(f"MachineConfig.store_losses must be an int >= 0, got {losses!r}")
         rounds = self.producer_rounds
         if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 2:
             raise ValueError(f"MachineConfig.producer_rounds must be an int >= 2, got {rounds!r}")
@@ -144,6 +151,8 @@ class QueueMachine(QueueInvariants, RuleBasedStateMachine):
     """
 
     config: MachineConfig = MachineConfig()
+    # Given for a backend whose replies can be lost (``make_queue_machine(replies=)``): the queue's reply faults.
+    replies_of: Callable[[LeaseQueue], LosesReplies] | None = None
 
     def make_store(self) -> FeatureStore:
         raise NotImplementedError("pass store_factory= to make_queue_machine or override make_store()")
@@ -177,6 +186,7 @@ class QueueMachine(QueueInvariants, RuleBasedStateMachine):
             clock=self.clock,
             tracer=self.trace,
         )
+        self.replies = None if self.replies_of is None else self.replies_of(self.queue)
         self.mirror = SpecMirror(
             SpecConstants(
                 samples=cfg.sample_ids,
@@ -185,6 +195,7 @@ class QueueMachine(QueueInvariants, RuleBasedStateMachine):
                 high_watermark=cfg.high_watermark_bytes,
                 low_watermark=cfg.low_watermark_bytes,
                 max_held=None,
+                max_losses=cfg.store_losses,
             )
         )
         self.samples: dict[str, _Sample] = {}
@@ -281,15 +292,16 @@ class QueueMachine(QueueInvariants, RuleBasedStateMachine):
         The mirror freed it when it settled; the store still holds it until the queue's retry goes through.
         """
         st = self.mirror.state
+        owed = self.owed - self.store.lost()  # a lost sample's owed scrub holds nothing: its bytes are gone
         for sample_id, sample in self.samples.items():
             if sample.status not in SETTLED:
                 continue
             s, size = sample.index, sample.ref.estimated_bytes
-            if sample_id in self.owed and s not in st.resident:
+            if sample_id in owed and s not in st.resident:
                 st = st._replace(
                     resident=st.resident | {s}, retained=st.retained | {s}, resident_bytes=st.resident_bytes + size
                 )
-            elif sample_id not in self.owed and s in st.resident:
+            elif sample_id not in owed and s in st.resident:
                 hcount = (*st.hcount[:s], 0, *st.hcount[s + 1 :])
                 st = st._replace(
                     resident=st.resident - {s},
@@ -541,6 +553,12 @@ class QueueMachine(QueueInvariants, RuleBasedStateMachine):
             self._note("inv02_exactly_once", f"{sample.status} sample {sample_id!r} was delivered again")
         if sample.status == "leased":
             self._note("inv01_one_live_lease_per_sample", f"{sample_id!r} leased again while its lease is live")
+        if lease.redelivery_count >= self.config.max_deliveries:
+            self._note(
+                "inv07_bounded_delivery",
+                f"{sample_id!r} delivered with redelivery_count {lease.redelivery_count} "
+                f"(max_deliveries={self.config.max_deliveries})",
+            )
         if token != (sample_id, lease.redelivery_count):
             self._note(
                 "inv12_agrees_with_spec_mirror",
@@ -562,7 +580,8 @@ class QueueMachine(QueueInvariants, RuleBasedStateMachine):
         Each live one must be settled and each stale one rejected on its own: the trace's per-item
         ``Ack``/``Fail`` events name exactly the live leases, in order.
         """
-        leases = list(self.consumers[consumer].leases)
+        lost = self.store.lost()  # their holder settles none of those: its read would find the bytes gone
+        leases = [lease for lease in self.consumers[consumer].leases if lease.ref.sample_id not in lost]
         if not leases:
             return
         counter = "acked" if op == "ack" else "failed"
@@ -623,12 +642,64 @@ class QueueMachine(QueueInvariants, RuleBasedStateMachine):
     def do_ack(self, lease: Lease) -> None:
         """Ack (also a stale or duplicate ack, when the lease is no longer live)."""
         if self._alive(lease) is not None:
-            self._settle(lease, "ack")
+            self._settle_or_find_lost(lease, "ack")
 
     def do_fail(self, lease: Lease) -> None:
         """Fail (also a stale fail)."""
         if self._alive(lease) is not None:
-            self._settle(lease, "fail")
+            self._settle_or_find_lost(lease, "fail")
+
+    def _settle_or_find_lost(self, lease: Lease, op: str) -> None:
+        """Settle ``lease``, unless its holder would find the sample's bytes lost: then its read reports it."""
+        consumer = self._alive(lease)
+        holds = consumer is not None and any(held is lease for held in self.consumers[consumer].leases)
+        if holds and lease.ref.sample_id in self.store.lost():
+            self.do_get(lease)  # a consumer settles what it read; this read raises SampleLostError
+        else:
+            self._settle(lease, op)
+
+    def do_store_loses(self, sample_id: str) -> None:
+        """StoreLoses: the store loses a queued sample's bytes while no consumer reads it (``FaultyStore.lose``)."""
+        sample = self.samples.get(sample_id)
+        reading = any(sample_id in c.handles for c in self.consumers.values())
+        if sample is None or sample.status not in HELD or reading or len(self.store.lost()) >= self.config.store_losses:
+            return
+        try:
+            self.store.lose(sample_id)
+        except Exception:  # a store whose scrub raises loses nothing through it: the queue's scrubs report it (inv05)
+            return
+        if self._still_there(sample):
+            self._note("inv05_no_leak", f"{sample_id!r} is still resident; " + self._suspect(sample_id, "leaked"))
+        if not self.mirror.store_loses(sample_id):
+            raise AssertionError(f"the spec does not let the store lose {sample_id!r} now; the kit's guard is wrong")
+        self._observe_residency()
+
+    def do_lose(self, consumer: str, lease: Lease) -> None:
+        """Lose: the consumer whose get raised ``SampleLostError`` reports it (``queue.lose``).
+
+        The queue must dead-letter the sample at once with reason ``lost``, whatever deliveries are left (no
+        redelivery could serve bytes that are gone); a stale lease changes nothing.
+        """
+        sample_id = lease.ref.sample_id
+        sample = self.samples[sample_id]
+        accepted, error, new_dead = self._reaping_call(f"lose(lease {lease.lease_id})", lambda: self.queue.lose(lease))
+        self.mirror.lose(consumer, (sample_id, lease.redelivery_count))
+        if error is not None and not isinstance(error, OSError):
+            raise AssertionError(f"lose() raised {error!r}")
+        self._drop_lease(consumer, lease)
+        live = sample.live is lease
+        if accepted and not live:
+            self._note("inv03_terminal_leases_never_change", f"stale lose of lease {lease.lease_id} was accepted")
+        if not accepted and live:
+            self._note("inv11_counters_consistent", f"lose of the live lease {lease.lease_id} was rejected")
+        if not accepted:
+            return
+        letters = [d.reason for d in self.queue.dead_letters() if d.ref.sample_id == sample_id]
+        if sample_id not in new_dead:
+            self._note("inv04_no_loss", f"the store lost {sample_id!r}, lose() reported it, and the queue requeued it")
+        elif letters != [LOST_REASON]:
+            self._note("inv04_no_loss", f"lost {sample_id!r} was dead-lettered with reasons {letters}, not lost")
+        self._requeue(sample, sample_id in new_dead)
 
     def do_extend(self, lease: Lease, seconds: float | None, forged: Lease | None = None) -> None:
         """Extend: push the deadline of a live lease; ``LeaseLost`` for anything else."""
@@ -691,21 +762,30 @@ class QueueMachine(QueueInvariants, RuleBasedStateMachine):
             tensors, handle = self.store.get(lease.ref)
         except InjectedFault:
             return None  # the read failed before reaching the store: nothing changed
-        except KeyError as exc:
-            if sample.status in HELD:
-                self._note(
-                    "inv04_no_loss",
-                    f"get of {sample.status} sample {sample_id!r} raised {exc!r}; {self._suspect(sample_id, 'lost')}",
-                )
-            if self.mirror.get(consumer, sample_id):
-                self._note("inv12_agrees_with_spec_mirror", f"get of {sample_id!r} failed, the spec allows it")
+        except SampleLostError as exc:
+            if sample_id not in self.store.lost():  # scrubbed, but a store of remote bytes cannot tell
+                return self._get_refused(consumer, sample, exc)
+            self.do_lose(consumer, lease)
             return None
+        except KeyError as exc:
+            return self._get_refused(consumer, sample, exc)
         if not self.mirror.get(consumer, sample_id):
             self._note("inv12_agrees_with_spec_mirror", f"get of {sample_id!r} succeeded, the spec has no bytes")
         self._compare(sample, tensors, "inv04_no_loss")
         self.consumers[consumer].handles[sample_id] = handle
         self._own(consumer, handle)
         return handle
+
+    def _get_refused(self, consumer: str, sample: _Sample, error: KeyError) -> None:
+        """A get that raised ``KeyError``: right only for a sample the spec holds no bytes of."""
+        sample_id = sample.ref.sample_id
+        if sample.status in HELD:
+            self._note(
+                "inv04_no_loss",
+                f"get of {sample.status} sample {sample_id!r} raised {error!r}; {self._suspect(sample_id, 'lost')}",
+            )
+        if self.mirror.get(consumer, sample_id):
+            self._note("inv12_agrees_with_spec_mirror", f"get of {sample_id!r} failed, the spec allows it")
 
     def do_release(self, handle: StoreHandle) -> None:
         """Release: the consumer drops its store handle (an injected fault leaves it held)."""
@@ -719,6 +799,73 @@ class QueueMachine(QueueInvariants, RuleBasedStateMachine):
         del self.consumers[consumer].handles[handle.sample_id]
         self.mirror.release(consumer, handle.sample_id)
         self._observe_residency()
+
+    def _stale_candidates(self, op: str) -> list[str]:
+        """The settled ids whose bytes are gone (for ``release``: of which a live consumer still has a handle)."""
+        held = {sample_id for consumer in self.consumers.values() for sample_id in consumer.handles}
+        return [
+            sample_id
+            for sample_id, sample in sorted(self.samples.items())
+            if sample.status in SETTLED
+            and sample_id not in self.owed
+            and (op != "release" or sample_id in held)
+            and not self._still_there(sample)
+        ]
+
+    def do_stale_incarnation(self, sample_id: str, op: str) -> None:
+        """A handle or ref of an earlier put of ``sample_id`` meets a later put of the id.
+
+        ``sample_id`` settled and its bytes were scrubbed; the producer puts the id into the store again (a new
+        incarnation, with other bytes; the queue's dedup window would refuse it, so it goes to the store only).
+        Then a consumer releases the handle it still has of the earlier put (``release``), or the earlier ref
+        is retained, scrubbed or materialised (``get``). None of them may free, serve, retain or scrub the
+        later put, which the consumer then reads and releases: its last handle, and nothing retains it, so
+        the store frees it and the queue's world is as before the step.
+        """
+        sample = self.samples.get(sample_id)
+        if sample is None or sample_id not in self._stale_candidates(op):
+            return
+        holder = next((c for c, held in self.consumers.items() if sample_id in held.handles), None)
+        before = self.inner.health()
+        later = sample_tensors(sample.index + self.config.samples, self.config.sample_tokens)
+        try:
+            fresh = self.inner.put(sample_id, later, run_id="machine")
+        except MemoryError:
+            return  # the store is at its cap: no room for the later put
+        name = "inv16_incarnations_never_cross"
+        stale = f"{op} of the earlier put of {sample_id!r}"
+        if fresh == sample.ref:
+            self._note(name, f"two puts of {sample_id!r} returned equal refs: a ref must name its put")
+        put_health = self.inner.health()
+        if op == "release" and holder is not None:
+            self.inner.release(self.consumers[holder].handles.pop(sample_id))
+            self.mirror.release(holder, sample_id)
+        elif op == "get":
+            try:
+                _, handle = self.inner.get(sample.ref)
+            except KeyError:
+                pass
+            else:
+                self.inner.release(handle)
+                self._note(name, f"{stale} served bytes, though that put was scrubbed")
+        else:
+            getattr(self.inner, op)(sample.ref)  # retain / scrub: of a put the store no longer holds
+        health = self.inner.health()
+        if (health.sample_count, health.resident_bytes) != (put_health.sample_count, put_health.resident_bytes):
+            self._note(name, f"{stale} changed health() from {put_health} to {health}")
+        try:
+            tensors, handle = self.inner.get(fresh)
+        except KeyError as exc:
+            self._note(name, f"{stale} freed the later put ({exc!r})")
+            return
+        if not same_tensors(tensors, later):
+            self._note(name, f"after {stale}, the later put materialised other bytes")
+        self.inner.release(handle)
+        health = self.inner.health()
+        if (health.sample_count, health.resident_bytes) != (before.sample_count, before.resident_bytes):
+            why = "the stale retain retained it" if op == "retain" else "its last release did not free it"
+            self._note(name, f"the later put of {sample_id!r} is still resident after {stale}: {why}")
+            self.inner.scrub(fresh)
 
     def do_crash(self, consumer: str) -> None:
         """Crash: the consumer forgets its leases and handles without settling or releasing them."""
@@ -798,9 +945,22 @@ class QueueMachine(QueueInvariants, RuleBasedStateMachine):
         """A store call starts failing: once, or until ``do_clear_faults``."""
         self.store.arm(call, times=None if until_cleared else 1)
 
+    def do_lose_reply(self, call: str, until_cleared: bool) -> None:
+        """The network starts losing the replies of ``call``: its next one, or every one until ``do_clear_faults``.
+
+        The call runs on the server and the client retries it; the machine checks it as the one call it is.
+        """
+        assert self.replies is not None, "only a backend that declares lost replies (replies=) gets this rule"
+        self.replies.arm(call, times=None if until_cleared else 1)
+
+    def _faults_armed(self) -> bool:
+        return self.store.armed() or (self.replies is not None and self.replies.armed())
+
     def do_clear_faults(self) -> None:
-        """The store heals; the next queue call pays what the queue owes it."""
+        """The store and the network heal; the next queue call pays what the queue owes the store."""
         self.store.clear()
+        if self.replies is not None:
+            self.replies.clear()
 
     def do_set_callbacks(self, mode: str) -> None:
         """From now on the queue's callbacks record only, raise, or call the queue back."""

@@ -10,16 +10,19 @@ from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, multiple, precondition, rule
 
 from featurestream.core.lease import Lease
+from featurestream.core.machines import SETTLED
 from featurestream.core.protocol import LeaseQueue
 from featurestream.core.queue import SampleRefQueue
 from featurestream.stores.base import FeatureStore, StoreHandle
-from featurestream.testing.faults import CALLS
+from featurestream.testing.faults import CALLS, EXACT_CALLS, LosesReplies
 from featurestream.testing.machine import CALLBACK_MODES, MachineConfig, QueueMachine
 
 __all__ = ["checked", "make_queue_machine"]
 
 Action = TypeVar("Action", bound=Callable[..., Any])
 
+# What a stale handle or ref of an earlier put meets a later put with; a release, the likeliest, more often.
+STALE_OPS = ("release", "release", "retain", "scrub", "get")
 # Which store call a fault rule arms: every call, with the ones behind the queue's guarantees more often.
 FAULT_WEIGHTS = (*CALLS, "scrub", "scrub", "retain", "health")
 
@@ -47,13 +50,16 @@ def make_queue_machine(
     config: MachineConfig | None = None,
     *,
     name: str = "QueueStateMachine",
+    replies: Callable[[LeaseQueue], LosesReplies] | None = None,
 ) -> type[QueueMachine]:
     """A ``RuleBasedStateMachine`` running the spec's actions against ``queue_factory(store_factory())``.
 
     ``store_factory()`` returns a fresh, empty store (large enough for
     ``config.samples`` tiny samples); the machine wraps it in a ``FaultyStore``.
     ``queue_factory(store, **hooks)`` returns a queue with ``SampleRefQueue``'s
-    constructor keywords (see ``QueueMachine``). Use it as
+    constructor keywords (see ``QueueMachine``). ``replies(queue)``, for a
+    backend whose replies a network can lose, returns the queue's
+    ``LosesReplies``: the machine then loses replies too (rule ``lose_reply``). Use it as
     ``TestMyStore = make_queue_machine(MyStore).TestCase``.
     """
     cfg = config or MachineConfig()
@@ -64,6 +70,7 @@ def make_queue_machine(
 
     class Machine(QueueMachine):
         config = cfg
+        replies_of = None if replies is None else staticmethod(replies)
         leases = Bundle("leases")
         handles = Bundle("handles")
 
@@ -123,6 +130,20 @@ def make_queue_machine(
         def get(self, lease: Lease) -> Any:
             handle = self.do_get(lease)
             return multiple() if handle is None else handle
+
+        @precondition(lambda self: len(self.store.lost()) < cfg.store_losses and self._held_count())
+        @rule(sample=samples)
+        @checked
+        def store_loses(self, sample: str) -> None:
+            self.do_store_loses(sample)
+
+        @precondition(lambda self: any(s.status in SETTLED for s in self.samples.values()))
+        @rule(pick=st.integers(0, cfg.samples - 1), op=st.sampled_from(STALE_OPS))
+        @checked
+        def stale_incarnation(self, pick: int, op: str) -> None:
+            candidates = self._stale_candidates(op)
+            if candidates:
+                self.do_stale_incarnation(candidates[pick % len(candidates)], op)
 
         @precondition(lambda self: any(c.handles for c in self.consumers.values()))
         @rule(handle=handles)
@@ -190,7 +211,13 @@ def make_queue_machine(
         def arm_fault(self, call: str, until_cleared: bool) -> None:
             self.do_arm_fault(call, until_cleared)
 
-        @precondition(lambda self: self.store.armed())
+        @precondition(lambda self: self.replies is not None and not self.finished)
+        @rule(call=st.sampled_from(EXACT_CALLS), until_cleared=st.booleans())
+        @checked
+        def lose_reply(self, call: str, until_cleared: bool) -> None:
+            self.do_lose_reply(call, until_cleared)
+
+        @precondition(lambda self: self._faults_armed())
         @rule()
         @checked
         def clear_faults(self) -> None:
