@@ -11,6 +11,7 @@ from hypothesis.stateful import run_state_machine_as_test
 
 from featurestream import LocalFeatureStore
 from featurestream.core import events
+from featurestream.core.lease import LOST_REASON
 from featurestream.testing import MachineConfig, make_queue_machine
 
 LocalStoreMachine = make_queue_machine(LocalFeatureStore, name="LocalStoreMachine")
@@ -22,7 +23,8 @@ TestLocalStoreSingleDelivery = make_queue_machine(
 
 
 def test_local_store_machine() -> None:
-    """The machine against ``LocalFeatureStore``; its runs pause, resume, and wake a blocked put that enqueues.
+    """The machine against ``LocalFeatureStore``; its runs pause, resume, wake a blocked put that enqueues,
+    dead-letter a sample the store lost, and release a stale handle after its id was put again.
 
     A Resume takes a pause, consumers settling residency down to the low watermark and a producer
     round after that, before the run closes the queue (the ``drain`` rule); without it the runs
@@ -37,11 +39,13 @@ def test_local_store_machine() -> None:
             actions = {action for action, _ in self.trace.events}
             reached.update(action for action in (events.PAUSE, events.RESUME) if action in actions)
             reached["woken put"] += self.woken_puts > 0
+            reached["lost"] += any(d.reason == LOST_REASON for d in self.queue.dead_letters())
+            reached["stale release"] += self.stale_ops["release"] > 0
             super().teardown()
 
     run_state_machine_as_test(Counting)  # the loaded profile's budget
     if Counting.TestCase.settings.derandomize:
-        floor = min(reached[k] for k in (events.PAUSE, events.RESUME, "woken put"))
+        floor = min(reached[k] for k in (events.PAUSE, events.RESUME, "woken put", "lost", "stale release"))
         assert floor > 0, f"runs that reached each: {reached}"
 
 

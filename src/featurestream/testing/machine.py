@@ -203,6 +203,7 @@ class QueueMachine(QueueInvariants, RuleBasedStateMachine):
         self.consumers = {c: _Consumer() for c in cfg.consumer_ids}
         self.producers: dict[str, _Producer] = {}
         self.woken_puts = 0  # blocked puts that waited, were woken and enqueued: how far a run got, for coverage checks
+        self.stale_ops: collections.Counter[str] = collections.Counter()  # stale ops that met a later put, by op
         self.closed = False
         self.finished = False
         self.owed: set[str] = set()  # settled samples whose scrub raised and has not gone through since
@@ -832,6 +833,7 @@ class QueueMachine(QueueInvariants, RuleBasedStateMachine):
             fresh = self.inner.put(sample_id, later, run_id="machine")
         except MemoryError:
             return  # the store is at its cap: no room for the later put
+        self.stale_ops[op] += 1
         name = "inv16_incarnations_never_cross"
         stale = f"{op} of the earlier put of {sample_id!r}"
         if fresh == sample.ref:
