@@ -237,8 +237,11 @@ def run_tlc(
         shutil.copy(config, work / "model.cfg")
         if check_deadlock is None:
             check_deadlock = main_module == MODULE
+        # TLC unpacks its standard modules (Naturals, FiniteSets, ...) into java.io.tmpdir; a shared /tmp lets two
+        # concurrent runs read each other's half-written or just-deleted copies, so each run gets its own.
         command = [
             java,
+            f"-Djava.io.tmpdir={work}",
             "-XX:+UseParallelGC",
             "-Xss16m",
             "-cp",
