@@ -276,31 +276,37 @@ class Scrubs:
         store.scrub = scrub  # type: ignore[method-assign]
 
 
-@pytest.mark.parametrize("reaper", ["reclaim", "put"])
+@pytest.mark.parametrize("reaper", ["reclaim", "put", "ack"])
 def test_a_lost_reply_of_a_call_that_dead_lettered_a_reaped_lease_is_applied_once(
     make: Factory, clock: FakeClock, reaper: str
 ) -> None:
-    """The reap events of a call whose reply was lost (a reclaim's, or a put's that reaped on the way) reach the
-    caller with the retry: the dead letter is scrubbed once and its callback runs once."""
+    """The reap events of a call whose reply was lost (a reclaim's, or a put's or an ack's that reaped on the way)
+    reach the caller with the retry: the dead letter is scrubbed once and its callback runs once."""
     store, other = one_store_twice()
     scrubs = Scrubs(store)
     dead: list[DeadLetter] = []
     producer = make(store, max_deliveries=1, on_dead_letter=dead.append)
     consumer = make(other, max_deliveries=1)
-    producer.put_many(stored(store, 0, 1))
+    producer.put_many(stored(store, 0, 1, 2))
     crashed = consumer.acquire(timeout=0)  # leased, never settled: its holder crashed
-    assert crashed is not None and crashed.ref.sample_id == "s0"
+    held = producer.acquire(timeout=0)
+    assert crashed is not None and held is not None and (crashed.ref.sample_id, held.ref.sample_id) == ("s0", "s1")
+    producer.extend(held, 100.0)
     clock.advance(11.0)
-    lost = lose_reply(producer, reaper, lambda: consume_one(consumer))  # s1 is acked meanwhile
+    lost = lose_reply(producer, reaper, lambda: consume_one(consumer))  # s2 is acked meanwhile
     if reaper == "reclaim":
         producer.reclaim_expired()
+    elif reaper == "put":
+        producer.put(stored(store, 3)[0])
+        assert consume_one(consumer) == "s3"
     else:
-        producer.put(stored(store, 2)[0])
-        assert consume_one(consumer) == "s2"
+        assert producer.ack(held) is True
     assert lost
     assert [letter.ref.sample_id for letter in dead] == ["s0"]
-    producer.reclaim_expired()  # the settle feed: s1 (and s2)
-    assert scrubs.counts == {"s0": 1, "s1": 1} | ({"s2": 1} if reaper == "put" else {})
+    if reaper != "ack":
+        assert producer.ack(held) is True
+    producer.reclaim_expired()  # the settle feed: s2 (and s3)
+    assert scrubs.counts == {"s0": 1, "s1": 1, "s2": 1} | ({"s3": 1} if reaper == "put" else {})
     settled_everywhere(store, other)
     assert [letter.ref.sample_id for letter in producer.dead_letters()] == ["s0"]
     assert producer.stats().dead_lettered == 1

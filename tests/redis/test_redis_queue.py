@@ -260,15 +260,17 @@ def test_misconfiguration(
         RedisSampleRefQueue(store, **kwargs)
 
 
+@pytest.mark.parametrize("layout", ["2", "3"])
 def test_a_queue_of_another_key_layout_is_refused_and_left_as_it_was(
-    redis_server: Any, queue_name: str, store: LocalFeatureStore
+    redis_server: Any, queue_name: str, store: LocalFeatureStore, layout: str
 ) -> None:
-    """A queue an older version made (layout 2: deliveries in a stream) is named, not read or changed."""
+    """A queue an older version made (layout 2: deliveries in a stream; 3: positional lease and dead-letter
+    records) is named, not read or changed."""
     meta = f"featurestream:{{{queue_name}}}:meta"
     client = redis.Redis.from_url(redis_server.url)
-    old = {"state": "open", "layout": "2", "max_deliveries": "5", "dedup_window": "10000", "keep_bytes": "0"}
+    old = {"state": "open", "layout": layout, "max_deliveries": "5", "dedup_window": "10000", "keep_bytes": "0"}
     client.hset(meta, mapping=old)
-    with pytest.raises(ValueError, match=r"key layout '2'; this version reads layout '4' \(drain it with"):
+    with pytest.raises(ValueError, match=rf"key layout '{layout}'; this version reads layout '4' \(drain it with"):
         RedisSampleRefQueue(store, url=redis_server.url, name=queue_name)
     assert {k.decode(): v.decode() for k, v in client.hgetall(meta).items()} == old
     assert client.keys(f"featurestream:{{{queue_name}}}:*") == [meta.encode()]

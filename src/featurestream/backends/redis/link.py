@@ -168,7 +168,6 @@ class Link:
         """``FCALL`` function ``script`` with ``header(script)`` (built afresh for every attempt), this call's id,
         whether the request may repeat one the server ran, how long a reply is kept for that, and ``args``."""
         call = f"{self._id}{next(self._calls)}"
-        again = f"\t{call}\t1\t{self._keep}"
         try:
             conn = self._conn
             if conn is not None and self._pid == os.getpid() and self._conn_lock.acquire(blocking=False):
@@ -177,13 +176,16 @@ class Link:
                     return self._request(conn, self._functions[script], first, args)
                 finally:
                     self._conn_lock.release()
-            return self.redis.fcall(self._functions[script], 1, self.prefix, header(script) + again, *args)
+            again = f"{header(script)}\t{call}\t1\t{self._keep}"
+            return self.redis.fcall(self._functions[script], 1, self.prefix, again, *args)
         except RETRYABLE:
             pass
         except redis.ResponseError as exc:
             if "function not found" not in str(exc).lower():
                 raise
-        return self.retrying(self._call_reloading, script, lambda name: header(name) + again, args)
+        return self.retrying(
+            self._call_reloading, script, lambda name: f"{header(name)}\t{call}\t1\t{self._keep}", args
+        )
 
     def close(self) -> None:
         """Drop this link's remembered reply on the server and close the hot path's connection (a later call

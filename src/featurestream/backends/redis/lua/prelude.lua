@@ -23,10 +23,10 @@ local ARGS, CLOCK, now, MAX_DELIVERIES, DEDUP_WINDOW, CURSOR, TRACE, events
 -- This call's read of ``meta`` (read_meta): the lifecycle state, until when (server seconds) a consumer may be
 -- blocked waiting for a delivery, and keep_dead_letter_bytes. ``woken``: this call woke the waiters already.
 local STATE, WAITING, KEEP_BYTES, woken
--- The call's id (its client's instance id, INSTANCE_CHARS characters, then a counter), that instance's id,
--- whether the client sends it again after losing its reply, and how long (seconds of the call's clock) a reply
--- remembered for that retry is kept (see remember).
-local CALL, INSTANCE, RETRY, KEEP
+-- The call's id (its client's instance id, INSTANCE_CHARS characters, then a counter), whether the request may
+-- repeat one this server ran, and how long (seconds of the call's clock, as text) a reply remembered for a retry
+-- is kept (see remember).
+local CALL, RETRY, KEEP
 -- Whether this call's reply is remembered for its retry: it reports something the client must act on or trace
 -- (see emit), changes what a retry could not recognise, or counts a refusal.
 local MEMO
@@ -62,14 +62,14 @@ local function begin(keys, argv, remembers)
     K_CALLS, K_CALLS_DUE = P .. 'calls', P .. 'calls_due'
     PREFIX = P
   end
-  local settings, max_deliveries, dedup_window, keep
-  CLOCK, settings, max_deliveries, dedup_window, CURSOR, TRACE, CALL, RETRY, keep = string.match(
+  local settings, max_deliveries, dedup_window
+  CLOCK, settings, max_deliveries, dedup_window, CURSOR, TRACE, CALL, RETRY, KEEP = string.match(
     argv[1], '^([^\t]*)\t(([^\t]*)\t([^\t]*))\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)$')
   if settings ~= SETTINGS_TEXT or not settings then
     SETTINGS_TEXT, MAX_DELIVERIES, DEDUP_WINDOW = settings, tonumber(max_deliveries), tonumber(dedup_window)
   end
   TRACE = TRACE == '1'
-  INSTANCE, RETRY, KEEP = string.sub(CALL, 1, INSTANCE_CHARS), RETRY == '1', tonumber(keep)
+  RETRY = RETRY == '1'
   MEMO = remembers
   now = nil
   STATE = nil
@@ -351,7 +351,7 @@ local function recalled()
   if not RETRY then
     return nil
   end
-  local memo = redis.call('HGET', K_CALLS, INSTANCE)
+  local memo = redis.call('HGET', K_CALLS, string.sub(CALL, 1, INSTANCE_CHARS))
   if memo and string.sub(memo, 1, #CALL + 1) == CALL .. '\t' then
     return cjson.decode(string.sub(memo, #CALL + 2))
   end
@@ -364,8 +364,9 @@ end
 -- (``calls_due``: instance -> when; see prune_calls).
 local function remember(reply)
   if MEMO then
-    redis.call('HSET', K_CALLS, INSTANCE, CALL .. '\t' .. cjson.encode(reply))
-    redis.call('ZADD', K_CALLS_DUE, fmt(clock() + KEEP), INSTANCE)
+    local instance = string.sub(CALL, 1, INSTANCE_CHARS)
+    redis.call('HSET', K_CALLS, instance, CALL .. '\t' .. cjson.encode(reply))
+    redis.call('ZADD', K_CALLS_DUE, fmt(clock() + tonumber(KEEP)), instance)
   end
   return reply
 end
