@@ -249,6 +249,25 @@ def test_a_retried_traced_ack_traces_what_its_first_run_reported(make: Factory) 
     ]
 
 
+@pytest.mark.parametrize("batch", [False, True], ids=["put", "put_many"])
+def test_a_retried_traced_put_that_was_consumed_meanwhile_traces_its_first_run_and_is_scrubbed(
+    make: Factory, batch: bool
+) -> None:
+    store, other = one_store_twice()
+    trace: list[tuple[str, dict[str, object]]] = []
+    producer, consumer = make(store, tracer=lambda action, fields: trace.append((action, fields))), make(other)
+    refs = stored(store, 0, 1)
+    lost = lose_reply(producer, "put_many" if batch else "put", lambda: consume_one(consumer))
+    if batch:
+        producer.put_many(refs)
+    else:
+        producer.put(refs[0])
+    assert lost
+    assert not store.is_resident("s0"), "the producer's store still counts the sample consumed before the retry"
+    puts = [(fields["sample_id"], fields["pending"]) for action, fields in trace if action == events.PUT]
+    assert puts == ([("s0", 1), ("s1", 2)] if batch else [("s0", 1)])  # as the first run left the queue
+
+
 def test_a_retried_traced_acquire_hands_out_its_first_runs_leases(make: Factory) -> None:
     store, other = one_store_twice()
     queue = make(store, tracer=lambda action, fields: None)

@@ -279,6 +279,7 @@ local function retire(items, outcome, kept)
 end
 
 local REASONS = {fail = 'failed', reclaim = 'expired'}
+local LOST_REASON = 'lost: the store lost its bytes (it was never scrubbed); no redelivery could serve it'
 
 -- A ``dead`` entry: a record with named fields, the dead-letter wire format of featurestream.backends.redis.wire
 -- (dead_letter_to_json / dead_letter_from_json): ``sample`` (the id), ``ref`` (the ref JSON, as text),
@@ -286,7 +287,6 @@ local REASONS = {fail = 'failed', reclaim = 'expired'}
 local function dead_letter(sid, ref, reason, deliveries)
   return cjson.encode({sample = sid, ref = ref, reason = reason, deliveries = deliveries})
 end
-local LOST_REASON = 'lost: the store lost its bytes (it was never scrubbed); no redelivery could serve it'
 
 -- Finish the fail or reclaim (event ``kind``) of lease ``key`` of sample ``sid``: the sample goes to the tail as
 -- a new entry, or is dead once its deliveries are spent. ``n``: the lease's redelivery count, as its lease record
