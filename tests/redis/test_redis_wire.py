@@ -18,6 +18,7 @@ from featurestream.backends.redis.wire import (
     dead_letter_from_json,
     dead_letter_to_json,
     event_state,
+    lease_fields,
     lease_issued,
     ref_from_json,
     ref_to_json,
@@ -162,12 +163,13 @@ def test_dead_letter_decoding_is_strict(ref: SampleRef) -> None:
 def test_the_servers_lease_records_are_the_codecs(make: Factory) -> None:
     store = LocalFeatureStore()
     queue = make(store)
-    queue.put(store.put("s0", sample_tensors(0)))
+    queue.put(store.put("s0\tx", sample_tensors(0)))  # the id is the last field: it may hold tabs
     lease = queue.acquire(timeout=0)
     raw = queue._redis.hget(queue._key["leases"], f"{lease.lease_id:016d}")
-    record = json.loads(raw)
-    assert sorted(record) == sorted(LEASE_FIELDS)
-    assert (record["token"], record["n"], record["sample"]) == (lease.token, "0", "s0")
+    record = lease_fields(raw)
+    assert list(record) == list(LEASE_FIELDS)
+    assert (record["token"], record["n"], record["sample"]) == (lease.token, "0", "s0\tx")
+    assert record["put"].startswith(queue._token_prefix)
     assert lease_issued(raw) == float(record["issued"]) > 0
 
 
@@ -194,7 +196,5 @@ def test_the_servers_traced_states_are_the_codecs(make: Factory) -> None:
 
 
 def test_a_record_without_the_codecs_fields_is_refused() -> None:
-    with pytest.raises(ValueError, match=r"lease record is missing fields \['issued'\]"):
-        lease_issued(json.dumps({"token": "t", "n": "0", "put": "p", "sample": "s0"}))
-    with pytest.raises(ValueError, match=r"lease record has unknown fields \['deadline'\]"):
-        lease_issued(json.dumps(dict.fromkeys((*LEASE_FIELDS, "deadline"), "1")))
+    with pytest.raises(ValueError, match=r"lease record '1\\tt\\t0\\tp' has 4 fields, not the 5"):
+        lease_issued("1\tt\t0\tp")

@@ -25,9 +25,10 @@ KEYS, which would cost more to send than most calls cost to run):
                  more than RPUSH and LPOP, and the lease record holds all a PEL entry would.
 2. ``refs``      hash sample id -> ``put token \\t ref JSON`` for every held
                  (pending or leased) sample; the put token makes a retried put idempotent.
-3. ``leases``    hash lease key -> lease record (live leases): JSON with named fields, ``issued`` (the server's
-                 TIME when leased, for ``oldest_lease_age``), ``token``, ``n``, ``put`` (put token), ``sample``;
-                 ``wire.LEASE_FIELDS`` is its Python codec.
+3. ``leases``    hash lease key -> lease record (live leases): the fields ``wire.LEASE_FIELDS`` -- ``issued``
+                 (the server's TIME when leased, for ``oldest_lease_age``), ``token``, ``n``, ``put`` (put
+                 token), ``sample`` -- tab-separated in that order; the Lua codec is generated from that list
+                 (``_record_codec``), ``wire.lease_fields`` is the Python one.
 4. ``deadlines`` zset lease key -> deadline (seconds); the reap index.
 5. ``done``      hash sample id -> ``outcome \\t lease key \\t lease token \\t put token``:
                  the dedup window, also used to make retried ack/fail/put idempotent.
@@ -100,6 +101,8 @@ from __future__ import annotations
 
 import hashlib
 from importlib import resources
+
+from featurestream.backends.redis.wire import LEASE_FIELDS
 
 KEY_NAMES = (
     "pending",
@@ -186,7 +189,26 @@ def _name(value: str) -> str:
     return value
 
 
-PRELUDE = "".join(f"local {name} = {_literal(value)}\n" for name, value in CONSTANTS.items()) + _lua("prelude")
+def _record_codec(record: str, fields: tuple[str, ...]) -> str:
+    """Lua ``<record>_record(t)`` (a table of the named ``fields`` as tab-separated text, in their order) and
+    ``parse_<record>(text)`` (the table back; the last field may hold tabs): a pattern and a concatenation, about
+    half what ``cjson`` costs on a record every acquire writes and every ack reads."""
+    joined = " .. '\\t' .. ".join(f"t.{_name(field)}" for field in fields)
+    pattern = "^" + "([^\\t]*)\\t" * (len(fields) - 1) + "(.*)$"
+    names = ", ".join(fields)
+    table = ", ".join(f"{field} = {field}" for field in fields)
+    return (
+        f"local function {record}_record(t)\n  return {joined}\nend\n"
+        f"local function parse_{record}(text)\n  local {names} = string.match(text, '{pattern}')\n"
+        f"  return {{{table}}}\nend\n"
+    )
+
+
+PRELUDE = (
+    "".join(f"local {name} = {_literal(value)}\n" for name, value in CONSTANTS.items())
+    + _record_codec("lease", LEASE_FIELDS)
+    + _lua("prelude")
+)
 SCRIPTS: dict[str, str] = {name: _lua(name) for name in FUNCTIONS}
 
 

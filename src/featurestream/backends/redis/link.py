@@ -147,7 +147,7 @@ class Link:
         self._id = secrets.token_hex(functions.INSTANCE_CHARS // 2)
         self._calls = itertools.count()
         # how long the server keeps a reply for this link's retry: longer than any retry of it can come
-        self._keep = repr(float(max(functions.MEMO_SECONDS, 2 * reconnect_timeout)))
+        self._keep = f":{float(max(functions.MEMO_SECONDS, 2 * reconnect_timeout))!r}"
         first_contact(client, name, reconnect_timeout)
         self.load()
 
@@ -165,27 +165,26 @@ class Link:
             raise
 
     def call(self, script: str, header: Callable[[str], str], *args: Arg) -> Any:
-        """``FCALL`` function ``script`` with ``header(script)`` (built afresh for every attempt), this call's id,
-        whether the request may repeat one the server ran, how long a reply is kept for that, and ``args``."""
-        call = f"{self._id}{next(self._calls)}"
+        """``FCALL`` function ``script`` with ``header(script)`` (built afresh for every attempt) and ``args``.
+
+        The header ends with one more field: ``+`` when the request may repeat one the server ran (a retry, or
+        any request redis-py sends: it retries by itself), else ``-``, then this call's id and ``:`` how long
+        the server keeps a reply it remembers for the retry."""
+        call = f"{self._id}{next(self._calls)}{self._keep}"
         try:
             conn = self._conn
             if conn is not None and self._pid == os.getpid() and self._conn_lock.acquire(blocking=False):
                 try:
-                    first = f"{header(script)}\t{call}\t\t{self._keep}"
-                    return self._request(conn, self._functions[script], first, args)
+                    return self._request(conn, self._functions[script], f"{header(script)}\t-{call}", args)
                 finally:
                     self._conn_lock.release()
-            again = f"{header(script)}\t{call}\t1\t{self._keep}"
-            return self.redis.fcall(self._functions[script], 1, self.prefix, again, *args)
+            return self.redis.fcall(self._functions[script], 1, self.prefix, f"{header(script)}\t+{call}", *args)
         except RETRYABLE:
             pass
         except redis.ResponseError as exc:
             if "function not found" not in str(exc).lower():
                 raise
-        return self.retrying(
-            self._call_reloading, script, lambda name: f"{header(name)}\t{call}\t1\t{self._keep}", args
-        )
+        return self.retrying(self._call_reloading, script, lambda name: f"{header(name)}\t+{call}", args)
 
     def close(self) -> None:
         """Drop this link's remembered reply on the server and close the hot path's connection (a later call

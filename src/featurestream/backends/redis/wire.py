@@ -9,8 +9,9 @@ Every decoded ref is rebuilt through the ``SampleRef`` constructor from
 type-checked primitives, so it passes ``assert_no_tensors`` by construction.
 
 The Redis queue's server functions write records with named fields (``cjson``), which this module is the
-Python codec of: dead letters (``DEAD_LETTER_FIELDS``, the same format ``dead_letter_to_json`` writes), lease
-records (``LEASE_FIELDS``) and the state a traced event left (``EVENT_STATE_FIELDS``).
+Python codec of: dead letters (``DEAD_LETTER_FIELDS``, the same format ``dead_letter_to_json`` writes) and the
+state a traced event left (``EVENT_STATE_FIELDS``), both JSON, and lease records (``LEASE_FIELDS``, tab-separated
+in that order: every acquire writes one and every ack reads one, so the Lua's codec is generated from that list).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ __all__ = [
     "dead_letter_from_json",
     "dead_letter_to_json",
     "event_state",
+    "lease_fields",
     "lease_issued",
     "ref_from_json",
     "ref_to_json",
@@ -84,10 +86,10 @@ _FEATURE_FIELDS = {"name": str, "key": str, "shape": list, "dtype": str}
 # gets it back byte for byte, whoever wrote the letter), why it died and after how many deliveries.
 _DEAD_FIELDS = {"sample": str, "ref": str, "reason": str, "deliveries": int}
 DEAD_LETTER_FIELDS = tuple(_DEAD_FIELDS)
-# A live lease's record in Redis: when the server leased it (its TIME, seconds), its token, the redelivery
-# count, the put token of the put it delivers and the sample id; every field text.
+# A live lease's record in Redis, its fields tab-separated in this order (the Lua codec is generated from this
+# list): when the server leased it (its TIME, seconds), its token, the redelivery count, the put token of the put
+# it delivers and the sample id (last: it may hold tabs).
 LEASE_FIELDS = ("issued", "token", "n", "put", "sample")
-_LEASE_FIELDS = dict.fromkeys(LEASE_FIELDS, str)
 # The state a traced event left: the redelivery count ``n`` and the lease's ``deadline`` ('' where none), the
 # ``pending`` and ``outstanding`` counts, and the call's clock ``now``.
 EVENT_STATE_FIELDS = ("n", "pending", "outstanding", "now", "deadline")
@@ -170,11 +172,20 @@ def dead_letter_from_json(text: str | bytes) -> DeadLetter:
     return DeadLetter(ref, obj["reason"], obj["deliveries"])
 
 
+def lease_fields(record: str | bytes) -> dict[str, str]:
+    """A Redis lease record's fields by name (``LEASE_FIELDS``); ``ValueError`` for a record with fewer."""
+    text = record.decode() if isinstance(record, bytes) else record
+    values = text.split("\t", len(LEASE_FIELDS) - 1)
+    if len(values) != len(LEASE_FIELDS):
+        raise ValueError(
+            f"lease record {text!r:.80} has {len(values)} fields, not the {len(LEASE_FIELDS)} {LEASE_FIELDS}"
+        )
+    return dict(zip(LEASE_FIELDS, values, strict=True))
+
+
 def lease_issued(record: str | bytes) -> float:
     """When the server leased the lease of a Redis lease record (``LEASE_FIELDS``), in its TIME's seconds."""
-    obj = _loads(record, "lease record")
-    _check_fields(obj, _LEASE_FIELDS, "lease record")
-    return float(obj["issued"])
+    return float(lease_fields(record)["issued"])
 
 
 def event_state(text: str | bytes) -> dict[str, object]:

@@ -1,5 +1,7 @@
 -- Helpers shared by every function of the library, defined once when it loads. The constants (LAYOUT,
--- REAP_LIMIT, ...) are prepended by featurestream.backends.redis.functions, their one definition.
+-- REAP_LIMIT, ...) are prepended by featurestream.backends.redis.functions, their one definition, and so is the
+-- codec of the ``leases`` records, generated from their fields (featurestream.backends.redis.wire's LEASE_FIELDS):
+-- lease_record(lease) writes a table of those named fields as a record, parse_lease(record) reads one back.
 -- Per-call state lives in these upvalues: a function call runs atomically, so no two calls see each other's.
 
 -- Events only a tracer needs are sent when the caller traces; the client acts on the others (a reclaim moves
@@ -23,10 +25,10 @@ local ARGS, CLOCK, now, MAX_DELIVERIES, DEDUP_WINDOW, CURSOR, TRACE, events
 -- This call's read of ``meta`` (read_meta): the lifecycle state, until when (server seconds) a consumer may be
 -- blocked waiting for a delivery, and keep_dead_letter_bytes. ``woken``: this call woke the waiters already.
 local STATE, WAITING, KEEP_BYTES, woken
--- The call's id (its client's instance id, INSTANCE_CHARS characters, then a counter), whether the request may
--- repeat one this server ran, and how long (seconds of the call's clock, as text) a reply remembered for a retry
--- is kept (see remember).
-local CALL, RETRY, KEEP
+-- The header's last field: '+' when the request may repeat one this server ran (else '-'), the call's id (its
+-- client's instance id, INSTANCE_CHARS characters, then a counter), ':' and how long (seconds of the call's
+-- clock) a reply remembered for a retry is kept. Read only by a call that remembers or recalls.
+local CALL
 -- Whether this call's reply is remembered for its retry: it reports something the client must act on or trace
 -- (see emit), changes what a retry could not recognise, or counts a refusal.
 local MEMO
@@ -63,13 +65,12 @@ local function begin(keys, argv, remembers)
     PREFIX = P
   end
   local settings, max_deliveries, dedup_window
-  CLOCK, settings, max_deliveries, dedup_window, CURSOR, TRACE, CALL, RETRY, KEEP = string.match(
-    argv[1], '^([^\t]*)\t(([^\t]*)\t([^\t]*))\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)$')
+  CLOCK, settings, max_deliveries, dedup_window, CURSOR, TRACE, CALL = string.match(
+    argv[1], '^([^\t]*)\t(([^\t]*)\t([^\t]*))\t([^\t]*)\t([^\t]*)\t([^\t]*)$')
   if settings ~= SETTINGS_TEXT or not settings then
     SETTINGS_TEXT, MAX_DELIVERIES, DEDUP_WINDOW = settings, tonumber(max_deliveries), tonumber(dedup_window)
   end
   TRACE = TRACE == '1'
-  RETRY = RETRY == '1'
   MEMO = remembers
   now = nil
   STATE = nil
@@ -211,17 +212,6 @@ local function feed()
   end
 end
 
--- A ``leases`` value: a record with named fields (decoded in Python by featurestream.backends.redis.wire's
--- lease_issued): ``issued`` (the server's TIME when leased), ``token``, ``n`` (the redelivery count), ``put`` (the
--- put token) and ``sample`` (the id), all text. parse_lease reads one back.
-local function lease_record(issued, token, n, put_token, sid)
-  return cjson.encode({issued = issued, token = token, n = n, put = put_token, sample = sid})
-end
-
-local function parse_lease(rec)
-  return cjson.decode(rec)
-end
-
 -- Called after a sample leaves ``refs``: a closed queue that holds nothing drains.
 local function after_retire()
   if redis.call('HLEN', K_REFS) ~= 0 then
@@ -348,25 +338,27 @@ end
 -- sent, else nil. ``calls`` holds each instance's last remembered call id and reply, one field per instance (an
 -- instance's calls are serial, so a retry always follows the call it repeats); only a retry looks.
 local function recalled()
-  if not RETRY then
+  if string.byte(CALL, 1) ~= 43 then  -- '+'
     return nil
   end
-  local memo = redis.call('HGET', K_CALLS, string.sub(CALL, 1, INSTANCE_CHARS))
-  if memo and string.sub(memo, 1, #CALL + 1) == CALL .. '\t' then
-    return cjson.decode(string.sub(memo, #CALL + 2))
+  local id = string.sub(CALL, 2)
+  local memo = redis.call('HGET', K_CALLS, string.sub(id, 1, INSTANCE_CHARS))
+  if memo and string.sub(memo, 1, #id + 1) == id .. '\t' then
+    return cjson.decode(string.sub(memo, #id + 2))
   end
   return nil
 end
 
 -- The end of every call: its reply, remembered for its retry when MEMO says so (the reply reports events the
 -- client acts on or traces, a refusal it counted, or an effect a retry could not recognise). Kept until the
--- instance disconnects, its next remembered call replaces it, or KEEP seconds of the call's clock have passed
+-- instance disconnects, its next remembered call replaces it, or its keep time (see CALL) has passed
 -- (``calls_due``: instance -> when; see prune_calls).
 local function remember(reply)
   if MEMO then
-    local instance = string.sub(CALL, 1, INSTANCE_CHARS)
-    redis.call('HSET', K_CALLS, instance, CALL .. '\t' .. cjson.encode(reply))
-    redis.call('ZADD', K_CALLS_DUE, fmt(clock() + tonumber(KEEP)), instance)
+    local id = string.sub(CALL, 2)
+    local instance = string.sub(id, 1, INSTANCE_CHARS)
+    redis.call('HSET', K_CALLS, instance, id .. '\t' .. cjson.encode(reply))
+    redis.call('ZADD', K_CALLS_DUE, fmt(clock() + tonumber(string.match(id, ':(.*)$'))), instance)
   end
   return reply
 end
@@ -462,7 +454,8 @@ local function lease_entries(count, vt, base, reply)
         local put_token, ref = split_held(held[i])
         local key = string.format('%016d', last - #taken + j)
         records[2 * j - 1] = key
-        records[2 * j] = lease_record(issued, base .. count_arg(leased + j), n, put_token, sid)
+        records[2 * j] = lease_record({issued = issued, token = base .. count_arg(leased + j), n = n, put = put_token,
+          sample = sid})
         scores[2 * j - 1] = deadline
         scores[2 * j] = key
         emit('lease', sid, key, n, -1, 1, deadline)
