@@ -76,10 +76,15 @@ def settled_everywhere(*stores: FeatureStore) -> None:
         assert (health.sample_count, health.resident_bytes) == (0, 0), f"{store.store_uri} still holds {health}"
 
 
+@pytest.mark.parametrize("traced", [False, True], ids=["untraced", "traced"])
 @pytest.mark.parametrize("batch", [False, True], ids=["put", "put_many"])
-def test_a_retried_put_that_was_consumed_meanwhile_is_scrubbed(make: Factory, batch: bool) -> None:
+def test_a_retried_put_that_was_consumed_meanwhile_is_scrubbed(make: Factory, batch: bool, traced: bool) -> None:
+    """Traced, the retry's reply is the first run's (remembered), told afresh whether the sample settled since;
+    untraced, the retry finds its put by the put token. Either way the producer's store lets the sample go."""
     store, other = one_store_twice()
-    producer, consumer = make(store), make(other)
+    trace: list[tuple[str, dict[str, object]]] = []
+    tracer = (lambda action, fields: trace.append((action, fields))) if traced else None
+    producer, consumer = make(store, tracer=tracer), make(other)
     refs = stored(store, 0, 1)
     lost = lose_reply(producer, "put_many" if batch else "put", lambda: consume_one(consumer))
     if batch:
@@ -89,6 +94,9 @@ def test_a_retried_put_that_was_consumed_meanwhile_is_scrubbed(make: Factory, ba
         producer.put(refs[1])
     assert lost
     assert not store.is_resident("s0"), "the producer's store still counts the sample consumed before the retry"
+    if traced:  # the Puts report the queue as their runs left it: s0's, the first run's
+        puts = [(fields["sample_id"], fields["pending"]) for action, fields in trace if action == events.PUT]
+        assert puts == [("s0", 1), ("s1", 2 if batch else 1)]
     assert consume_one(consumer) == "s1"
     producer.reclaim_expired()  # the settle feed tells the producer about s1
     settled_everywhere(store, other)
@@ -247,25 +255,6 @@ def test_a_retried_traced_ack_traces_what_its_first_run_reported(make: Factory) 
     assert acks == [
         {"sample_id": "s0", "lease_id": leases[0].lease_id, "n": 0, "pending": 1, "outstanding": 1, "now": 1000.0}
     ]
-
-
-@pytest.mark.parametrize("batch", [False, True], ids=["put", "put_many"])
-def test_a_retried_traced_put_that_was_consumed_meanwhile_traces_its_first_run_and_is_scrubbed(
-    make: Factory, batch: bool
-) -> None:
-    store, other = one_store_twice()
-    trace: list[tuple[str, dict[str, object]]] = []
-    producer, consumer = make(store, tracer=lambda action, fields: trace.append((action, fields))), make(other)
-    refs = stored(store, 0, 1)
-    lost = lose_reply(producer, "put_many" if batch else "put", lambda: consume_one(consumer))
-    if batch:
-        producer.put_many(refs)
-    else:
-        producer.put(refs[0])
-    assert lost
-    assert not store.is_resident("s0"), "the producer's store still counts the sample consumed before the retry"
-    puts = [(fields["sample_id"], fields["pending"]) for action, fields in trace if action == events.PUT]
-    assert puts == ([("s0", 1), ("s1", 2)] if batch else [("s0", 1)])  # as the first run left the queue
 
 
 def test_a_retried_traced_acquire_hands_out_its_first_runs_leases(make: Factory) -> None:
