@@ -159,8 +159,9 @@ def retrying_as_new(queue: RedisSampleRefQueue) -> RedisSampleRefQueue:
 
     def anew(script: str, header: Callable[[str], str], args: tuple[Any, ...]) -> Any:
         def fresh(name: str) -> str:
-            rest, call, _, keep = header(name).rsplit("\t", 3)
-            return f"{rest}\t{call}x\t\t{keep}"
+            rest, call = header(name).rsplit("\t", 1)  # call: '+' (may repeat), the call id, ':' keep seconds
+            ident, keep = call[1:].split(":", 1)
+            return f"{rest}\t-{ident}x:{keep}"
 
         return reload(script, fresh, args)
 
