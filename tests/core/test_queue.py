@@ -261,7 +261,7 @@ def test_dedup_window_is_bounded() -> None:
         lease = queue.acquire(poll_interval=0)
         assert lease is not None
         queue.ack(lease)
-    assert len(queue._recent_terminal) == 2
+    assert len(queue._engine._recent_terminal) == 2
     for ref in refs[1:]:
         with pytest.raises(ValueError, match="already acked"):
             queue.put(ref)

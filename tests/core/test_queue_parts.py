@@ -10,9 +10,9 @@ import pytest
 from featurestream import LocalFeatureStore, SampleRef, StoreHealth
 from featurestream.core import events
 from featurestream.core.arguments import check_queue_arguments
-from featurestream.core.backlog import Outbox, Owed, call_or_owe, pay_owed
+from featurestream.core.backlog import Owed, call_or_owe, pay_owed
 from featurestream.core.backpressure import Backpressure
-from featurestream.core.operation import Operation, observing
+from featurestream.core.operation import Operation
 from featurestream.testing import FaultyStore
 
 from .samples import put_sample
@@ -106,42 +106,45 @@ def test_owed_calls_are_retried_oldest_first_and_a_failure_ends_the_round() -> N
 
 
 class _Queue:
-    """The state an Operation works on, with a store whose gc is counted."""
+    """What an Operation is given, with a store whose gc is counted."""
 
     def __init__(self) -> None:
-        self._store = FaultyStore(LocalFeatureStore())
-        self._lock = threading.Lock()
-        self._owed: Owed = collections.OrderedDict()
-        self._outbox: Outbox = []
+        self.store = FaultyStore(LocalFeatureStore())
+        self.lock = threading.Lock()
+        self.owed: Owed = collections.OrderedDict()
         self.faults: list[str] = []
         self.paid_rounds = 0
+        self.op = Operation(self.lock, self.store, self.owed, self.pay_owed, self.store_fault)
 
-    def _pay_owed(self) -> None:
+    def pay_owed(self) -> None:
         self.paid_rounds += 1
         raise KeyboardInterrupt("a retry that raises past the queue's own handling")
 
-    def _store_fault(self, call: str, sample_id: str | None, exc: BaseException) -> None:
+    def store_fault(self, call: str, sample_id: str | None, exc: BaseException) -> None:
         self.faults.append(call)
 
 
 def test_an_operation_runs_callbacks_and_gc_outside_the_lock_even_when_its_body_raises() -> None:
     queue = _Queue()
-    op = Operation(queue)
+    op = queue.op
     ran: list[bool] = []
-    queue._store.arm("gc")
+    queue.store.arm("gc")
     with pytest.raises(ZeroDivisionError), op:
-        queue._outbox.append((lambda held: ran.append(queue._lock.locked()), None))
+        op.defer(lambda held: ran.append(queue.lock.locked()), None)
         1 / 0  # noqa: B018
     assert ran == [False], "the callback ran, after the lock was released"
-    assert queue.faults == ["gc"] and queue._outbox == [] and not queue._lock.locked()
+    assert queue.faults == ["gc"] and not queue.lock.locked()
+    with op:
+        pass
+    assert ran == [False], "a callback runs once: the next operation starts with none deferred"
 
 
 def test_an_operation_whose_owed_retry_raises_releases_the_lock() -> None:
     queue = _Queue()
-    queue._owed["s0"] = ("scrub", put_sample(queue._store, "s0"))
-    with pytest.raises(KeyboardInterrupt), Operation(queue):
+    queue.owed["s0"] = ("scrub", put_sample(queue.store, "s0"))
+    with pytest.raises(KeyboardInterrupt), queue.op:
         pytest.fail("the body must not run")
-    assert queue.paid_rounds == 1 and not queue._lock.locked()
-    with pytest.raises(KeyboardInterrupt), observing(queue):
+    assert queue.paid_rounds == 1 and not queue.lock.locked()
+    with pytest.raises(KeyboardInterrupt), queue.op.reading():
         pytest.fail("the body must not run")
-    assert queue.paid_rounds == 2 and not queue._lock.locked()
+    assert queue.paid_rounds == 2 and not queue.lock.locked()

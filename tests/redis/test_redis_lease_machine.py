@@ -52,7 +52,7 @@ def fired(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
         if machine is machines.LEASE_MACHINE:
             seen.append((trigger, model.state))
 
-    monkeypatch.setattr("featurestream.backends.redis.queue.fire", counting)
+    monkeypatch.setattr("featurestream.core.frontend.fire", counting)
     return seen
 
 
@@ -111,6 +111,6 @@ def test_a_server_that_settles_a_lease_not_issued_here_is_caught(make: Factory) 
     queue.put(store.put("s0", sample_tensors(0)))
     lease = queue.acquire(timeout=0)
     assert lease is not None
-    queue._models.clear()  # seeded defect on the client: it forgot the lease it holds
+    queue._engine._models.clear()  # seeded defect on the client: it forgot the lease it holds
     with pytest.raises(IllegalTransition, match=rf"lease {lease.lease_id} is 'not issued to this instance'.*'ack'"):
         queue.ack(lease)

@@ -197,10 +197,10 @@ def test_the_server_checks_the_token(make: Factory, store: LocalFeatureStore) ->
     assert lease is not None
     key = f"{lease.lease_id:016d}"
     for forged_token in ("0" * 16, lease.token[:-1], ""):
-        statuses, _ = queue._run("ack", key, forged_token, "s0")
+        statuses, _ = queue._engine._run("ack", key, forged_token, "s0")
         assert statuses == [b"stale"]
     assert queue.outstanding_count() == 1 and queue.stats().stale_rejected == 3
-    statuses, _ = queue._run("ack", key, lease.token, "s0")
+    statuses, _ = queue._engine._run("ack", key, lease.token, "s0")
     assert statuses == [b"ok"]
 
 
@@ -604,15 +604,15 @@ def test_lost_replies_are_retried_idempotently(make: Factory, store: LocalFeatur
     ref = put(store, queue, 0)
     from featurestream.backends.redis.wire import ref_to_json
 
-    status, *_ = queue._run("put", "s1", ref_to_json(store.put("s1", sample_tensors(1))), "tok", "")
+    status, *_ = queue._engine._run("put", "s1", ref_to_json(store.put("s1", sample_tensors(1))), "tok", "")
     assert status == b"ok"
-    status, *_ = queue._run("put", "s1", "ignored", "tok", "")
+    status, *_ = queue._engine._run("put", "s1", "ignored", "tok", "")
     assert status == b"ok" and queue.stats().put == 2
     lease = queue.acquire(timeout=0)
     assert lease is not None and lease.ref == ref
     args = (f"{lease.lease_id:016d}", lease.token, "s0")
-    assert queue._run("ack", *args)[0] == [b"ok"]
-    assert queue._run("ack", *args)[0] == [b"again"]  # the client then scrubs; no stale count, no second ack
+    assert queue._engine._run("ack", *args)[0] == [b"ok"]
+    assert queue._engine._run("ack", *args)[0] == [b"again"]  # the client then scrubs; no stale count, no second ack
     assert queue.stats().acked == 1 and queue.stats().stale_rejected == 0
 
 

@@ -109,7 +109,7 @@ def redelivered_after_ack() -> list[tuple[str, dict[str, object]]]:
         def ack(self, lease: object) -> None:
             super().ack(lease)  # type: ignore[arg-type]
             with self._lock:
-                self._push_pending(_Record(lease.ref, 0))  # type: ignore[attr-defined]
+                self._engine._push_pending(_Record(lease.ref, 0))  # type: ignore[attr-defined]
 
     queue, store, _, recorder = _queue(RedeliveringQueue)
     queue.put(put_sample(store, "x0"))

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from featurestream import Lease, LocalFeatureStore, SampleRef, SampleRefQueue, StoreHandle
+from featurestream.core.queue import MemoryEngine
 
 
 class RetainIgnoringStore(LocalFeatureStore):
@@ -73,15 +74,13 @@ class NoDeliveryLimitQueue(SampleRefQueue):
         super().__init__(*args, **kwargs)
 
 
-class NoReaperQueue(SampleRefQueue):
-    """E: only an explicit ``reclaim_expired()`` reclaims; ordinary calls leave expired leases live."""
-
+class _NoReaperEngine(MemoryEngine):
     _reaping = False
 
-    def reclaim_expired(self) -> int:
+    def reap(self) -> int:
         self._reaping = True
         try:
-            return super().reclaim_expired()
+            return super().reap()
         finally:
             self._reaping = False
 
@@ -89,26 +88,41 @@ class NoReaperQueue(SampleRefQueue):
         return super()._reap_due() if self._reaping else 0
 
 
+class NoReaperQueue(SampleRefQueue):
+    """E: only an explicit ``reclaim_expired()`` reclaims; ordinary calls leave expired leases live."""
+
+    _engine_class = _NoReaperEngine
+
+
+class _OldBackpressureEngine(MemoryEngine):
+    def round(self, ref: SampleRef) -> bool:
+        super().round(ref)
+        return True  # as if the queue always held a sample: the paused producer's exception never applies
+
+
 class OldBackpressureQueue(SampleRefQueue):
     """P: a paused producer waits even when the queue holds nothing, so producers' own bytes can block them for good."""
 
-    def _put_round(self, ref: SampleRef) -> bool:
-        super()._put_round(ref)
-        return True  # as if the queue always held a sample: the paused producer's exception never applies
+    _engine_class = _OldBackpressureEngine
+
+
+class _UnsettlingEngine(MemoryEngine):
+    outcome = ""
+
+    def _release_hold(self, sample_id: str, outcome: str) -> None:
+        del self._held[sample_id]
+        self.outcome = outcome
 
 
 class UnsettlingScrubQueue(SampleRefQueue):
     """S (as first reported): a scrub fault raises out of ``ack`` before the id is recorded as settled."""
 
-    _outcome = ""
-
-    def _release_hold(self, sample_id: str, outcome: str) -> None:
-        del self._held[sample_id]
-        self._outcome = outcome
+    _engine_class = _UnsettlingEngine
+    _engine: _UnsettlingEngine
 
     def _scrub(self, ref: SampleRef) -> None:
         self._store.scrub(ref)  # raises out of ack / fail / the reaping call: the id below is never recorded
-        self._recent_terminal[ref.sample_id] = self._outcome
+        self._engine._recent_terminal[ref.sample_id] = self._engine.outcome
         self._not_full.notify_all()
 
 
@@ -116,6 +130,4 @@ class LostRedeliveringQueue(SampleRefQueue):
     """L: ``lose`` fails the lease like any error, so bytes no redelivery can serve are delivered again."""
 
     def lose(self, lease: Lease) -> bool:
-        with self._op:
-            self._reap_due()
-            return self._fail_locked(lease)
+        return self._settle("fail", [lease])[0]

@@ -1,50 +1,90 @@
-"""The front end every queue backend shares: argument checks, the lock, owed store calls, backpressure, callbacks.
+"""The front end every queue backend shares: each public ``LeaseQueue`` call, written once over an engine.
 
-A backend is a subclass that implements the engine methods below (where its state lives and how it changes);
-everything a caller of ``LeaseQueue`` sees besides those -- the checks and errors, the owed-call backlog and
-its retries, the reaper, the backpressure loop of ``put_blocks_until_below``, callbacks and store-fault
-tracing -- is written once here. ``docs/architecture.md`` shows the split.
-
-Engine methods, each backend's own (called with the lock held unless noted):
-
-- ``_admit(ref, health, *, if_idle) -> bool``: retain and enqueue one ref, or raise what ``put`` raises;
-  ``if_idle``: only into a queue that holds nothing (``False``: it did not, nothing changed);
-- ``_put_round(ref) -> bool``: a producer's round before it reads health: reap, raise ``QueueClosed`` when
-  closed, and say whether the queue holds any sample;
-- ``_lease_up_to(n, wait) -> list[Lease]`` (takes the lock itself: it waits);
-- ``_trace_state(action, **fields)``: trace ``action`` with the queue state the engine last knew;
-- ``_count_pause()``: count a producer pause in the queue's stats;
-- ``lifecycle_state``, and the public calls whose body is the engine's: ``put``, ``put_many``, ``ack`` /
-  ``fail`` (and their batches), ``extend``, ``reclaim_expired``, ``close``, the dead-letter repair, ``stats``
-  and the counts.
-
-Hooks with a default here, which a backend overrides where it differs: ``_require_store``, ``_put_flowing``,
-``_after_health_fault``, ``_scrubbing`` and ``_all_paid``.
+A backend is a subclass that builds its ``Engine`` (``core/engine.py``: where its state lives and the few
+primitive changes) and calls ``_start``. Everything else a caller sees is here: argument checks and errors,
+the lock and ``Operation``, retains and the owed-call backlog with its retries, the reaper, backpressure
+and ``put_blocks_until_below``, callbacks, stats, tracing, and the lease machines: the front end fires the
+lease machine on the model each engine event names, so an engine that reports a transition the table does
+not allow raises ``IllegalTransition``. ``docs/architecture.md`` shows the split.
 """
 
 from __future__ import annotations
 
 import collections
+import dataclasses
 import logging
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from featurestream.core import errors, events
 from featurestream.core.arguments import check_queue_arguments, check_ref_for, check_resident
-from featurestream.core.backlog import Outbox, Owed, call_or_owe, pay_owed
+from featurestream.core.backlog import Owed, call_or_owe, pay_owed
 from featurestream.core.backpressure import Backpressure, HealthCallback
 from featurestream.core.checks import check_count, check_seconds
-from featurestream.core.lease import DeadLetter, Lease, VisibilityTimeout
+from featurestream.core.engine import (
+    Admitted,
+    Closed,
+    DeadLettered,
+    DedupRefused,
+    Drained,
+    Engine,
+    Event,
+    Extended,
+    Leased,
+    Purged,
+    Reclaimed,
+    Released,
+    Requeued,
+    Settled,
+    Stale,
+)
+from featurestream.core.lease import DeadLetter, Lease, StaleLog, VisibilityTimeout, check_lease, check_leases
+from featurestream.core.machines import LEASE_MACHINE, fire
 from featurestream.core.operation import Operation
+from featurestream.core.reaper import start_reaper
 from featurestream.core.refs import SampleRef
 from featurestream.stores.base import FeatureStore, StoreHealth
 
-__all__ = ["FrontEnd", "Signal", "Tracer"]
+__all__ = ["FrontEnd", "QueueStats", "Signal", "Tracer"]
 
 logger = logging.getLogger(__name__)
 
 Tracer = Callable[[str, dict[str, object]], None]
+
+
+@dataclasses.dataclass(frozen=True)
+class QueueStats:
+    """Counters since construction, plus the current gauges.
+
+    ``store_errors`` counts store calls made by the queue that raised (each
+    failed retry counts again); ``scrub_backlog`` is the gauge of settled
+    samples (or refused puts) whose ``scrub`` (``unretain``) the queue still
+    owes the store and retries. ``requeued`` / ``purged`` count dead letters
+    sent back by ``requeue_dead_letters`` / dropped by ``purge_dead_letters``.
+    """
+
+    put: int = 0
+    leased: int = 0
+    acked: int = 0
+    failed: int = 0
+    reclaimed: int = 0
+    dead_lettered: int = 0
+    extended: int = 0
+    stale_rejected: int = 0
+    dedup_refused: int = 0
+    producer_pauses: int = 0
+    store_errors: int = 0
+    requeued: int = 0
+    purged: int = 0
+    # Gauges: the current value, not a count since construction (marked so readers need not list them).
+    pending: int = dataclasses.field(default=0, metadata={"gauge": True})
+    outstanding: int = dataclasses.field(default=0, metadata={"gauge": True})
+    scrub_backlog: int = dataclasses.field(default=0, metadata={"gauge": True})
+
+
+_STATS_FIELDS = tuple(field.name for field in dataclasses.fields(QueueStats))
 
 
 class Signal:
@@ -78,10 +118,9 @@ class Signal:
 
 
 class FrontEnd:
-    """The shared half of every ``LeaseQueue`` backend (see the module docstring for the engine's half)."""
+    """The shared half of every ``LeaseQueue`` backend; the contract is ``LeaseQueue``'s docstring."""
 
-    # Most items one batch call takes (None: no cap); a backend whose batch is one server call caps it.
-    _max_batch: int | None = None
+    _engine: Engine
 
     def _init_front_end(
         self,
@@ -100,7 +139,8 @@ class FrontEnd:
         reaper_interval: float | None,
     ) -> None:
         """Check the constructor's shared arguments (``TypeError`` / ``ValueError`` naming the first bad one) and
-        set up the shared state; the backend starts its reaper once its engine is ready."""
+        set up the shared state; the backend then builds its engine (reporting to ``_report``) and calls
+        ``_start``."""
         check_queue_arguments(
             store,
             visibility_timeout,
@@ -116,19 +156,61 @@ class FrontEnd:
         self._on_dead_letter = on_dead_letter
         self.max_deliveries = max_deliveries
         self.dedup_window = dedup_window
+        self.keep_dead_letter_bytes = keep_dead_letter_bytes
         self._tracer = tracer
+        self._reaper_interval = reaper_interval
         self._lock = threading.Lock()
         # Wakes producers blocked on backpressure: a settle, a paid scrub, a close.
         self._not_full = Signal(self._lock)
-        self._outbox: Outbox = []
         self._backpressure = Backpressure(high_watermark_bytes, low_watermark_bytes, on_pause, on_resume)
         # sample id -> (store call, ref) the queue still owes its store: a scrub or unretain that raised.
         self._owed: Owed = collections.OrderedDict()
         self._store_errors = 0
+        self._stale_log = StaleLog(logger)
         self._reaper_stop = threading.Event()
-        self._op = Operation(self)  # every public call: ``with self._op:``
+        self._drained = False  # seen drained (by an event or a read): the reaper stops once nothing is owed
+        self._op = Operation(self._lock, store, self._owed, self._pay_owed, self._store_fault)
+
+    def _start(self, engine: Engine, reaper_name: str) -> None:
+        """Adopt ``engine`` and start the reaper thread (when asked for) now that it can reap."""
+        self._engine = engine
+        if self._reaper_interval is not None:
+            start_reaper(self, FrontEnd._reaper_round, self._reaper_interval, self._reaper_stop, name=reaper_name)
 
     # -- producer side ----------------------------------------------------
+    def put(self, ref: SampleRef) -> None:
+        """Enqueue ``ref`` at the tail; never blocks on backpressure.
+
+        Raises ``TypeError`` for a non-ref, ``ValueError`` for a ref of another
+        store, an id already queued, recently acked/dead (in any instance of a shared queue) or still owed a
+        scrub, ``RuntimeError`` once closed, and the store's error type when
+        its ``retain`` fails. A refused put changes nothing.
+        """
+        self._check_ref(ref)
+        with self._op:
+            self._admit([ref])
+
+    def put_many(self, refs: Iterable[SampleRef]) -> None:
+        """Enqueue every ref of ``refs``, in order: all of them or none.
+
+        Refused as a whole (changing nothing) when any single ``put`` would be
+        refused -- with the error ``put`` raises, naming the first offending
+        sample -- and with ``ValueError`` when an id repeats. Traced as one
+        ``Put`` per sample.
+        """
+        batch = self._batch("refs", refs)
+        seen: set[str] = set()
+        for ref in batch:
+            self._check_ref(ref)
+        for ref in batch:
+            if ref.sample_id in seen:
+                raise errors.RepeatedInBatch(ref.sample_id)
+            seen.add(ref.sample_id)
+        if not batch:
+            return
+        with self._op:
+            self._admit(batch)
+
     def put_blocks_until_below(
         self,
         ref: SampleRef,
@@ -156,23 +238,29 @@ class FrontEnd:
         """
         self._check_ref(ref)
         check_seconds("poll_interval", poll_interval)
+        backpressure = self._backpressure
         while True:
             if abort_when is not None and abort_when():
                 raise errors.PutAborted(ref.sample_id)
             with self._op:
-                if self._put_flowing(ref):
-                    return
-                holds_any = self._put_round(ref)
+                # An engine whose admit reaps and checks the lifecycle itself lets a flowing producer that stays
+                # so through without a round first.
+                if self._engine.admit_reaps and backpressure.state == "flowing":
+                    health = self._read_health(ref)
+                    if not backpressure.should_pause(health):
+                        self._admit([ref], health)
+                        return
+                holds_any = self._engine.round(ref)
                 health = self._read_health(ref)
                 callback = self._update_backpressure(health)
                 if callback is not None:
-                    self._outbox.append((callback, health))
+                    self._op.defer(callback, health)
                     continue
-                if self._backpressure.state == "flowing":
-                    self._admit(ref, health)
+                if backpressure.state == "flowing":
+                    self._admit([ref], health)
                     return
                 # Paused: an empty queue admits the sample all the same (the engine checks, atomically).
-                if not holds_any and self._admit(ref, health, if_idle=True):
+                if not holds_any and self._admit([ref], health, if_idle=True):
                     return
                 self._not_full.wait(poll_interval)
 
@@ -196,17 +284,97 @@ class FrontEnd:
         the wait ends empty-handed or the queue is drained. Traced as one ``Acquire`` per lease.
         """
         check_count("n", n, minimum=1)
-        if self._max_batch is not None and n > self._max_batch:
-            raise ValueError(f"n must be at most {self._max_batch} (one server call), got {n!r}")
+        max_batch = self._engine.max_batch
+        if max_batch is not None and n > max_batch:
+            raise ValueError(f"n must be at most {max_batch} (one server call), got {n!r}")
         wait = 0.05 if timeout is None else timeout
         check_seconds("timeout", wait)
         return self._lease_up_to(n, wait)
 
-    # -- introspection ------------------------------------------------------
+    def ack(self, lease: Lease) -> bool:
+        """Mark ``lease``'s sample consumed: it is never delivered again and this instance's store scrubs it.
+
+        Returns ``True`` when this ack settled the sample, ``False`` when the
+        lease was stale (reclaimed, already settled, copied, or from another
+        queue or process): then nothing changed, and the rejection is logged once per
+        lease. ``TypeError`` for anything that is not a ``Lease``. The ack
+        stands even when the store's ``scrub`` fails: the scrub is then owed and retried
+        later (see ``LeaseQueue``) and ``ack`` returns ``True``.
+        """
+        check_lease(lease, "ack")
+        return self._settle("ack", [lease])[0]
+
+    def fail(self, lease: Lease) -> bool:
+        """Give ``lease``'s sample back: redelivered from the tail, or dead once deliveries are spent.
+
+        Returns ``True`` when this fail took effect, ``False`` for a stale
+        lease (nothing changed; logged once per lease); ``TypeError`` for a
+        non-lease.
+        """
+        check_lease(lease, "fail")
+        return self._settle("fail", [lease])[0]
+
+    def lose(self, lease: Lease) -> bool:
+        """The store lost ``lease``'s sample (``SampleLostError``): dead-letter it now, reason ``lost``.
+
+        No redelivery could serve bytes that are gone, so none is made, whatever deliveries are left, and the
+        dead letter's bytes are never kept. Returns ``False`` for a stale lease (nothing changed).
+        """
+        check_lease(lease, "lose")
+        return self._settle("lose", [lease])[0]
+
+    def ack_many(self, leases: Iterable[Lease]) -> None:
+        """``ack`` every lease of ``leases``, in order, in one operation; each stale one is rejected on its own.
+
+        ``TypeError`` (acking none of them) when any item is not a ``Lease``.
+        """
+        self._settle("ack", self._batch("leases", check_leases(leases, "ack_many")))
+
+    def fail_many(self, leases: Iterable[Lease]) -> None:
+        """``fail`` every lease of ``leases``, in order, in one operation; each stale one is rejected on its own.
+
+        ``TypeError`` (failing none of them) when any item is not a ``Lease``.
+        """
+        self._settle("fail", self._batch("leases", check_leases(leases, "fail_many")))
+
+    def extend(self, lease: Lease, seconds: float | None = None) -> None:
+        """Push ``lease.deadline`` to now + ``seconds`` (default: the visibility timeout).
+
+        Raises ``LeaseLost`` when the lease is not live, ``TypeError`` for a
+        non-lease, ``ValueError`` for a non-positive or non-finite ``seconds``.
+        """
+        check_lease(lease, "extend")
+        extra = self._vt.seconds if seconds is None else seconds
+        check_seconds("seconds", extra, positive=True)
+        with self._op:
+            if not self._engine.extend(lease, extra):
+                raise errors.LeaseLost(lease)
+
+    def reclaim_expired(self) -> int:
+        """Redeliver (or dead-letter) every lease past its deadline, whoever held it; return how many."""
+        with self._op:
+            return self._engine.reap()
+
+    # -- lifecycle, dead letters, introspection -----------------------------------
+    def close(self) -> None:
+        """Refuse further puts (in every process of a shared queue) and wake every blocked producer (their puts
+        raise ``RuntimeError``).
+
+        ``acquire`` drains what is pending or leased, then returns ``None`` for good.
+        """
+        with self._op:
+            self._engine.close()
+            self._not_full.notify_all()
+
     @property
-    def store(self) -> FeatureStore:
-        """The store this instance retains and scrubs in."""
-        return self._store
+    def lifecycle_state(self) -> str:
+        """``open``, ``draining`` (closed, still holding samples) or ``drained``."""
+        state = self._engine.lifecycle_state()
+        if state == "drained":
+            self._drained = True
+            if not self._owed:
+                self._reaper_stop.set()
+        return state
 
     @property
     def is_closed(self) -> bool:
@@ -218,34 +386,170 @@ class FrontEnd:
         """This producer's ``flowing`` or ``paused``."""
         return self._backpressure.state
 
-    # -- shared internals (lock held) -----------------------------------------
+    @property
+    def store(self) -> FeatureStore:
+        """The store this instance retains and scrubs in."""
+        return self._store
+
+    # The reads below first retry what this instance owes its store, as every call does (no callbacks, no gc).
+    def pending_count(self) -> int:
+        """Samples waiting to be leased."""
+        with self._op.reading():
+            return self._engine.pending_count()
+
+    def outstanding_count(self) -> int:
+        """Samples currently leased."""
+        with self._op.reading():
+            return self._engine.outstanding_count()
+
+    def lease_state_counts(self) -> dict[str, int]:
+        """How many leases sit in each live state (terminal leases are not kept)."""
+        with self._op.reading():
+            counters = self._engine.counters()
+        return {"pending": counters["pending"], "leased": counters["outstanding"]}
+
+    def stats(self) -> QueueStats:
+        """A consistent snapshot of the counters and gauges (a shared queue's are queue-wide, except
+        ``store_errors`` and ``scrub_backlog``: store faults happen in a process's own store)."""
+        with self._op.reading():
+            values = self._engine.counters()
+            values.update(store_errors=self._store_errors, scrub_backlog=len(self._owed))
+        return QueueStats(**{name: values.get(name, 0) for name in _STATS_FIELDS})
+
+    def dead_letters(self, newest: int | None = None) -> list[DeadLetter]:
+        """Samples whose deliveries were spent, oldest first; only the ``newest`` ones when it is given.
+
+        ``ValueError`` naming a ``newest`` that is no int >= 0.
+        """
+        check_count("newest", newest, allow_none=True)
+        with self._op.reading():
+            return self._engine.dead_letters(newest)
+
+    def oldest_lease_age(self) -> float | None:
+        """Seconds (by the queue's clock) since the oldest live lease was issued; ``None`` when none is out."""
+        with self._op.reading():
+            return self._engine.oldest_lease_age()
+
+    def requeue_dead_letters(self, sample_ids: Iterable[str] | None = None) -> list[str]:
+        """Send the dead letters ``sample_ids`` (``None``: all) back to the tail with a fresh delivery budget.
+
+        All or nothing: ``LookupError`` naming an id that is no dead letter, ``ValueError`` naming one whose
+        bytes were not kept (``keep_dead_letter_bytes`` off, or over its cap when it died) or that is queued
+        again, or when the queue is drained; then nothing changed. A requeued sample leaves the dead letters and
+        the dedup window (it was never acked) and is delivered again from ``redelivery_count`` 0; its bytes were
+        retained all along. Returns the requeued ids, oldest dead first; each is traced as ``RequeueDeadLetter``.
+        """
+        with self._op:
+            return self._engine.requeue(sample_ids)
+
+    def purge_dead_letters(self, sample_ids: Iterable[str] | None = None) -> list[str]:
+        """Drop the dead letters ``sample_ids`` (``None``: all) for good; return their ids, oldest dead first.
+
+        All or nothing: ``LookupError`` naming an id that is no dead letter, and then nothing changed. Kept bytes
+        are scrubbed (a failing scrub is owed and retried, as after an ack); in a shared queue the producing
+        instance's store scrubs them through the settle feed. Each is traced as ``PurgeDeadLetter``.
+        """
+        with self._op:
+            return self._engine.purge(sample_ids)
+
+    # -- internals (lock held) -------------------------------------------------
+    def _batch(self, name: str, items: Iterable[Any]) -> list[Any]:
+        """``items`` as a list, of at most the engine's ``max_batch`` (one server call); ``ValueError`` otherwise."""
+        batch = list(items)
+        cap = self._engine.max_batch
+        if cap is not None and len(batch) > cap:
+            raise ValueError(f"{name} must hold at most {cap} items (one server call), got {len(batch)}")
+        return batch
+
     def _check_ref(self, ref: object) -> None:
         self._require_store()
         check_ref_for(self._store, ref)
+
+    def _require_store(self) -> None:
+        """Raise when this instance cannot produce or consume (a backend's handle without a store)."""
 
     def _check_resident(self, ref: SampleRef) -> None:
         """Refuse a ref whose bytes are gone (``NotResident``): a consumer's ``get`` would fail on it."""
         check_resident(self._store, ref)
 
-    def _require_store(self) -> None:
-        """Raise when this instance cannot produce or consume (a backend's handle without a store)."""
+    def _check_local(self, ref: SampleRef) -> None:
+        """The front end's own refusals of a put, after the engine's: a scrub still owed, bytes gone."""
+        if self._owes_scrub(ref.sample_id):
+            raise errors.ScrubOwed(ref.sample_id)
+        self._check_resident(ref)
 
-    def _put_flowing(self, ref: SampleRef) -> bool:
-        """A backend whose put reaps on its own may admit a flowing producer's sample before the round; ``True``:
-        it did."""
+    def _owes_scrub(self, sample_id: str) -> bool:
+        owed = self._owed.get(sample_id) if self._owed else None
+        return owed is not None and owed[0] == "scrub"
+
+    def _admit(self, batch: list[SampleRef], health: StoreHealth | None = None, *, if_idle: bool = False) -> bool:
+        """Screen, retain and enqueue ``batch`` (all or none); ``if_idle``: only into a queue holding nothing
+        (``False``: it held samples, nothing changed). ``health``: the store read a producer's put was decided on."""
+        engine = self._engine
+        engine.screen(batch, self._check_local)
+        self._retain(batch)
+        refusal = engine.admit(batch, health, if_idle=if_idle)
+        if refusal is None:
+            return True
+        for ref in refusal.unretain:
+            self._owe("unretain", ref)
+        if refusal.error is not None:
+            raise refusal.error
         return False
+
+    def _retain(self, batch: list[SampleRef]) -> None:
+        """Retain every sample of ``batch`` before any is enqueued, or none: a consumer (in another process, for a
+        shared queue) may lease, get and release one at once, and its store must then find it retained."""
+        store = self._store
+        for index, ref in enumerate(batch):
+            try:
+                store.retain(ref)
+            except Exception as exc:
+                self._store_fault("retain", ref.sample_id, exc)
+                # Undo the retains (one that failed halfway must not pin the bytes either), except of ids the
+                # queue holds: those retains belong to the queued samples.
+                attempted = batch[: index + 1]
+                held = self._engine.abandon([retained.sample_id for retained in attempted])
+                for retained in attempted:
+                    if retained.sample_id not in held:
+                        self._owe("unretain", retained)
+                raise errors.store_error(exc, f"put of sample {ref.sample_id!r} refused, nothing enqueued") from exc
+        if self._owed:  # an unretain still owed for an earlier refused put would undo this retain
+            for ref in batch:
+                self._owed.pop(ref.sample_id, None)
+
+    def _lease_up_to(self, n: int, wait: float) -> list[Lease]:
+        """Up to ``n`` leases, waiting up to ``wait`` seconds (outside the lock, in the engine) for the first."""
+        self._require_store()
+        engine = self._engine
+        give_up = time.monotonic() + wait
+        remaining = wait
+        while True:
+            with self._op:
+                leases, hint = engine.lease(n, remaining)
+            if hint is None:
+                return leases
+            remaining = give_up - time.monotonic()
+            if remaining <= 0:
+                return []
+            engine.wait(hint, remaining)
+            remaining = max(0.0, give_up - time.monotonic())
+
+    def _settle(self, action: str, leases: list[Lease]) -> list[bool]:
+        if not leases:
+            return []
+        with self._op:
+            return self._engine.settle(action, leases)
 
     def _read_health(self, ref: SampleRef) -> StoreHealth:
         try:
             return self._store.health()
         except Exception as exc:
             self._store_fault("health", ref.sample_id, exc)
-            self._after_health_fault()
+            if self._engine.admit_reaps:
+                self._engine.reap()  # the call still reaps, as its admit would have
             doing = f"put_blocks_until_below of sample {ref.sample_id!r} enqueued nothing"
             raise errors.store_error(exc, doing) from exc
-
-    def _after_health_fault(self) -> None:
-        """What a round that read no health still owes the queue (a backend that reaps in its put reaps here)."""
 
     def _update_backpressure(self, health: StoreHealth) -> HealthCallback | None:
         """Apply the hysteresis; return the callback to run (outside the lock), if any."""
@@ -254,7 +558,7 @@ class FrontEnd:
             return None
         event, callback = step
         if event == events.PAUSE:
-            self._count_pause()
+            self._engine.count_pause()
         self._trace_state(event, resident_bytes=health.resident_bytes)
         return callback
 
@@ -274,11 +578,8 @@ class FrontEnd:
     def _pay_owed(self) -> None:
         """Retry owed scrubs/unretains (``backlog.pay_owed``)."""
         pay_owed(self._store, self._owed, self._store_fault, self._paid)
-        if not self._owed:
-            self._all_paid()
-
-    def _all_paid(self) -> None:
-        """Nothing is owed any more (a backend that knows it is drained stops its reaper here)."""
+        if not self._owed and self._drained:
+            self._reaper_stop.set()
 
     def _paid(self, sample_id: str, call: str) -> None:
         self._trace_state(events.SCRUB_RETRIED, sample_id=sample_id, call=call)
@@ -289,26 +590,100 @@ class FrontEnd:
         logger.warning("store %s(%r) raised %r; the queue carries on", call, sample_id, exc, exc_info=exc)
         self._trace_state(events.STORE_FAULT, call=call, sample_id=sample_id, error=repr(exc))
 
-    def _reaper_finished(self) -> bool:
-        """Whether the reaper thread has nothing left to do: drained, and no store call owed."""
-        return self.lifecycle_state == "drained" and not self._owed
-
-    # -- the engine's half (see the module docstring) ----------------------------
-    @property
-    def lifecycle_state(self) -> str:
-        raise NotImplementedError
-
-    def _admit(self, ref: SampleRef, health: StoreHealth | None = None, *, if_idle: bool = False) -> bool:
-        raise NotImplementedError
-
-    def _put_round(self, ref: SampleRef) -> bool:
-        raise NotImplementedError
-
-    def _lease_up_to(self, n: int, wait: float) -> list[Any]:
-        raise NotImplementedError
+    def _reaper_round(self) -> bool:
+        """One round of the reaper thread; ``False`` once it has nothing left to do (drained, nothing owed)."""
+        if self.lifecycle_state == "drained" and not self._owed:
+            return False
+        self.reclaim_expired()
+        return True
 
     def _trace_state(self, action: str, **fields: object) -> None:
-        raise NotImplementedError
+        """Trace an event the front end makes itself (a store fault, a paid scrub, a pause or resume) with the
+        queue state as the engine knows it."""
+        if self._tracer is not None:
+            self._tracer(action, {**fields, **self._engine.trace_state()})
 
-    def _count_pause(self) -> None:
-        raise NotImplementedError
+    # -- applying the engine's events (lock held) --------------------------------------------
+    def _report(self, event: Event) -> None:
+        """Apply one event the engine reports (see ``core/engine.py``), as it happens."""
+        _APPLY[type(event)](self, event)
+
+    def _trace(self, action: str, trace: object) -> None:
+        if trace is not None and self._tracer is not None:
+            self._tracer(action, trace)  # type: ignore[arg-type]
+
+    def _on_admitted(self, event: Admitted) -> None:
+        self._trace(events.PUT, event.trace)
+
+    def _on_dedup_refused(self, event: DedupRefused) -> None:
+        self._trace(events.DEDUP_REFUSED, event.trace)
+
+    def _on_leased(self, event: Leased) -> None:
+        fire(LEASE_MACHINE, "lease", event.model)
+        self._trace(events.ACQUIRE, event.trace)
+
+    def _on_extended(self, event: Extended) -> None:
+        fire(LEASE_MACHINE, "extend", event.model)
+        self._trace(events.EXTEND, event.trace)
+
+    def _on_settled(self, event: Settled) -> None:
+        fire(LEASE_MACHINE, event.trigger, event.model)
+        self._trace(events.ACK if event.trigger == "ack" else events.FAIL, event.trace)
+        if event.retried and event.trigger == "fail" and self._tracer is not None:
+            self._tracer(events.DEAD_LETTER, {"sample_id": event.model.sample_id})
+        if event.scrub is not None:
+            self._scrub(event.scrub)
+        self._not_full.notify_all()
+
+    def _on_reclaimed(self, event: Reclaimed) -> None:
+        fire(LEASE_MACHINE, "reclaim", event.model)
+        self._trace(events.RECLAIM, event.trace)
+
+    def _on_dead_lettered(self, event: DeadLettered) -> None:
+        self._trace(events.DEAD_LETTER, event.trace)
+        if self._on_dead_letter is not None:
+            self._op.defer(self._on_dead_letter, event.letter)
+        if not event.kept:
+            self._scrub(event.letter.ref)
+        self._not_full.notify_all()
+
+    def _on_stale(self, event: Stale) -> None:
+        if event.lease is not None:
+            self._stale_log.rejected(event.op, event.lease, event.why)
+        self._trace(events.STALE_REJECTED, event.trace)
+
+    def _on_released(self, event: Released) -> None:
+        self._scrub(event.ref)
+
+    def _on_requeued(self, event: Requeued) -> None:
+        self._trace(events.REQUEUE_DEAD_LETTER, event.trace)
+
+    def _on_purged(self, event: Purged) -> None:
+        self._trace(events.PURGE_DEAD_LETTER, event.trace)
+
+    def _on_closed(self, event: Closed) -> None:
+        self._trace(events.CLOSE, event.trace)
+        self._not_full.notify_all()
+
+    def _on_drained(self, event: Drained) -> None:
+        self._trace(events.DRAIN, event.trace)
+        self._drained = True
+        if not self._owed:
+            self._reaper_stop.set()
+
+
+_APPLY: dict[type, Callable[[FrontEnd, Any], None]] = {
+    Admitted: FrontEnd._on_admitted,
+    DedupRefused: FrontEnd._on_dedup_refused,
+    Leased: FrontEnd._on_leased,
+    Extended: FrontEnd._on_extended,
+    Settled: FrontEnd._on_settled,
+    Reclaimed: FrontEnd._on_reclaimed,
+    DeadLettered: FrontEnd._on_dead_lettered,
+    Stale: FrontEnd._on_stale,
+    Released: FrontEnd._on_released,
+    Requeued: FrontEnd._on_requeued,
+    Purged: FrontEnd._on_purged,
+    Closed: FrontEnd._on_closed,
+    Drained: FrontEnd._on_drained,
+}

@@ -54,7 +54,7 @@ import secrets
 import time
 import weakref
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, NoReturn
+from typing import Any
 
 try:
     import redis  # redis.exceptions is loaded by the package itself
@@ -73,45 +73,46 @@ from featurestream.backends.redis.wire import (
     ref_from_json,
     ref_to_json,
 )
-from featurestream.core import errors, events
+from featurestream.core import errors
 from featurestream.core.backpressure import HealthCallback
-from featurestream.core.checks import check_count, check_seconds
+from featurestream.core.checks import check_seconds
+from featurestream.core.engine import (
+    Admitted,
+    Closed,
+    DeadLettered,
+    DedupRefused,
+    Drained,
+    Event,
+    Extended,
+    Leased,
+    LeaseModel,
+    Purged,
+    Reclaimed,
+    Refusal,
+    Released,
+    Report,
+    Requeued,
+    Settled,
+    Stale,
+    Trace,
+)
 from featurestream.core.frontend import FrontEnd, Tracer
-from featurestream.core.lease import DeadLetter, Lease, StaleLog, VisibilityTimeout, check_lease, check_leases
-from featurestream.core.machines import LEASE, LEASE_MACHINE, fire
-from featurestream.core.operation import observing
-from featurestream.core.queue import DEFAULT_DEDUP_WINDOW, DEFAULT_MAX_DELIVERIES, QueueStats
-from featurestream.core.reaper import start_reaper
+from featurestream.core.lease import DeadLetter, Lease, VisibilityTimeout
+from featurestream.core.queue import DEFAULT_DEDUP_WINDOW, DEFAULT_MAX_DELIVERIES
 from featurestream.core.refs import SampleRef
 from featurestream.stores.base import FeatureStore, StoreHealth
 
-__all__ = ["DEFAULT_REDIS_URL", "RedisLease", "RedisSampleRefQueue", "list_queues"]
+__all__ = ["DEFAULT_REDIS_URL", "RedisEngine", "RedisLease", "RedisSampleRefQueue", "list_queues"]
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 
-# Server event kind -> tracer action: the server reports lease and lifecycle events by machine trigger (mapped by
-# core.events.TRIGGER_EVENTS), and these extra kinds.
 _NOT_ISSUED_HERE = "it is not the object this instance's acquire returned (a copy, or another process's or queue's)"
-
-_ACTIONS = {
-    **events.TRIGGER_EVENTS,
-    "put": events.PUT,
-    "dead": events.DEAD_LETTER,
-    "kept": events.DEAD_LETTER,
-    "dedup": events.DEDUP_REFUSED,
-    "stale": events.STALE_REJECTED,
-    "forged": events.STALE_REJECTED,
-    "requeue": events.REQUEUE_DEAD_LETTER,
-    "purge": events.PURGE_DEAD_LETTER,
-}
+_SETTLED_BEFORE = "it was settled or reclaimed already"
 
 # The functions that report settles from the ``retired`` feed to a producing caller.
 _FEEDING = frozenset({"put", "put_many", "reclaim"})
-
-# QueueStats fields this instance keeps itself (store faults are per process); the rest are queue-wide.
-_LOCAL_STATS = ("store_errors", "scrub_backlog")
 
 
 @dataclasses.dataclass
@@ -119,20 +120,6 @@ class RedisLease(Lease):
     """A ``Lease`` issued by a ``RedisSampleRefQueue``; ``token`` proves it to the server."""
 
     token: str = dataclasses.field(default="", repr=False)
-
-
-class _LeaseModel:
-    """The lease machine's model of one lease, driven by what the server reports about it."""
-
-    __slots__ = ("lease_id", "sample_id", "state")
-
-    def __init__(self, lease_id: int, sample_id: str, state: str = LEASE.initial) -> None:
-        self.lease_id = lease_id
-        self.sample_id = sample_id
-        self.state = state
-
-    def __str__(self) -> str:
-        return f"lease {self.lease_id} of sample {self.sample_id!r}"
 
 
 def _text(value: object) -> str:
@@ -152,15 +139,9 @@ def _sample_ids(sample_ids: Iterable[str] | None) -> list[str]:
             raise TypeError(f"sample ids must be str, got {sample_id!r}")
     if not ids:
         raise ValueError("sample_ids is empty: pass None for every dead letter, or name at least one")
-    return _batch("sample_ids", ids)
-
-
-def _batch(name: str, items: Iterable[Any]) -> list[Any]:
-    """``items`` as a list of at most ``MAX_BATCH`` (a batch is one server call); ``ValueError`` otherwise."""
-    batch = list(items)
-    if len(batch) > functions.MAX_BATCH:
-        raise ValueError(f"{name} must hold at most {functions.MAX_BATCH} items (one server call), got {len(batch)}")
-    return batch
+    if len(ids) > functions.MAX_BATCH:
+        raise ValueError(f"sample_ids must hold at most {functions.MAX_BATCH} items (one server call), got {len(ids)}")
+    return ids
 
 
 def _pending(counters: dict[Any, Any]) -> int:
@@ -171,6 +152,563 @@ def _pending(counters: dict[Any, Any]) -> int:
 
 def _settings(values: dict[str, int]) -> str:
     return ", ".join(f"{name}={value}" for name, value in values.items())
+
+
+# A lease this call expects the server to report on: (the trigger, its lease, its model, if known yet).
+_Expected = tuple[str, Lease, "LeaseModel | None"]
+
+
+class RedisEngine:
+    """The Redis Functions engine (``core.engine.Engine``): every state change one atomic library call.
+
+    The server reports what each call did as a flat event list (see ``functions``); ``_apply`` turns it into
+    the front end's events, in order. This instance keeps what only it can know: the leases it was issued
+    (the object and its token) and their lease-machine models, the samples it put and has not seen settled
+    (their settles elsewhere arrive on the ``retired`` feed), and its place in that feed.
+    """
+
+    admit_reaps = True
+    max_batch = functions.MAX_BATCH
+
+    def __init__(
+        self,
+        report: Report,
+        link: Link,
+        name: str,
+        *,
+        traced: bool,
+        clock: Callable[[], float] | None,
+        visibility_timeout: VisibilityTimeout,
+        max_deliveries: int,
+        dedup_window: int,
+        keep_dead_letter_bytes: int,
+        store_uri: str | None,
+        owes_scrub: Callable[[str], bool],
+    ) -> None:
+        self._report = report
+        self._link = link
+        self._name = name
+        self._redis: redis.Redis = link.redis
+        self._key = link.key
+        self._retrying = link.retrying
+        self._traced = traced
+        self._server_time = clock is None
+        self._clock: Callable[[], float] = clock if clock is not None else time.monotonic
+        self._vt = visibility_timeout
+        self._vt_arg = repr(float(visibility_timeout.seconds))
+        self._dedup_window = dedup_window
+        self._keep_cap = keep_dead_letter_bytes
+        self._store_uri = store_uri  # None: an operator's handle, whose store holds nothing to release
+        self._owes_scrub = owes_scrub
+        # Put tokens and lease tokens: this instance's random prefix and a counter (unique, and unknown to
+        # other processes; cheaper than fresh randomness per call).
+        self._token_prefix = secrets.token_hex(8)
+        self._token_counter = itertools.count()
+        # The header's fixed middle and end (see _header; the feed cursor goes between them).
+        self._settings = f"\t{max_deliveries}\t{dedup_window}\t"
+        self._trace_flag = "\t1" if traced else "\t"
+        # A traced call's events carry their state as a fourth item (see functions).
+        self._event_width = 4 if traced else 3
+        # Traced instances: the queue's state as this instance last saw it reported (pending, outstanding, now), which
+        # the events the front end traces itself (StoreFault, ScrubRetried) carry, as the in-process queue's carry
+        # its state.
+        self._seen_state: dict[str, object] = {}
+        self._issued: weakref.WeakValueDictionary[int, RedisLease] = weakref.WeakValueDictionary()
+        # Lease id -> its lease machine model, for the leases this instance was issued (and, briefly, settled:
+        # so a second settle the server reports names the state the first left). See _lease_model.
+        self._models: dict[int, LeaseModel] = {}
+        # Samples this instance put and has not seen settled; their settles elsewhere arrive on the feed.
+        self._mine: dict[str, SampleRef] = {}
+        # The same samples by the exact wire bytes this instance sent: leasing one of them back skips the decode
+        # (identical bytes decode to an equal ref; the in-process queue hands out the very object put, too).
+        self._sent: dict[bytes, SampleRef] = {}
+        self._wire: dict[str, bytes] = {}
+        # Ids this instance saw settled, newest last (at most dedup_window): a re-put of one is asked of the server
+        # before the store is touched, as the in-process queue refuses it from its dedup window.
+        self._settled: collections.OrderedDict[str, None] = collections.OrderedDict()
+        # The clock value the last call sent (None: the server's TIME), so a lease's deadline needs no reply field.
+        self._sent_now: float | None = None
+        self._producing = False
+        self._feed_cursor = ""
+
+    def init(self, keep_dead_letter_bytes: int, store_uri: str) -> list[str]:
+        """Create the queue on the server or join it: its layout, settings, pinned store and feed position."""
+        reply = [_text(v) for v in self._run("init", keep_dead_letter_bytes, store_uri)]
+        self._feed_cursor = reply[-1]
+        return reply[:-1]
+
+    # -- talking to the server -------------------------------------------------
+    def _run(self, script: str, *args: str | int | bytes) -> Any:
+        """Call one library function with the shared header (see ``_header``)."""
+        return self._link.call(script, self._header, *args)
+
+    def _header(self, script: str) -> str:
+        """``now`` (empty: the server's TIME), max_deliveries, dedup_window, the feed cursor, the trace flag."""
+        if self._server_time:
+            self._sent_now = None
+            now = ""
+        else:
+            self._sent_now = float(self._clock())
+            now = repr(self._sent_now)
+        if self._producing and script in _FEEDING:
+            # Holding no unsettled puts, this instance needs no settles from before now, only the newest id.
+            return f"{now}{self._settings}{self._feed_cursor if self._mine else '$'}{self._trace_flag}"
+        return f"{now}{self._settings}{self._trace_flag}"
+
+    def _token(self) -> str:
+        """A fresh token (the server appends an item number to it for the leases or puts of a batch)."""
+        return f"{self._token_prefix}{next(self._token_counter)}."
+
+    # -- admitting ----------------------------------------------------------------
+    def screen(self, batch: list[SampleRef], check: Callable[[SampleRef], None]) -> None:
+        if any(self._known(ref.sample_id) for ref in batch):
+            self._check_puts(batch)
+        for ref in batch:
+            check(ref)
+
+    def _known(self, sample_id: str) -> bool:
+        """Whether this instance put ``sample_id`` before (held, settled, or owed a scrub)."""
+        return sample_id in self._mine or sample_id in self._settled or self._owes_scrub(sample_id)
+
+    def _check_puts(self, batch: list[SampleRef]) -> None:
+        """Before retaining ids this instance put already, or still owes a scrub: the server refuses them first
+        (closed, queued, in the dedup window -- counted there) without any store call, as the in-process queue
+        does. One extra call, on re-puts only."""
+        items = [part for ref in batch for part in (ref.sample_id, "")]
+        status, reply_events, *rest = self._run("put_many", "?" + self._token(), *items)
+        self._apply(reply_events)
+        status = _text(status)
+        if status != "fresh":
+            offending = next((ref for ref in batch if ref.sample_id == _text(rest[0])), batch[0])
+            raise _refusal(status, offending, rest[1])  # nothing was retained: nothing to undo
+
+    def admit(self, batch: list[SampleRef], health: StoreHealth | None, *, if_idle: bool) -> Refusal | None:
+        self._producing = True
+        if len(batch) == 1:
+            return self._put_one(batch[0], health, if_idle)
+        wires = [ref_to_json(ref).encode() for ref in batch]
+        items: list[str | bytes] = []
+        for ref, wire in zip(batch, wires, strict=True):
+            items += [ref.sample_id, wire]
+        status, reply_events, *rest = self._run("put_many", self._token(), *items)
+        self._apply(reply_events)
+        status = _text(status)
+        if status == "ok":
+            for ref, wire in zip(batch, wires, strict=True):
+                self._remember(ref, wire)
+            for ref, settled in zip(batch, rest[0] if rest else (), strict=False):
+                self._settled_since(ref, settled)
+            return None
+        offender, outcome, held = rest
+        offending = next((ref for ref in batch if ref.sample_id == _text(offender)), batch[0])
+        flags = dict(zip((ref.sample_id for ref in batch), (bool(int(flag)) for flag in held), strict=True))
+        unretain = [ref for ref in batch if not flags[ref.sample_id] and ref is not offending]
+        if not flags[offending.sample_id]:
+            unretain.append(offending)
+        return Refusal(_refusal(status, offending, outcome), tuple(unretain))
+
+    def _put_one(self, ref: SampleRef, health: StoreHealth | None, if_idle: bool) -> Refusal | None:
+        wire = ref_to_json(ref).encode()
+        status, reply_events, *rest = self._run("put", ref.sample_id, wire, self._token(), "idle" if if_idle else "")
+        self._apply(reply_events, put_health=health)
+        status = _text(status)
+        if status == "ok":
+            self._remember(ref, wire)
+            if rest:
+                self._settled_since(ref, rest[0])
+            return None
+        if status == "busy":
+            return Refusal(None, (ref,))
+        held = bool(int(rest[0])) if status == "closed" else status in ("held", "kept")
+        return Refusal(_refusal(status, ref, rest[0] if rest else ""), () if held else (ref,))
+
+    def _settled_since(self, ref: SampleRef, settled: object) -> None:
+        """A retried put whose first run's reply was lost: the server says whether the sample settled since
+        (``functions``' ``settled_since``). Its settle was fed before this instance knew the sample was its own,
+        so this is where its store learns it; a dead letter whose bytes are kept stays retained."""
+        if int(settled) == 1:
+            self._release(ref)
+
+    def _remember(self, ref: SampleRef, wire: bytes) -> None:
+        self._mine[ref.sample_id] = ref
+        self._sent[wire] = ref
+        self._wire[ref.sample_id] = wire
+
+    def abandon(self, sample_ids: list[str]) -> set[str]:
+        self.reap()  # a put refused before it reaches the server still reaps, as every queue call does
+        try:
+            return self.held(sample_ids)
+        except redis.RedisError:
+            # Un-retaining a queued sample would lose it, keeping an unqueued one only pins it.
+            logger.warning("could not tell which of %r the queue holds; their retains stay", sample_ids)
+            return set(sample_ids)
+
+    def held(self, sample_ids: Sequence[str]) -> set[str]:
+        """Which of ``sample_ids`` the queue holds (pending or leased, put by any process); raises when Redis
+        cannot tell."""
+        if not sample_ids:
+            return set()
+        found = self._retrying(self._redis.hmget, self._key["refs"], list(sample_ids))
+        return {sample_id for sample_id, value in zip(sample_ids, found, strict=True) if value is not None}
+
+    def round(self, ref: SampleRef) -> bool:
+        """Like the in-process queue: reap, refuse once closed, and only then move the hysteresis."""
+        _, reaped_events, _, state, held, left = self._run("reclaim")
+        self._apply(reaped_events)
+        if left:  # traced: the state the reclaim left, which this round's own events report
+            self._seen_state = event_state(left)
+        if _text(state) != "open":
+            raise errors.QueueClosed(ref.sample_id)
+        return bool(int(held))
+
+    # -- leasing --------------------------------------------------------------------
+    def lease(self, n: int, wait: float) -> tuple[list[Lease], Any]:
+        """Up to ``n`` leases from one server call; the server registers the caller's wait of ``wait``
+        seconds, so a put (in any process) while it lasts wakes it."""
+        base = self._token()
+        status, reply_events, *rest = self._run("acquire", self._vt_arg, base, n, repr(float(wait)))
+        status = _text(status)
+        if status != "ok":
+            self._apply(reply_events)
+            return [], (None if status == "drained" else rest)
+        leases = self._issue(rest, base)
+        expected: dict[str, _Expected] = {}
+        for key, lease, model in leases:
+            expected[key] = ("lease", lease, model)
+        self._apply(reply_events, expected)
+        self._report_unmatched(expected)
+        return [lease for _, lease, _ in leases], None
+
+    def wait(self, hint: Any, seconds: float) -> None:
+        last_wake, until_deadline = (_text(v) for v in hint)
+        block = seconds
+        if until_deadline:
+            block = min(block, max(float(until_deadline), 0.0))
+        # BLOCK 0 would mean forever: wait at least a millisecond.
+        block_ms = max(1, math.ceil(block * 1000))
+        self._retrying(self._redis.xread, {self._key["wake"]: last_wake}, count=1, block=block_ms)
+
+    def _issue(self, reply: list[Any], base: str) -> list[tuple[str, RedisLease, LeaseModel]]:
+        """Leases from the server's ``key, n, ref`` triples; lease i (from 1) has token ``base + str(i)``."""
+        # The server's deadline is the now it used plus vt: this process's clock, or exactly the now we sent.
+        deadline = (self._clock() if self._sent_now is None else self._sent_now) + self._vt.seconds
+        issued = []
+        for index in range(0, len(reply), 3):
+            key, n, ref_json = reply[index : index + 3]
+            ref = self._sent.get(ref_json)
+            lease = RedisLease(
+                ref=ref if ref is not None else ref_from_json(ref_json),
+                deadline=deadline,
+                visibility_timeout=self._vt,
+                redelivery_count=int(n),
+                lease_id=int(key),
+                token=f"{base}{index // 3 + 1}",
+            )
+            self._issued[lease.lease_id] = lease
+            model = self._models.get(lease.lease_id)
+            if model is None:
+                model = self._models[lease.lease_id] = LeaseModel(lease.ref.sample_id, lease.lease_id)
+            issued.append((_text(key), lease, model))
+        if len(self._models) > 2 * len(self._issued) + 1024:
+            self._prune_models()
+        return issued
+
+    def _prune_models(self) -> None:
+        """Forget the models of settled leases and of leases whose object is gone (nothing can settle those
+        here any more): the leased ones still issued stay."""
+        issued = self._issued
+        self._models = {
+            lease_id: model
+            for lease_id, model in self._models.items()
+            if model.state == "leased" and lease_id in issued
+        }
+
+    def _lease_model(self, lease_id: int, trigger: str) -> LeaseModel:
+        """The model of a lease this instance was issued, for ``trigger`` the server reported on it; a lease it
+        holds no model of cannot have been settled or extended by it: ``IllegalTransition``."""
+        model = self._models.get(lease_id)
+        if model is None:
+            raise errors.IllegalTransition("lease", f"lease {lease_id}", "not issued to this instance", trigger)
+        return model
+
+    def _lost(self, lease_id: int) -> None:
+        """The server refused this instance's own proof of a lease its model holds as leased: some call this
+        instance did not see reclaimed it."""
+        model = self._models.get(lease_id)
+        if model is not None and model.state == "leased":
+            self._report(Reclaimed(model, None))
+
+    def _proof(self, lease: object) -> tuple[str, str, str]:
+        """(lease key, token, sample id) to present to the server; the token is empty unless ``lease``
+        is the very object this instance issued, so copies and foreign leases are rejected as stale."""
+        lease_id = getattr(lease, "lease_id", None)
+        if type(lease_id) is not int:
+            return "", "", ""
+        sample_id = getattr(getattr(lease, "ref", None), "sample_id", "")
+        issued = self._issued.get(lease_id)
+        token = issued.token if issued is lease and issued is not None else ""
+        return f"{lease_id:016d}", token, sample_id if isinstance(sample_id, str) else ""
+
+    # -- settling -------------------------------------------------------------------
+    def settle(self, action: str, leases: list[Lease]) -> list[bool]:
+        """Ack, fail or lose ``leases`` in one server call; each is settled or rejected as stale on its own."""
+        trigger = "ack" if action == "ack" else "fail"
+        proofs, seen = [], set()
+        for lease in leases:
+            key, token, sample_id = self._proof(lease)
+            # A lease repeated in the batch: its second settle is stale, as a second ack() would be.
+            proofs.append((key, token if key not in seen else "", sample_id))
+            seen.add(key)
+        parts = (part for proof in proofs for part in proof)
+        raw_statuses, reply_events = self._run(action, *parts)
+        statuses = [_text(raw) for raw in raw_statuses]
+        expected: dict[str, _Expected] = {}
+        for lease, (key, _, _), status in zip(leases, proofs, statuses, strict=True):
+            if status == "ok":
+                expected[key] = (trigger, lease, None)
+        # The settles are reported at their events (traced calls get one), so a failed scrub is traced right
+        # after its Ack, before a Drain the same call caused; untraced calls report them after.
+        self._apply(reply_events, expected)
+        self._report_unmatched(expected)
+        for lease, (_, token, sample_id), status in zip(leases, proofs, statuses, strict=True):
+            if status == "again":
+                # A retried settle whose first run's reply (and events) was lost: acked, or failed into the
+                # dead letters; either way this instance's store is done with the sample.
+                trace = {"sample_id": sample_id, "lease_id": lease.lease_id} if self._traced else None
+                self._forget(lease.ref)
+                model = self._lease_model(lease.lease_id, trigger)
+                self._report(Settled(model, trigger, lease.ref, trace, retried=True))
+            elif status != "ok":
+                if token:
+                    self._lost(lease.lease_id)
+                self._report(Stale(trigger, lease, _SETTLED_BEFORE if token else _NOT_ISSUED_HERE, None))
+            if token:
+                self._issued.pop(lease.lease_id, None)
+        return [status in ("ok", "again") for status in statuses]
+
+    def extend(self, lease: Lease, seconds: float) -> bool:
+        key, token, _ = self._proof(lease)
+        status, reply_events, *rest = self._run("extend", key, token, repr(float(seconds)))
+        if _text(status) != "ok":
+            self._apply(reply_events)
+            if token:
+                self._lost(lease.lease_id)
+            return False
+        lease.deadline = self._local_deadline(rest[0], rest[1])
+        expected: dict[str, _Expected] = {key: ("extend", lease, None)}
+        self._apply(reply_events, expected)
+        self._report_unmatched(expected)
+        return True
+
+    def _local_deadline(self, deadline: object, now: object) -> float:
+        """A server deadline in this process's clock: exact under an injected clock, offset from TIME otherwise."""
+        if self._server_time:
+            return self._clock() + (float(_text(deadline)) - float(_text(now)))
+        return float(_text(deadline))
+
+    def reap(self) -> int:
+        total = 0
+        while True:
+            _, reply_events, count, *_ = self._run("reclaim")
+            self._apply(reply_events)
+            total += int(count)
+            # One call reaps at most REAP_LIMIT leases, to keep the server responsive.
+            if int(count) < functions.REAP_LIMIT:
+                return total
+
+    # -- lifecycle and dead-letter repair ---------------------------------------------
+    def close(self) -> None:
+        _, reply_events = self._run("close")
+        self._apply(reply_events)
+
+    def lifecycle_state(self) -> str:
+        return _text(self._retrying(self._redis.hget, self._key["meta"], "state"))
+
+    def requeue(self, sample_ids: Iterable[str] | None) -> list[str]:
+        ids = _sample_ids(sample_ids)
+        status, reply_events, detail = self._run("requeue", self._token(), *ids)
+        self._apply(reply_events)
+        status = _text(status)
+        if status == "ok":
+            return [_text(sample_id) for sample_id in detail]
+        sample_id = _text(detail)
+        if status == "unknown":
+            raise errors.NotDeadLetter(sample_id, "requeued", self._name)
+        if status == "gone":
+            raise errors.DeadLetterNotKept(sample_id, self._keep_cap)
+        if status == "held":
+            raise errors.DeadLetterQueued(sample_id)
+        raise errors.QueueDrained(self._name)
+
+    def purge(self, sample_ids: Iterable[str] | None) -> list[str]:
+        ids = _sample_ids(sample_ids)
+        status, reply_events, *rest = self._run("purge", *ids)
+        self._apply(reply_events)
+        if _text(status) != "ok":
+            raise errors.NotDeadLetter(_text(rest[0]), "purged", self._name)
+        purged, released = rest
+        if self._store_uri is not None:
+            for ref_json in released:
+                ref = ref_from_json(ref_json)
+                if ref.store_uri == self._store_uri:
+                    self._release(ref)
+        return [_text(sample_id) for sample_id in purged]
+
+    # -- reads -----------------------------------------------------------------------
+    def count_pause(self) -> None:
+        self._retrying(self._redis.hincrby, self._key["stats"], "producer_pauses", 1)
+
+    def pending_count(self) -> int:
+        return _pending(self._retrying(self._redis.hgetall, self._key["stats"]))
+
+    def outstanding_count(self) -> int:
+        return int(self._retrying(self._redis.hlen, self._key["leases"]))
+
+    def counters(self) -> dict[str, int]:
+        """The queue-wide counters and gauges (one MULTI/EXEC)."""
+        counters, outstanding = self._link.snapshot()
+        values = {_text(k): int(v) for k, v in counters.items()}
+        values.update(pending=_pending(counters), outstanding=int(outstanding))
+        return values
+
+    def dead_letters(self, newest: int | None) -> list[DeadLetter]:
+        """``newest`` reads (and decodes) just those: O(newest), not O(dead letters)."""
+        if newest == 0:  # LRANGE -0 -1 would be every letter
+            return []
+        letters = self._retrying(self._redis.lrange, self._key["dead"], -newest if newest else 0, -1)
+        return [dead_letter_from_json(raw) for raw in letters]
+
+    def oldest_lease_age(self) -> float | None:
+        """By the Redis server's clock, from the live lease records (each holds the server's ``TIME`` when it was
+        leased): O(live leases)."""
+
+        def read() -> tuple[list[Any], float]:
+            with self._redis.pipeline(transaction=True) as pipe:
+                pipe.hvals(self._key["leases"])
+                pipe.time()
+                records, (seconds, micros) = pipe.execute()
+            return records, seconds + micros / 1e6
+
+        records, server_now = self._retrying(read)
+        if not records:
+            return None
+        issued = min(lease_issued(record) for record in records)
+        return max(0.0, server_now - issued)
+
+    def trace_state(self) -> dict[str, object]:
+        """The queue state this instance's last call reported: exact for this instance, whose lock the front end
+        holds since that call (another process may have changed the queue since)."""
+        return self._seen_state
+
+    # -- the server's events ------------------------------------------------------------
+    def _apply(
+        self,
+        reply_events: list[Any],
+        expected: dict[str, _Expected] | None = None,
+        put_health: StoreHealth | None = None,
+    ) -> None:
+        """Report the server's events to the front end, in order.
+
+        ``expected``: lease key -> the trigger this call made on that lease, reported (and removed) at the
+        server's event for it; ``put_health``: the store read a put was decided on, whose resident bytes its
+        Put traces.
+        """
+        width = self._event_width
+        for index in range(0, len(reply_events), width):
+            kind, first, second = (_text(v) for v in reply_events[index : index + 3])
+            trace: dict[str, object] | None = None
+            if width == 4 and kind != "retired":
+                trace = event_state(reply_events[index + 3])
+                self._seen_state = {name: trace[name] for name in ("pending", "outstanding", "now")}
+            if kind in ("lease", "extend", "ack", "fail", "reclaim"):
+                if trace is not None:
+                    trace = {"sample_id": first, "lease_id": int(second), **trace}
+                if kind == "reclaim":
+                    lease_id = int(second)
+                    model = self._models.get(lease_id) or LeaseModel(first, lease_id, "leased")
+                    self._report(Reclaimed(model, trace))
+                elif expected is not None and second in expected:
+                    self._report(self._expected_event(expected.pop(second), trace))
+            elif kind == "retired":
+                self._feed_cursor = second
+                mine = self._mine.get(first)
+                if mine is not None:
+                    self._release(mine)
+            elif kind in ("dead", "kept"):
+                dead = dead_letter_from_json(second)
+                if kind == "dead":  # a kept one stays retained (and in _mine) until requeued and settled, or purged
+                    self._forget(dead.ref)
+                kept = kind == "kept"
+                self._report(
+                    DeadLettered(dead, kept, None if trace is None else {"sample_id": first, "kept": kept, **trace})
+                )
+            elif trace is None:
+                continue  # an untraced call's event for nothing this instance acts on
+            elif kind == "put":
+                if put_health is not None:
+                    trace = {"sample_id": first, "resident_bytes": put_health.resident_bytes, **trace}
+                else:
+                    trace = {"sample_id": first, **trace}
+                self._report(Admitted(first, trace))
+            elif kind == "dedup":
+                self._report(DedupRefused(first, {"sample_id": first, **trace}))
+            elif kind == "requeue":
+                self._report(Requeued(first, {"sample_id": first, **trace}))
+            elif kind == "purge":
+                self._report(Purged(first, {"sample_id": first, **trace}))
+            elif kind in ("stale", "forged"):  # forged: a copy of a live lease, not the object acquire returned
+                lease_key = int(second) if second else None
+                self._report(
+                    Stale(first, None, "", {"op": first, "lease_id": lease_key, "forged": kind == "forged", **trace})
+                )
+            elif kind == "close":
+                self._report(Closed(trace))
+            else:  # drain
+                self._report(Drained(trace))
+
+    def _expected_event(self, expected: _Expected, trace: Trace | None) -> Event:
+        """The event of a trigger this call made on one of this instance's leases."""
+        trigger, lease, model = expected
+        if model is None:
+            model = self._lease_model(lease.lease_id, trigger)
+        if trigger == "lease":
+            return Leased(model, lease, trace)
+        if trigger == "extend":
+            return Extended(model, trace)
+        if trigger == "ack":
+            self._forget(lease.ref)
+            return Settled(model, "ack", lease.ref, trace)
+        return Settled(model, "fail", None, trace)
+
+    def _report_unmatched(self, expected: dict[str, _Expected]) -> None:
+        """Report what the server did not (an untraced call gets no events for its own triggers)."""
+        for entry in expected.values():
+            self._report(self._expected_event(entry, None))
+
+    def _release(self, ref: SampleRef) -> None:
+        self._forget(ref)
+        self._report(Released(ref))
+
+    def _forget(self, ref: SampleRef) -> None:
+        """This instance's store is about to scrub ``ref``: remember it as settled, no longer as put here."""
+        if self._dedup_window:
+            self._settled[ref.sample_id] = None
+            self._settled.move_to_end(ref.sample_id)
+            if len(self._settled) > self._dedup_window:
+                self._settled.popitem(last=False)
+        self._mine.pop(ref.sample_id, None)
+        self._sent.pop(self._wire.pop(ref.sample_id, b""), None)
+
+
+def _refusal(status: str, ref: SampleRef, outcome: object) -> Exception:
+    """``put``'s error for a refusal the server reported."""
+    if status == "closed":
+        return errors.QueueClosed(ref.sample_id)
+    if status == "held":
+        return errors.DuplicateSample(ref.sample_id)
+    if status == "kept":
+        return errors.KeptDeadLetter(ref.sample_id)
+    return errors.SettledSample(ref.sample_id, _text(outcome))
 
 
 class RedisSampleRefQueue(FrontEnd):
@@ -207,7 +745,7 @@ class RedisSampleRefQueue(FrontEnd):
 
     # The server-side library this class calls (a test subclass may swap in a seeded defect).
     _library: functions.Library = functions.LIBRARY
-    _max_batch = functions.MAX_BATCH
+    _engine: RedisEngine
 
     def __init__(
         self,
@@ -233,8 +771,7 @@ class RedisSampleRefQueue(FrontEnd):
         if clock is not None and not callable(clock):
             raise TypeError(f"clock must be a callable returning seconds or None, got {clock!r}")
         check_seconds("reconnect_timeout", reconnect_timeout)
-        if not isinstance(name, str) or not name or "{" in name or "}" in name:
-            raise ValueError(f"name must be a non-empty str without braces (it becomes a key hash tag), got {name!r}")
+        _check_name(name)
         if url is not None and client is not None:
             raise ValueError("pass either url or client, not both")
         if client is not None and not isinstance(client, redis.Redis):
@@ -244,14 +781,6 @@ class RedisSampleRefQueue(FrontEnd):
             max_deliveries=max_deliveries, dedup_window=dedup_window, on_dead_letter=on_dead_letter, tracer=tracer,
             keep_dead_letter_bytes=keep_dead_letter_bytes, reaper_interval=reaper_interval,
         )  # fmt: skip
-        self._server_time = clock is None
-        self._clock: Callable[[], float] = clock if clock is not None else time.monotonic
-        self._stale_log = StaleLog(logger)
-        # Put tokens and lease tokens: this instance's random prefix and a counter (unique, and unknown to
-        # other processes; cheaper than fresh randomness per call).
-        self._token_prefix = secrets.token_hex(8)
-        self._token_counter = itertools.count()
-
         self._owns_client = client is None
         if client is None:
             client = redis.Redis.from_url(url or os.environ.get("FEATURESTREAM_REDIS_URL", DEFAULT_REDIS_URL))
@@ -259,35 +788,15 @@ class RedisSampleRefQueue(FrontEnd):
         self._link = Link(client, name, self._library, reconnect_timeout)
         self._redis: redis.Redis = client
         self._key = self._link.key
-        self._retrying = self._link.retrying
-        # The header's fixed middle and end (see _header; the feed cursor goes between them).
-        self._settings = f"\t{max_deliveries}\t{dedup_window}\t"
-        self._trace_flag = "\t1" if tracer is not None else "\t"
-        # A traced call's events carry their state as a fourth item (see functions).
-        self._event_width = 4 if tracer is not None else 3
-        # Traced instances: the queue's state as this instance last saw it reported (pending, outstanding, now), which
-        # the events it traces itself (StoreFault, ScrubRetried) carry, as the in-process queue's carry its state.
-        self._seen_state: dict[str, object] = {}
-        self._issued: weakref.WeakValueDictionary[int, RedisLease] = weakref.WeakValueDictionary()
-        # Lease id -> its lease machine model, for the leases this instance was issued (and, briefly, settled:
-        # so a second settle the server reports names the state the first left). See _lease_model.
-        self._models: dict[int, _LeaseModel] = {}
-        # Samples this instance put and has not seen settled; their settles elsewhere arrive on the feed.
-        self._mine: dict[str, SampleRef] = {}
-        # The same samples by the exact wire bytes this instance sent: leasing one of them back skips the decode
-        # (identical bytes decode to an equal ref; the in-process queue hands out the very object put, too).
-        self._sent: dict[bytes, SampleRef] = {}
-        self._wire: dict[str, bytes] = {}
-        # Ids this instance saw settled, newest last (at most dedup_window): a re-put of one is asked of the server
-        # before the store is touched, as the in-process queue refuses it from its dedup window.
-        self._settled: collections.OrderedDict[str, None] = collections.OrderedDict()
-        # The clock value the last call sent (None: the server's TIME), so a lease's deadline needs no reply field.
-        self._sent_now: float | None = None
-        self._producing = False
         self._ledger: RedisTrainingLedger | None = None
         store_uri = getattr(store, "store_uri", "") if not isinstance(store, _NoStore) else ""
-        reply = (_text(v) for v in self._run("init", keep_dead_letter_bytes, store_uri))
-        layout, *stored, pinned, self._feed_cursor = reply
+        engine = RedisEngine(
+            self._report, self._link, name, traced=tracer is not None, clock=clock, visibility_timeout=self._vt,
+            max_deliveries=max_deliveries, dedup_window=dedup_window, keep_dead_letter_bytes=keep_dead_letter_bytes,
+            store_uri=None if isinstance(store, _NoStore) else getattr(store, "store_uri", None),
+            owes_scrub=self._owes_scrub,
+        )  # fmt: skip
+        layout, *stored, pinned = engine.init(keep_dead_letter_bytes, store_uri)
         if layout != functions.LAYOUT:
             raise ValueError(
                 f"queue {name!r} on Redis has key layout {layout!r}; this version reads layout {functions.LAYOUT!r} "
@@ -303,247 +812,7 @@ class RedisSampleRefQueue(FrontEnd):
             )
         if store_uri and pinned != store_uri:
             raise errors.StoreMismatch(name, pinned, store_uri)
-        self.keep_dead_letter_bytes = keep_dead_letter_bytes
-        if reaper_interval is not None:
-            start_reaper(self, reaper_interval, self._reaper_stop, name="featurestream-redis-reaper")
-
-    # -- producer side ----------------------------------------------------
-    def put(self, ref: SampleRef) -> None:
-        """Enqueue ``ref`` at the tail; never blocks on backpressure.
-
-        Raises ``TypeError`` for a non-ref, ``ValueError`` for a ref of another
-        store, an id already queued, recently acked/dead (in any process) or
-        still owed a scrub here, ``RuntimeError`` once closed, and the store's
-        error type when its ``retain`` fails. A refused put changes nothing.
-        Retried transparently while Redis is unreachable (idempotent: a put
-        whose reply was lost is not refused as its own duplicate).
-        """
-        self._check_ref(ref)
-        with self._op:
-            self._admit(ref)
-
-    def put_many(self, refs: Iterable[SampleRef]) -> None:
-        """Enqueue every ref of ``refs``, in order, in one server call: all of them or none.
-
-        Refused as a whole (changing nothing) when any single ``put`` would be
-        refused -- the error is the one that ``put`` raises, naming the first
-        offending sample -- and with ``ValueError`` when an id repeats.
-        """
-        batch = _batch("refs", refs)
-        for ref in batch:
-            self._check_ref(ref)
-        seen: set[str] = set()
-        for ref in batch:
-            if ref.sample_id in seen:
-                raise errors.RepeatedInBatch(ref.sample_id)
-            seen.add(ref.sample_id)
-        if not batch:
-            return
-        with self._op:
-            self._put_batch_locked(batch)
-
-    # -- consumer side ----------------------------------------------------
-    def ack(self, lease: Lease) -> bool:
-        """Mark ``lease``'s sample consumed: never delivered again; this process's store scrubs it.
-
-        Returns ``True`` when this ack settled the sample, ``False`` when the
-        lease was stale (reclaimed, already settled, copied, or from another
-        queue or process): then nothing changed, and the rejection is logged
-        once per lease. ``TypeError`` for anything that is not a ``Lease``.
-        The ack stands even when the store's ``scrub`` fails: the scrub is owed
-        and retried, and ``ack`` returns ``True``.
-        """
-        check_lease(lease, "ack")
-        return self._settle_batch("ack", [lease])[0]
-
-    def ack_many(self, leases: Iterable[Lease]) -> None:
-        """``ack`` every lease of ``leases`` in one server call; each stale one is rejected on its own.
-
-        ``TypeError`` (acking none of them) when any item is not a ``Lease``.
-        """
-        self._settle_batch("ack", _batch("leases", check_leases(leases, "ack_many")))
-
-    def fail(self, lease: Lease) -> bool:
-        """Give ``lease``'s sample back: redelivered from the tail, or dead once deliveries are spent.
-
-        Returns ``True`` when this fail took effect, ``False`` for a stale
-        lease (nothing changed; logged once per lease); ``TypeError`` for a
-        non-lease.
-        """
-        check_lease(lease, "fail")
-        return self._settle_batch("fail", [lease])[0]
-
-    def fail_many(self, leases: Iterable[Lease]) -> None:
-        """``fail`` every lease of ``leases`` in one server call; each stale one is rejected on its own.
-
-        ``TypeError`` (failing none of them) when any item is not a ``Lease``.
-        """
-        self._settle_batch("fail", _batch("leases", check_leases(leases, "fail_many")))
-
-    def lose(self, lease: Lease) -> bool:
-        """The store lost ``lease``'s sample (``SampleLostError``): dead-letter it now, reason ``lost``.
-
-        No redelivery could serve bytes that are gone, so none is made, whatever deliveries are left, and the
-        dead letter's bytes are never kept. Returns ``False`` for a stale lease (nothing changed).
-        """
-        check_lease(lease, "lose")
-        return self._settle_batch("fail", [lease], function="lose")[0]
-
-    def extend(self, lease: Lease, seconds: float | None = None) -> None:
-        """Push ``lease.deadline`` to now + ``seconds`` (default: the visibility timeout).
-
-        Raises ``LeaseLost`` when the lease is not live, ``TypeError`` for a
-        non-lease, ``ValueError`` for a non-positive or non-finite ``seconds``.
-        """
-        check_lease(lease, "extend")
-        extra = self._vt.seconds if seconds is None else seconds
-        check_seconds("seconds", extra, positive=True)
-        key, token, _ = self._proof(lease)
-        with self._op:
-            status, reply_events, *rest = self._run("extend", key, token, repr(float(extra)))
-            self._apply(reply_events)
-            if _text(status) == "ok":
-                fire(LEASE_MACHINE, "extend", self._lease_model(lease.lease_id, "extend"))
-                lease.deadline = self._local_deadline(rest[0], rest[1])
-                return
-            if token:
-                self._lost(lease.lease_id)
-            raise errors.LeaseLost(lease)
-
-    def reclaim_expired(self) -> int:
-        """Redeliver (or dead-letter) every lease past its deadline, whoever held it; return how many."""
-        total = 0
-        while True:
-            with self._op:
-                _, reply_events, count, *_ = self._run("reclaim")
-                self._apply(reply_events)
-            total += int(count)
-            # One call reaps at most REAP_LIMIT leases, to keep the server responsive.
-            if int(count) < functions.REAP_LIMIT:
-                return total
-
-    # -- lifecycle and introspection -----------------------------------------
-    def close(self) -> None:
-        """Refuse further puts, in every process; wake this process's blocked producers (``RuntimeError``).
-
-        ``acquire`` drains what is held, then returns ``None``.
-        """
-        with self._op:
-            _, reply_events = self._run("close")
-            self._apply(reply_events)
-            self._not_full.notify_all()
-
-    @property
-    def lifecycle_state(self) -> str:
-        """``open``, ``draining`` (closed, still holding samples) or ``drained``."""
-        state = _text(self._retrying(self._redis.hget, self._key["meta"], "state"))
-        if state == "drained" and not self._owed:
-            self._reaper_stop.set()
-        return state
-
-    def training_ledger(self) -> RedisTrainingLedger:
-        """The queue's training ledger (``docs/resume.md``): keys in this queue's namespace, as durable as it."""
-        with self._lock:
-            if self._ledger is None:
-                self._ledger = RedisTrainingLedger(self._redis, self._link.prefix, self._retrying, self._holds)
-            return self._ledger
-
-    def _holds(self, sample_ids: Sequence[str]) -> set[str]:
-        """Which of ``sample_ids`` the queue holds (pending or leased, put by any process); raises when Redis
-        cannot tell."""
-        if not sample_ids:
-            return set()
-        found = self._retrying(self._redis.hmget, self._key["refs"], list(sample_ids))
-        return {sample_id for sample_id, value in zip(sample_ids, found, strict=True) if value is not None}
-
-    # The reads below first retry what this instance owes its store, as every call does (no callbacks, no gc).
-    def pending_count(self) -> int:
-        """Samples waiting to be leased."""
-        with observing(self):
-            return _pending(self._retrying(self._redis.hgetall, self._key["stats"]))
-
-    def outstanding_count(self) -> int:
-        """Samples currently leased."""
-        with observing(self):
-            return int(self._retrying(self._redis.hlen, self._key["leases"]))
-
-    def dead_letters(self, newest: int | None = None) -> list[DeadLetter]:
-        """Samples whose deliveries were spent, oldest first; only the ``newest`` ones when it is given.
-
-        ``newest`` reads (and decodes) just those: O(newest), not O(dead letters). ``ValueError`` naming a
-        ``newest`` that is no int >= 0.
-        """
-        check_count("newest", newest, allow_none=True)
-        if newest == 0:  # LRANGE -0 -1 would be every letter
-            return []
-        with observing(self):
-            letters = self._retrying(self._redis.lrange, self._key["dead"], -newest if newest else 0, -1)
-        return [dead_letter_from_json(raw) for raw in letters]
-
-    def requeue_dead_letters(self, sample_ids: Iterable[str] | None = None) -> list[str]:
-        """Send the dead letters ``sample_ids`` (``None``: all) back to the tail with a fresh delivery budget.
-
-        One atomic server call, all or nothing: ``LookupError`` naming an id that is no dead letter,
-        ``ValueError`` naming one whose bytes were not kept (``keep_dead_letter_bytes`` off, or over its cap)
-        or that is queued again, or when the queue is drained; then nothing changed. A requeued sample leaves
-        the dead letters and the dedup window (it was never acked) and is delivered again from
-        ``redelivery_count`` 0; its bytes were retained all along. Returns the requeued ids, oldest dead first.
-        """
-        ids = _sample_ids(sample_ids)
-        with self._op:
-            status, reply_events, detail = self._run("requeue", self._token(), *ids)
-            self._apply(reply_events)
-        status = _text(status)
-        if status == "ok":
-            return [_text(sample_id) for sample_id in detail]
-        sample_id = _text(detail)
-        if status == "unknown":
-            raise errors.NotDeadLetter(sample_id, "requeued", self.name)
-        if status == "gone":
-            raise errors.DeadLetterNotKept(sample_id, self.keep_dead_letter_bytes)
-        if status == "held":
-            raise errors.DeadLetterQueued(sample_id)
-        raise errors.QueueDrained(self.name)
-
-    def purge_dead_letters(self, sample_ids: Iterable[str] | None = None) -> list[str]:
-        """Drop the dead letters ``sample_ids`` (``None``: all) for good; return their ids, oldest dead first.
-
-        One atomic server call, all or nothing: ``LookupError`` naming an id that is no dead letter, and then
-        nothing changed. Kept bytes are released: scrubbed in this process's store (if it has one) and, through
-        the settle feed, by the producing instance's store on its next put or backpressure poll.
-        """
-        ids = _sample_ids(sample_ids)
-        with self._op:
-            status, reply_events, *rest = self._run("purge", *ids)
-            self._apply(reply_events)
-            if _text(status) == "ok":
-                purged, released = rest
-                if not isinstance(self._store, _NoStore):
-                    for ref_json in released:
-                        ref = ref_from_json(ref_json)
-                        if ref.store_uri == getattr(self._store, "store_uri", ref.store_uri):
-                            self._scrub(ref)
-                return [_text(sample_id) for sample_id in purged]
-        raise errors.NotDeadLetter(_text(rest[0]), "purged", self.name)
-
-    def oldest_lease_age(self) -> float | None:
-        """Seconds since the oldest live lease was issued (by the Redis server's clock), ``None`` when none is out.
-
-        Read from the live lease records (each holds the server's ``TIME`` when it was leased): O(live leases).
-        """
-
-        def read() -> tuple[list[Any], float]:
-            with self._redis.pipeline(transaction=True) as pipe:
-                pipe.hvals(self._key["leases"])
-                pipe.time()
-                records, (seconds, micros) = pipe.execute()
-            return records, seconds + micros / 1e6
-
-        records, server_now = self._retrying(read)
-        if not records:
-            return None
-        issued = min(lease_issued(record) for record in records)
-        return max(0.0, server_now - issued)
+        self._start(engine, "featurestream-redis-reaper")
 
     @classmethod
     def open(cls, url: str, name: str, *, reconnect_timeout: float = 30.0) -> RedisSampleRefQueue:
@@ -556,8 +825,7 @@ class RedisSampleRefQueue(FrontEnd):
         """
         if not isinstance(url, str):
             raise TypeError(f"url must be a redis:// URL str, got {url!r}")
-        if not isinstance(name, str) or not name or "{" in name or "}" in name:
-            raise ValueError(f"name must be a non-empty str without braces (it becomes a key hash tag), got {name!r}")
+        _check_name(name)
         check_seconds("reconnect_timeout", reconnect_timeout)
         client = redis.Redis.from_url(url)
         try:
@@ -577,23 +845,16 @@ class RedisSampleRefQueue(FrontEnd):
             max_deliveries=max_deliveries, dedup_window=dedup_window, keep_dead_letter_bytes=keep,
         )  # fmt: skip
 
-    def stats(self) -> QueueStats:
-        """A consistent snapshot of the queue-wide counters and gauges (one MULTI/EXEC).
+    def training_ledger(self) -> RedisTrainingLedger:
+        """The queue's training ledger (``docs/resume.md``): keys in this queue's namespace, as durable as it."""
+        with self._lock:
+            if self._ledger is None:
+                self._ledger = RedisTrainingLedger(self._redis, self._link.prefix, self._link.retrying, self._holds)
+            return self._ledger
 
-        ``store_errors`` and ``scrub_backlog`` are this instance's: store faults happen in a process's own store.
-        """
-        with observing(self):
-            counters, outstanding = self._link.snapshot()
-            values = {_text(k): int(v) for k, v in counters.items()}
-            values.update(store_errors=self._store_errors, scrub_backlog=len(self._owed))
-        values.update(pending=_pending(counters), outstanding=int(outstanding))
-        return QueueStats(**{field.name: values.get(field.name, 0) for field in dataclasses.fields(QueueStats)})
-
-    def lease_state_counts(self) -> dict[str, int]:
-        """How many leases sit in each live state, queue-wide."""
-        with observing(self):
-            counters, outstanding = self._link.snapshot()
-        return {"pending": _pending(counters), "leased": int(outstanding)}
+    def _holds(self, sample_ids: Sequence[str]) -> set[str]:
+        """Which of ``sample_ids`` the queue holds (pending or leased, put by any process)."""
+        return self._engine.held(sample_ids)
 
     def disconnect(self) -> None:
         """Stop this instance's reaper and close its connections (when it made them); the queue stays in Redis."""
@@ -602,25 +863,6 @@ class RedisSampleRefQueue(FrontEnd):
         if self._owns_client:
             self._redis.close()
 
-    # -- talking to the server -------------------------------------------------
-    def _run(self, script: str, *args: str | int | bytes) -> Any:
-        """Call one library function with the shared header (see ``_header``)."""
-        return self._link.call(script, self._header, *args)
-
-    def _header(self, script: str) -> str:
-        """``now`` (empty: the server's TIME), max_deliveries, dedup_window, the feed cursor, the trace flag."""
-        if self._server_time:
-            self._sent_now = None
-            now = ""
-        else:
-            self._sent_now = float(self._clock())
-            now = repr(self._sent_now)
-        if self._producing and script in _FEEDING:
-            # Holding no unsettled puts, this instance needs no settles from before now, only the newest id.
-            return f"{now}{self._settings}{self._feed_cursor if self._mine else '$'}{self._trace_flag}"
-        return f"{now}{self._settings}{self._trace_flag}"
-
-    # -- producer internals (lock held) ------------------------------------------
     def _require_store(self) -> None:
         if isinstance(self._store, _NoStore):
             raise RuntimeError(
@@ -628,380 +870,10 @@ class RedisSampleRefQueue(FrontEnd):
                 "feature store, so it neither puts nor leases"
             )
 
-    def _retain_batch(self, batch: list[SampleRef]) -> None:
-        """Retain every sample of ``batch`` before any becomes visible, or none: a consumer in another process
-        may lease, get and release one at once, and its store must then find it retained."""
-        for index, ref in enumerate(batch):
-            try:
-                self._store.retain(ref)
-            except Exception as exc:
-                self._store_fault("retain", ref.sample_id, exc)
-                self._reap()
-                # Undo the retains (one that failed halfway must not pin the bytes either), except of ids the
-                # queue holds: those retains belong to the queued samples.
-                attempted = batch[: index + 1]
-                held = self._held_ids([retained.sample_id for retained in attempted])
-                for retained in attempted:
-                    if retained.sample_id not in held:
-                        self._owe("unretain", retained)
-                raise errors.store_error(exc, f"put of sample {ref.sample_id!r} refused, nothing enqueued") from exc
-        for ref in batch:
-            self._owed.pop(ref.sample_id, None)  # an unretain owed for an earlier refused put would undo this one
-        self._producing = True
 
-    def _known(self, sample_id: str) -> bool:
-        """Whether this instance put ``sample_id`` before (held, settled, or owed a scrub)."""
-        return sample_id in self._mine or sample_id in self._settled or self._owes_scrub(sample_id)
-
-    def _owes_scrub(self, sample_id: str) -> bool:
-        owed = self._owed.get(sample_id)
-        return owed is not None and owed[0] == "scrub"
-
-    def _reap(self) -> None:
-        """Reap due leases: a put refused before it reaches the server still reaps, as every queue call does."""
-        _, reply_events, *_ = self._run("reclaim")
-        self._apply(reply_events)
-
-    def _held_ids(self, sample_ids: list[str]) -> set[str]:
-        """Which of ``sample_ids`` the queue holds (pending or leased, put by any process); all of them when
-        Redis cannot tell (un-retaining a queued sample would lose it, keeping an unqueued one only pins it)."""
-        try:
-            return self._holds(sample_ids)
-        except redis.RedisError:
-            logger.warning("could not tell which of %r the queue holds; their retains stay", sample_ids)
-            return set(sample_ids)
-
-    def _admit(self, ref: SampleRef, health: StoreHealth | None = None, *, if_idle: bool = False) -> bool:
-        """Put ``ref``; with ``if_idle`` only into an empty queue (``False``: it was not, nothing changed).
-
-        ``health``: the store read this put was decided on (``put_blocks_until_below``), traced with its Put.
-        """
-        if self._known(ref.sample_id):
-            self._check_puts([ref])
-        self._check_resident(ref)
-        self._retain_batch([ref])
-        wire = ref_to_json(ref).encode()
-        status, reply_events, *rest = self._run("put", ref.sample_id, wire, self._token(), "idle" if if_idle else "")
-        self._apply(reply_events, put_health=health)
-        status = _text(status)
-        if status == "ok":
-            self._remember(ref, wire)
-            if rest:
-                self._settled_since(ref, rest[0])
-            return True
-        if status == "busy":
-            self._owe("unretain", ref)
-            return False
-        held = bool(int(rest[0])) if status == "closed" else status in ("held", "kept")
-        self._refuse(status, ref, held=held, outcome=rest)
-
-    def _put_batch_locked(self, batch: list[SampleRef]) -> None:
-        if any(self._known(ref.sample_id) for ref in batch):
-            self._check_puts(batch)
-        for ref in batch:
-            self._check_resident(ref)
-        self._retain_batch(batch)
-        wires = [ref_to_json(ref).encode() for ref in batch]
-        items: list[str | bytes] = []
-        for ref, wire in zip(batch, wires, strict=True):
-            items += [ref.sample_id, wire]
-        status, reply_events, *rest = self._run("put_many", self._token(), *items)
-        self._apply(reply_events)
-        status = _text(status)
-        if status == "ok":
-            for ref, wire in zip(batch, wires, strict=True):
-                self._remember(ref, wire)
-            for ref, settled in zip(batch, rest[0] if rest else (), strict=False):
-                self._settled_since(ref, settled)
-            return
-        offender, outcome, held = rest
-        offending = next((ref for ref in batch if ref.sample_id == _text(offender)), batch[0])
-        for ref, flag in zip(batch, held, strict=True):
-            if not int(flag) and ref is not offending:
-                self._owe("unretain", ref)
-        self._refuse(status, offending, held=bool(int(held[batch.index(offending)])), outcome=[outcome])
-
-    def _check_puts(self, batch: list[SampleRef]) -> None:
-        """Before retaining ids this instance put already, or still owes a scrub: the server refuses them first
-        (closed, queued, in the dedup window -- counted there) without any store call, as the in-process queue
-        does; an id that passes but is owed a scrub is refused here. One extra call, on re-puts only."""
-        items = [part for ref in batch for part in (ref.sample_id, "")]
-        status, reply_events, *rest = self._run("put_many", "?" + self._token(), *items)
-        self._apply(reply_events)
-        status = _text(status)
-        if status != "fresh":
-            offending = next((ref for ref in batch if ref.sample_id == _text(rest[0])), batch[0])
-            self._refuse(status, offending, held=True, outcome=[rest[1]])  # nothing was retained: nothing to undo
-        owed = next((ref for ref in batch if self._owes_scrub(ref.sample_id)), None)
-        if owed is not None:
-            raise errors.ScrubOwed(owed.sample_id)
-
-    def _refuse(self, status: str, ref: SampleRef, *, held: bool, outcome: list[Any]) -> NoReturn:
-        """Raise ``put``'s error for a refusal; un-retain the sample unless the queue holds one of that id."""
-        if not held:
-            self._owe("unretain", ref)
-        if status == "closed":
-            raise errors.QueueClosed(ref.sample_id)
-        if status == "held":
-            raise errors.DuplicateSample(ref.sample_id)
-        if status == "kept":
-            raise errors.KeptDeadLetter(ref.sample_id)
-        raise errors.SettledSample(ref.sample_id, _text(outcome[0]))
-
-    def _settled_since(self, ref: SampleRef, settled: object) -> None:
-        """A retried put whose first run's reply was lost: the server says whether the sample settled since
-        (``functions``' ``settled_since``). Its settle was fed before this instance knew the sample was its own,
-        so this is where its store learns it; a dead letter whose bytes are kept stays retained."""
-        if int(settled) == 1:
-            self._scrub(ref)
-
-    def _token(self) -> str:
-        """A fresh token (the server appends an item number to it for the leases or puts of a batch)."""
-        return f"{self._token_prefix}{next(self._token_counter)}."
-
-    def _remember(self, ref: SampleRef, wire: bytes) -> None:
-        self._mine[ref.sample_id] = ref
-        self._sent[wire] = ref
-        self._wire[ref.sample_id] = wire
-
-    def _put_flowing(self, ref: SampleRef) -> bool:
-        """Flowing and staying so: put at once, as the put function itself reaps and checks the lifecycle."""
-        backpressure = self._backpressure
-        health = self._read_health(ref) if backpressure.state == "flowing" else None
-        if health is not None and not backpressure.should_pause(health):
-            self._admit(ref, health)
-            return True
-        return False
-
-    def _put_round(self, ref: SampleRef) -> bool:
-        """Like the in-process queue: reap, refuse once closed, and only then move the hysteresis."""
-        _, reaped_events, _, state, held, left = self._run("reclaim")
-        self._apply(reaped_events)
-        if left:  # traced: the state the reclaim left, which this round's own events report
-            self._seen_state = event_state(left)
-        if self._owed:  # a scrub the reap just owed: retry it before judging residency
-            self._pay_owed()
-        if _text(state) != "open":
-            raise errors.QueueClosed(ref.sample_id)
-        return bool(int(held))
-
-    def _after_health_fault(self) -> None:
-        self._reap()  # the call still reaps (the fast path reads health before its put would have)
-
-    def _count_pause(self) -> None:
-        self._retrying(self._redis.hincrby, self._key["stats"], "producer_pauses", 1)
-
-    # -- consumer internals ------------------------------------------------------
-    def _lease_up_to(self, n: int, wait: float) -> list[RedisLease]:
-        """Up to ``n`` leases from one server call, waiting server-side up to ``wait`` seconds for the first."""
-        self._require_store()
-        give_up = time.monotonic() + wait
-        remaining = wait
-        while True:
-            base = self._token()
-            with self._op:
-                # the server registers this wait, so a put (in any process) while it lasts wakes it
-                vt = repr(float(self._vt.seconds))
-                status, reply_events, *rest = self._run("acquire", vt, base, n, repr(float(remaining)))
-                self._apply(reply_events)
-                status = _text(status)
-                if status == "ok":
-                    return self._issue(rest, base)
-                if status == "drained":
-                    return []
-            remaining = give_up - time.monotonic()
-            if remaining <= 0:
-                return []
-            last_wake, until_deadline = (_text(v) for v in rest)
-            block = remaining
-            if until_deadline:
-                block = min(block, max(float(until_deadline), 0.0))
-            # BLOCK 0 would mean forever: wait at least a millisecond.
-            block_ms = max(1, math.ceil(block * 1000))
-            self._retrying(self._redis.xread, {self._key["wake"]: last_wake}, count=1, block=block_ms)
-            remaining = max(0.0, give_up - time.monotonic())
-
-    def _issue(self, reply: list[Any], base: str) -> list[RedisLease]:
-        """Leases from the server's ``key, n, ref`` triples; lease i (from 1) has token ``base + str(i)``."""
-        # The server's deadline is the now it used plus vt: this process's clock, or exactly the now we sent.
-        deadline = (self._clock() if self._sent_now is None else self._sent_now) + self._vt.seconds
-        leases = []
-        for index in range(0, len(reply), 3):
-            key, n, ref_json = reply[index : index + 3]
-            ref = self._sent.get(ref_json)
-            lease = RedisLease(
-                ref=ref if ref is not None else ref_from_json(ref_json),
-                deadline=deadline,
-                visibility_timeout=self._vt,
-                redelivery_count=int(n),
-                lease_id=int(key),
-                token=f"{base}{index // 3 + 1}",
-            )
-            self._issued[lease.lease_id] = lease
-            model = self._models.get(lease.lease_id)
-            if model is None:
-                model = self._models[lease.lease_id] = _LeaseModel(lease.lease_id, lease.ref.sample_id)
-            fire(LEASE_MACHINE, "lease", model)
-            leases.append(lease)
-        if len(self._models) > 2 * len(self._issued) + 1024:
-            self._prune_models()
-        return leases
-
-    def _prune_models(self) -> None:
-        """Forget the models of settled leases and of leases whose object is gone (nothing can settle those
-        here any more): the leased ones still issued stay."""
-        issued = self._issued
-        self._models = {
-            lease_id: model
-            for lease_id, model in self._models.items()
-            if model.state == "leased" and lease_id in issued
-        }
-
-    def _lease_model(self, lease_id: int, trigger: str) -> _LeaseModel:
-        """The model of a lease this instance was issued, for ``trigger`` the server reported on it; a lease it
-        holds no model of cannot have been settled or extended by it: ``IllegalTransition``."""
-        model = self._models.get(lease_id)
-        if model is None:
-            raise errors.IllegalTransition(LEASE.name, f"lease {lease_id}", "not issued to this instance", trigger)
-        return model
-
-    def _lost(self, lease_id: int) -> None:
-        """The server refused this instance's own proof of a lease its model holds as leased: some call this
-        instance did not see reclaimed it."""
-        model = self._models.get(lease_id)
-        if model is not None and model.state == "leased":
-            fire(LEASE_MACHINE, "reclaim", model)
-
-    def _reclaimed(self, lease_id: int, sample_id: str) -> None:
-        """A reclaim the server reported: of a lease this instance holds, or of another instance's (which can only
-        have been leased), as far as this instance learns of it."""
-        model = self._models.get(lease_id) or _LeaseModel(lease_id, sample_id, "leased")
-        fire(LEASE_MACHINE, "reclaim", model)
-
-    def _proof(self, lease: object) -> tuple[str, str, str]:
-        """(lease key, token, sample id) to present to the server; the token is empty unless ``lease``
-        is the very object this instance issued, so copies and foreign leases are rejected as stale."""
-        lease_id = getattr(lease, "lease_id", None)
-        if type(lease_id) is not int:
-            return "", "", ""
-        sample_id = getattr(getattr(lease, "ref", None), "sample_id", "")
-        issued = self._issued.get(lease_id)
-        token = issued.token if issued is lease and issued is not None else ""
-        return f"{lease_id:016d}", token, sample_id if isinstance(sample_id, str) else ""
-
-    def _settle_batch(self, trigger: str, leases: list[Any], function: str | None = None) -> list[bool]:
-        """Ack or fail ``leases`` in one server call (``function``, default ``trigger``); each is settled or
-        rejected as stale on its own.
-
-        Returns, per lease, whether it took effect."""
-        if not leases:
-            return []
-        proofs, seen = [], set()
-        for lease in leases:
-            key, token, sample_id = self._proof(lease)
-            # A lease repeated in the batch: its second settle is stale, as a second ack() would be.
-            proofs.append((key, token if key not in seen else "", sample_id))
-            seen.add(key)
-        with self._op:
-            parts = (part for proof in proofs for part in proof)
-            statuses, reply_events = self._run(function or trigger, *parts)
-            texts = [_text(raw) for raw in statuses]
-            # Acked samples are scrubbed at their "ack" event (traced calls get one), so a failed scrub is traced
-            # right after its Ack, before a Drain the same call caused; untraced calls scrub them after.
-            settled = zip(leases, proofs, texts, strict=True)
-            acked = {key: lease.ref for lease, (key, _, _), status in settled if status == "ok" and trigger == "ack"}
-            self._apply(reply_events, acked)
-            for ref in acked.values():
-                self._scrub(ref)
-            for lease, (_, token, sample_id), status in zip(leases, proofs, texts, strict=True):
-                if status == "ok" or status == "again":
-                    fire(LEASE_MACHINE, trigger, self._lease_model(lease.lease_id, trigger))
-                elif token:
-                    self._lost(lease.lease_id)
-                if token:
-                    self._issued.pop(lease.lease_id, None)
-                # A fail that dead-letters is scrubbed through its "dead" event; "again" is a retried settle
-                # whose first run's reply (and events) was lost: acked, or failed into the dead letters.
-                if status == "again":
-                    self._trace(_ACTIONS[trigger], sample_id=sample_id, lease_id=lease.lease_id)
-                    if trigger == "fail":
-                        self._trace(_ACTIONS["dead"], sample_id=sample_id)
-                    self._scrub(lease.ref)
-                elif status != "ok":
-                    why = "it was settled or reclaimed already" if token else _NOT_ISSUED_HERE
-                    self._stale_log.rejected(trigger, lease, why)
-        return [status in ("ok", "again") for status in texts]
-
-    def _local_deadline(self, deadline: object, now: object) -> float:
-        """A server deadline in this process's clock: exact under an injected clock, offset from TIME otherwise."""
-        if self._server_time:
-            return self._clock() + (float(_text(deadline)) - float(_text(now)))
-        return float(_text(deadline))
-
-    # -- the server's events, store calls, callbacks -------------------------------
-    def _apply(
-        self, reply_events: list[Any], acked: dict[str, SampleRef] | None = None, put_health: StoreHealth | None = None
-    ) -> None:
-        """Trace the server's events in order, scrub settled samples here, queue the dead-letter callbacks.
-
-        ``acked``: lease key -> ref of this call's acks, scrubbed (and removed) at their "ack" event;
-        ``put_health``: the store read a put was decided on, whose resident bytes its Put reports. Called
-        inside ``self._op`` (lock held), so one instance's trace follows the server's order. A store fault while
-        scrubbing is owed, never raised: it belongs to a sample, not to this caller.
-        """
-        width = self._event_width
-        for index in range(0, len(reply_events), width):
-            kind, first, second = (_text(v) for v in reply_events[index : index + 3])
-            action = _ACTIONS.get(kind, kind)
-            values = event_state(reply_events[index + 3]) if width == 4 and kind != "retired" else {}
-            if values:
-                self._seen_state = {name: values[name] for name in ("pending", "outstanding", "now")}
-            if kind in ("lease", "extend", "ack", "fail", "reclaim"):
-                if kind == "reclaim":
-                    self._reclaimed(int(second), first)
-                self._trace(action, sample_id=first, lease_id=int(second), **values)
-                if kind == "ack" and acked and second in acked:
-                    self._scrub(acked.pop(second))
-            elif kind == "put" and put_health is not None:
-                self._trace(action, sample_id=first, resident_bytes=put_health.resident_bytes, **values)
-            elif kind in ("put", "dedup", "requeue", "purge"):
-                self._trace(action, sample_id=first, **values)
-            elif kind in ("stale", "forged"):  # forged: a copy of a live lease, not the object acquire returned
-                lease_id = int(second) if second else None
-                self._trace(action, op=first, lease_id=lease_id, forged=kind == "forged", **values)
-            elif kind == "retired":
-                self._feed_cursor = second
-                mine = self._mine.get(first)
-                if mine is not None:
-                    self._scrub(mine)
-            elif kind in ("dead", "kept"):
-                self._trace(action, sample_id=first, kept=kind == "kept", **values)
-                dead = dead_letter_from_json(second)
-                if self._on_dead_letter is not None:
-                    self._outbox.append((self._on_dead_letter, dead))
-                if kind == "dead":  # a kept one stays retained (and in _mine) until requeued and settled, or purged
-                    self._scrub(dead.ref)
-            else:  # close, drain
-                self._trace(action, **values)
-
-    def _scrubbing(self, ref: SampleRef) -> None:
-        if self.dedup_window:
-            self._settled[ref.sample_id] = None
-            self._settled.move_to_end(ref.sample_id)
-            if len(self._settled) > self.dedup_window:
-                self._settled.popitem(last=False)
-        self._mine.pop(ref.sample_id, None)
-        self._sent.pop(self._wire.pop(ref.sample_id, b""), None)
-
-    def _trace_state(self, action: str, **fields: object) -> None:
-        """Trace an event this instance makes itself (a store fault, a paid scrub, a pause or resume) with the
-        queue state its last call reported (``_seen_state``), as the in-process queue's carry its own: exact for
-        this instance, whose lock it holds since that call (another process may have changed the queue since)."""
-        self._trace(action, **fields, **self._seen_state)
-
-    def _trace(self, action: str, **fields: object) -> None:
-        if self._tracer is not None:
-            self._tracer(action, fields)
+def _check_name(name: object) -> None:
+    if not isinstance(name, str) or not name or "{" in name or "}" in name:
+        raise ValueError(f"name must be a non-empty str without braces (it becomes a key hash tag), got {name!r}")
 
 
 def list_queues(url: str, *, reconnect_timeout: float = 30.0) -> dict[str, str]:

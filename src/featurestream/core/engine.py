@@ -1,0 +1,305 @@
+"""The engine contract: the few state changes a queue backend implements under the shared front end.
+
+``featurestream.core.frontend.FrontEnd`` writes every public ``LeaseQueue`` call once: argument checks, the
+lock, the owed-call backlog, retains, backpressure, callbacks, stats and tracing, and the lease machines.
+An ``Engine`` keeps the queue's state (in this process's memory, in Redis, ...) and changes it in a handful
+of primitives. It tells the front end what each change did by *reporting events*: it calls the ``report``
+it was built with, in the order the changes happened, with one of the frozen event types below. The front
+end applies each at once: it fires the lease machine on the event's model (a trigger the table does not
+allow raises ``IllegalTransition``), traces the event, scrubs or releases the bytes the queue is done with
+(or owes the store that call), queues ``on_dead_letter`` and wakes blocked producers.
+
+An event's ``trace`` is the complete set of fields its tracer event carries (the sample, the lease, the
+queue state it left: ``n``, ``pending``, ``outstanding``, ``now``, a lease's ``deadline``), or ``None`` when
+the queue is not traced: an untraced engine builds no trace fields at all. ``model`` is a ``LeaseModel``:
+the lease-machine model of one lease, which the engine keeps as long as it can report about that lease.
+
+A new backend is an engine (a class meeting ``Engine``) plus a test module: see ``docs/architecture.md``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Protocol
+
+from featurestream.core.lease import DeadLetter, Lease
+from featurestream.core.machines import LEASE
+from featurestream.core.refs import SampleRef
+from featurestream.stores.base import StoreHealth
+
+__all__ = [
+    "Admitted",
+    "Closed",
+    "DeadLettered",
+    "DedupRefused",
+    "Drained",
+    "Engine",
+    "Event",
+    "Extended",
+    "LeaseModel",
+    "Leased",
+    "Purged",
+    "Reclaimed",
+    "Refusal",
+    "Released",
+    "Report",
+    "Requeued",
+    "Settled",
+    "Stale",
+    "Trace",
+]
+
+Trace = Mapping[str, object]
+
+
+class LeaseModel:
+    """The lease machine's model of one delivery: ``state`` is the machine's, ``lease_id`` is set once leased.
+
+    Its ``str`` names it in an ``IllegalTransition`` (``lease 7 of sample 's0'``).
+    """
+
+    __slots__ = ("lease_id", "sample_id", "state")
+
+    def __init__(self, sample_id: str, lease_id: int | None = None, state: str = LEASE.initial) -> None:
+        self.sample_id = sample_id
+        self.lease_id = lease_id
+        self.state = state
+
+    def __str__(self) -> str:
+        if self.lease_id is None:
+            return f"the delivery of sample {self.sample_id!r}"
+        return f"lease {self.lease_id} of sample {self.sample_id!r}"
+
+
+_event = dataclasses.dataclass(frozen=True, slots=True)
+
+
+@_event
+class Admitted:
+    """A sample was enqueued (traced ``Put``)."""
+
+    sample_id: str
+    trace: Trace | None
+
+
+@_event
+class DedupRefused:
+    """A put of an id the dedup window remembers was refused (traced ``DedupRefused``)."""
+
+    sample_id: str
+    trace: Trace | None
+
+
+@_event
+class Leased:
+    """``model`` was leased as ``lease`` (fires ``lease``; traced ``Acquire``)."""
+
+    model: LeaseModel
+    lease: Lease
+    trace: Trace | None
+
+
+@_event
+class Extended:
+    """``model``'s deadline moved (fires ``extend``; traced ``Extend``)."""
+
+    model: LeaseModel
+    trace: Trace | None
+
+
+@_event
+class Settled:
+    """``model`` was settled by ``trigger`` (``ack`` or ``fail``; traced ``Ack`` / ``Fail``).
+
+    ``scrub``: the sample's bytes this instance's store is now done with (an ack's). ``retried``: a retried
+    call whose first run settled the lease and whose reply (with its events) was lost; a retried fail's sample
+    was dead-lettered then (traced ``DeadLetter`` too).
+    """
+
+    model: LeaseModel
+    trigger: str
+    scrub: SampleRef | None
+    trace: Trace | None
+    retried: bool = False
+
+
+@_event
+class Reclaimed:
+    """``model``'s lease was reclaimed: past its deadline, or, for a lease this instance holds, by a call it did
+    not see (fires ``reclaim``; traced ``Reclaim`` when ``trace`` is given). The sample is redelivered, or
+    dead-lettered (a ``DeadLettered`` follows)."""
+
+    model: LeaseModel
+    trace: Trace | None
+
+
+@_event
+class DeadLettered:
+    """``letter`` joined the dead letters (traced ``DeadLetter``; runs ``on_dead_letter``); unless ``kept``,
+    this instance's store is done with its bytes."""
+
+    letter: DeadLetter
+    kept: bool
+    trace: Trace | None
+
+
+@_event
+class Stale:
+    """A settle or extend named a lease the queue does not honour (traced ``StaleRejected``).
+
+    ``lease`` and ``why``: the lease to log as rejected (once per lease), when the engine knows it.
+    """
+
+    op: str
+    lease: Lease | None
+    why: str
+    trace: Trace | None
+
+
+@_event
+class Released:
+    """This instance's store is done with ``ref``'s bytes (settled elsewhere, purged): scrub it."""
+
+    ref: SampleRef
+
+
+@_event
+class Requeued:
+    """A kept dead letter went back to the tail (traced ``RequeueDeadLetter``)."""
+
+    sample_id: str
+    trace: Trace | None
+
+
+@_event
+class Purged:
+    """A dead letter was dropped for good (traced ``PurgeDeadLetter``); kept bytes follow as ``Released``."""
+
+    sample_id: str
+    trace: Trace | None
+
+
+@_event
+class Closed:
+    """The queue was closed (traced ``Close``): blocked producers wake to their ``QueueClosed``."""
+
+    trace: Trace | None
+
+
+@_event
+class Drained:
+    """The closed queue holds nothing any more (traced ``Drain``): the reaper stops once nothing is owed."""
+
+    trace: Trace | None
+
+
+Event = (
+    Admitted
+    | DedupRefused
+    | Leased
+    | Extended
+    | Settled
+    | Reclaimed
+    | DeadLettered
+    | Stale
+    | Released
+    | Requeued
+    | Purged
+    | Closed
+    | Drained
+)
+Report = Callable[[Event], None]
+
+
+@_event
+class Refusal:
+    """A put the engine refused after the front end retained its samples: ``error`` to raise (``None``: an
+    ``if_idle`` put into a queue that holds samples, which is no error), and the refs to un-retain (those whose
+    id the queue does not hold: a held id's retain belongs to the queued sample)."""
+
+    error: Exception | None
+    unretain: tuple[SampleRef, ...]
+
+
+class Engine(Protocol):
+    """What a queue backend implements: the queue's state and its primitive changes.
+
+    The front end calls every method with its lock held, except ``wait``. Every primitive that changes state
+    first reaps due leases (reporting ``Reclaimed`` and what followed), as every queue call does; it reports
+    each change as an event, in order, before it returns. Errors are ``core.errors``' types. A method returns
+    only what the front end needs to answer its caller.
+    """
+
+    # ``admit`` itself reaps and refuses a closed queue (one call): a flowing producer's sample needs no round.
+    admit_reaps: bool
+    # Most items one batch call takes (``None``: no cap).
+    max_batch: int | None
+
+    def screen(self, batch: list[SampleRef], check: Callable[[SampleRef], None]) -> None:
+        """Before any store call: raise ``put``'s error for the first ref of ``batch`` the queue refuses
+        (closed, held, in the dedup window -- reported ``DedupRefused`` --, a kept dead letter), calling
+        ``check`` on each ref it lets through (the front end's own refusals)."""
+
+    def admit(self, batch: list[SampleRef], health: StoreHealth | None, *, if_idle: bool) -> Refusal | None:
+        """Enqueue ``batch`` (retained, screened), all or none; ``if_idle``: only into a queue holding nothing.
+        ``health``: the store read a producer's put was decided on, whose resident bytes its ``Put`` traces."""
+
+    def abandon(self, sample_ids: list[str]) -> set[str]:
+        """A put the front end refused after ``screen`` (a retain raised): finish the call (reap, if ``admit``
+        would have) and return which of ``sample_ids`` the queue holds (all of them when it cannot tell)."""
+
+    def round(self, ref: SampleRef) -> bool:
+        """A blocked producer's round: reap, raise ``QueueClosed`` (naming ``ref``) once closed, and say whether
+        the queue holds any sample."""
+
+    def lease(self, n: int, wait: float) -> tuple[list[Lease], Any]:
+        """Lease up to ``n`` heads (reported ``Leased``). Returns ``(leases, None)`` with at least one, or when
+        the queue is drained (``[]``); otherwise ``([], hint)`` for ``wait``. ``wait``: how long the caller
+        will wait after an empty-handed call (an engine may register it, so a put elsewhere wakes it)."""
+
+    def wait(self, hint: Any, seconds: float) -> None:
+        """Without the lock: block at most ``seconds`` until a lease may be available (``hint``: what the empty
+        ``lease`` call returned), cut short at the next lease deadline."""
+
+    def settle(self, action: str, leases: list[Lease]) -> list[bool]:
+        """``ack``, ``fail`` or ``lose`` each of ``leases`` in order (reported ``Settled`` -- a fail's redelivery
+        or ``DeadLettered`` with it -- or ``Stale``); per lease, whether it took effect."""
+
+    def extend(self, lease: Lease, seconds: float) -> bool:
+        """Move the live ``lease``'s deadline to now + ``seconds``, also on the object (reported ``Extended``);
+        ``False``: it is not live (nothing changed)."""
+
+    def reap(self) -> int:
+        """Reclaim every due lease; return how many."""
+
+    def close(self) -> None:
+        """Refuse further puts (reported ``Closed``, and ``Drained`` when nothing is held); closing a closed
+        queue changes nothing."""
+
+    def requeue(self, sample_ids: Iterable[str] | None) -> list[str]:
+        """``requeue_dead_letters``' body: check ``sample_ids``, requeue all of them or raise (nothing changed)."""
+
+    def purge(self, sample_ids: Iterable[str] | None) -> list[str]:
+        """``purge_dead_letters``' body (kept bytes reported ``Released``)."""
+
+    def count_pause(self) -> None:
+        """Count a producer pause in the queue's stats."""
+
+    def trace_state(self) -> dict[str, object]:
+        """The queue state a front-end event (a store fault, a pause) is traced with: ``pending``,
+        ``outstanding``, ``now`` as the engine knows them."""
+
+    # Reads (the front end holds its lock and has retried owed store calls, except for ``lifecycle_state``).
+    def lifecycle_state(self) -> str: ...
+
+    def pending_count(self) -> int: ...
+
+    def outstanding_count(self) -> int: ...
+
+    def counters(self) -> dict[str, int]:
+        """The ``QueueStats`` counters and the ``pending`` / ``outstanding`` gauges, one consistent read."""
+
+    def dead_letters(self, newest: int | None) -> list[DeadLetter]: ...
+
+    def oldest_lease_age(self) -> float | None: ...
