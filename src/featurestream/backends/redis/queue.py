@@ -98,6 +98,7 @@ from featurestream.core.engine import (
 )
 from featurestream.core.frontend import FrontEnd, Tracer
 from featurestream.core.lease import DeadLetter, Lease, VisibilityTimeout
+from featurestream.core.machines import HELD
 from featurestream.core.queue import DEFAULT_DEDUP_WINDOW, DEFAULT_MAX_DELIVERIES
 from featurestream.core.refs import SampleRef
 from featurestream.stores.base import FeatureStore, StoreHealth
@@ -415,12 +416,13 @@ class RedisEngine:
 
     def _prune_models(self) -> None:
         """Forget the models of settled leases and of leases whose object is gone (nothing can settle those
-        here any more): the leased ones still issued stay."""
+        here any more): the ones still issued and not settled stay (those of the call pruning are still
+        ``pending``: they are reported leased once the reply is read)."""
         issued = self._issued
         self._models = {
             lease_id: model
             for lease_id, model in self._models.items()
-            if model.state == "leased" and lease_id in issued
+            if model.state in HELD and lease_id in issued
         }
 
     def _lease_model(self, lease_id: int, trigger: str) -> LeaseModel:
