@@ -420,9 +420,7 @@ class RedisEngine:
         ``pending``: they are reported leased once the reply is read)."""
         issued = self._issued
         self._models = {
-            lease_id: model
-            for lease_id, model in self._models.items()
-            if model.state in HELD and lease_id in issued
+            lease_id: model for lease_id, model in self._models.items() if model.state in HELD and lease_id in issued
         }
 
     def _lease_model(self, lease_id: int, trigger: str) -> LeaseModel:
