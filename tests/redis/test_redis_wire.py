@@ -190,7 +190,7 @@ def test_the_servers_dead_letters_are_the_codecs(make: Factory) -> None:
 
 def test_the_servers_traced_states_are_the_codecs(make: Factory) -> None:
     queue = make(LocalFeatureStore(), tracer=lambda action, fields: None, clock=lambda: 1000.0)
-    raw = queue._run("reclaim")[-1]  # the state a traced reclaim left
+    raw = queue._engine._run("reclaim")[-1]  # the state a traced reclaim left
     assert sorted(json.loads(raw)) == sorted(EVENT_STATE_FIELDS)
     assert event_state(raw) == {"pending": 0, "outstanding": 0, "now": 1000.0}
 
