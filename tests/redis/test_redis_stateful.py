@@ -135,8 +135,8 @@ def test_redis_queue_follows_the_spec(shared_client: redis.Redis) -> None:
 def test_redis_queue_follows_the_spec_when_every_first_reply_is_lost(shared_client: redis.Redis) -> None:
     """The same machine, every exact call's first reply lost: each retry must leave what one call would have.
 
-    The runs lose the replies of every server function the machine calls (put_many only as the check that
-    precedes a re-put: the machine never puts in batches, requeues or purges dead letters).
+    The runs lose the replies of every server function the machine calls (it never requeues or purges dead
+    letters).
     """
     made: list[RedisLostReplies] = []
     machine = make_queue_machine(
@@ -170,7 +170,8 @@ def retrying_as_new(queue: RedisSampleRefQueue) -> RedisSampleRefQueue:
 
 
 def test_lost_replies_catch_a_retry_that_runs_the_call_again(shared_client: redis.Redis) -> None:
-    """The lossy machine finds a link whose retry is not exact (the CI budget, derandomized, unshrunk)."""
+    """The lossy machine finds a link whose retry is not exact (the CI budget, derandomized, unshrunk): a retried
+    extend granted twice, or a retried fail rejected as stale."""
     machine = make_queue_machine(
         lambda: LocalFeatureStore(max_samples=16),
         queues_on(shared_client, "anew"),
@@ -189,4 +190,5 @@ def test_lost_replies_catch_a_retry_that_runs_the_call_again(shared_client: redi
     )
     with pytest.raises(InvariantViolation) as caught:
         run_state_machine_as_test(machine, settings=budget)
-    assert caught.value.invariant == "inv11_counters_consistent", str(caught.value)
+    # a call run twice shows in the counters: against the kit's observations or against the spec's
+    assert caught.value.invariant in ("inv11_counters_consistent", "inv12_agrees_with_spec_mirror"), str(caught.value)

@@ -398,6 +398,32 @@ class QueueMachine(QueueInvariants, RuleBasedStateMachine):
             self._mirror_put(sample_id)  # refused by the queue itself: the mirror refuses (or counts) it too
         self._put_outcome(sample_id, was, accepted, error, log_at)
 
+    def do_put_many(self, sample_ids: list[str]) -> None:
+        """Put a batch (``put_many``) of samples stored and not put yet: every one, in order, or none.
+
+        A sample not produced yet is first written to the store (StorePut); one a blocked producer is putting
+        stays out of the batch.
+        """
+        for sample_id in sample_ids:
+            self.do_produce(sample_id)
+        stored = [self.samples[i] for i in sample_ids if i in self.samples and i not in self.producers]
+        batch = [sample for sample in stored if sample.status == "stored"]
+        if not batch:
+            return
+        ids = [sample.ref.sample_id for sample in batch]
+        before = self.queue.stats().put
+        log_at = len(self.store.log)
+        call = lambda: self.queue.put_many([sample.ref for sample in batch])  # noqa: E731
+        _, error, _ = self._reaping_call(f"put_many({ids})", call, True)
+        put = self.queue.stats().put - before
+        if put not in (0, len(batch)):
+            self._note("inv11_counters_consistent", f"put_many({ids}) put {put} of them: all or none")
+        accepted = put == len(batch)
+        for sample_id in ids:
+            if accepted or not self._faulted(log_at, "retain"):
+                self._mirror_put(sample_id)
+            self._put_outcome(sample_id, "stored", accepted, error, log_at)
+
     def _put_outcome(self, sample_id: str, was: str, accepted: bool, error: object, log_at: int) -> None:
         """Check a finished put against the contract and record what it did."""
         sample = self.samples[sample_id]

@@ -21,8 +21,6 @@ __all__ = ["checked", "make_queue_machine"]
 
 Action = TypeVar("Action", bound=Callable[..., Any])
 
-# What a stale handle or ref of an earlier put meets a later put with; a release, the likeliest, more often.
-STALE_OPS = ("release", "release", "retain", "scrub", "get")
 # Which store call a fault rule arms: every call, with the ones behind the queue's guarantees more often.
 FAULT_WEIGHTS = (*CALLS, "scrub", "scrub", "retain", "health")
 
@@ -92,6 +90,12 @@ def make_queue_machine(
         def put(self, sample: str) -> None:
             self.do_put(sample, blocking=False)
 
+        @precondition(lambda self: not self.closed)
+        @rule(batch=st.lists(samples, min_size=1, max_size=3, unique=True))
+        @checked
+        def put_many(self, batch: list[str]) -> None:
+            self.do_put_many(batch)
+
         @precondition(lambda self: not self.closed and len(self.producers) < cfg.producers)
         @rule(sample=samples)
         @checked
@@ -138,12 +142,19 @@ def make_queue_machine(
             self.do_store_loses(sample)
 
         @precondition(lambda self: any(s.status in SETTLED for s in self.samples.values()))
-        @rule(pick=st.integers(0, cfg.samples - 1), op=st.sampled_from(STALE_OPS))
+        @rule(pick=st.integers(0, cfg.samples - 1), op=st.sampled_from(("retain", "scrub", "get")))
         @checked
-        def stale_incarnation(self, pick: int, op: str) -> None:
+        def stale_ref(self, pick: int, op: str) -> None:
             candidates = self._stale_candidates(op)
             if candidates:
                 self.do_stale_incarnation(candidates[pick % len(candidates)], op)
+
+        @precondition(lambda self: self._stale_candidates("release"))
+        @rule(pick=st.integers(0, cfg.samples - 1))
+        @checked
+        def stale_release(self, pick: int) -> None:
+            candidates = self._stale_candidates("release")
+            self.do_stale_incarnation(candidates[pick % len(candidates)], "release")
 
         @precondition(lambda self: any(c.handles for c in self.consumers.values()))
         @rule(handle=handles)
