@@ -139,6 +139,24 @@ def test_a_retried_fail_that_dead_lettered_scrubs_once(make: Factory) -> None:
     assert (stats.failed, stats.dead_lettered, stats.acked, stats.stale_rejected) == (1, 1, 1, 0)
 
 
+def test_a_retried_lose_dead_letters_once(make: Factory) -> None:
+    store, other = one_store_twice()
+    dead: list[DeadLetter] = []
+    queue, consumer = make(store, on_dead_letter=dead.append), make(other)
+    queue.put_many(stored(store, 0, 1))
+    lease = queue.acquire(timeout=0)
+    assert lease is not None
+    lost = lose_reply(queue, "lose", lambda: consume_one(consumer))
+    assert queue.lose(lease) is True
+    assert lost
+    assert [(letter.ref.sample_id, letter.deliveries) for letter in dead] == [("s0", 1)]
+    assert [letter.ref.sample_id for letter in queue.dead_letters()] == ["s0"]
+    queue.reclaim_expired()
+    settled_everywhere(store, other)
+    stats = queue.stats()
+    assert (stats.failed, stats.dead_lettered, stats.acked, stats.pending) == (1, 1, 1, 0)
+
+
 def test_a_retried_fail_that_redelivered_leaves_the_redelivery(make: Factory) -> None:
     store, other = one_store_twice()
     queue, consumer = make(store), make(other)

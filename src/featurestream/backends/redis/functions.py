@@ -30,8 +30,9 @@ KEYS, which would cost more to send than most calls cost to run):
                  token), ``sample`` -- tab-separated in that order; the Lua codec is generated from that list
                  (``_record_codec``), ``wire.lease_fields`` is the Python one.
 4. ``deadlines`` zset lease key -> deadline (seconds); the reap index.
-5. ``done``      hash sample id -> ``outcome \\t lease key \\t lease token \\t put token``:
-                 the dedup window, also used to make retried ack/fail/put idempotent.
+5. ``done``      hash sample id -> the fields ``DONE_FIELDS`` (outcome, lease key, lease token, put token),
+                 tab-separated in that order (codec generated as the lease record's): the dedup window, also
+                 used to make retried ack/fail/put idempotent.
 6. ``done_order`` list of sample ids in retirement order (evicts the window's oldest).
 7. ``dead``      list of dead letters: JSON with named fields ``sample``, ``ref`` (the ref JSON as text),
                  ``reason``, ``deliveries`` (``wire.dead_letter_from_json``, ``wire.DEAD_LETTER_FIELDS``).
@@ -55,8 +56,8 @@ KEYS, which would cost more to send than most calls cost to run):
 12. ``kept``     hash sample id -> estimated bytes of the dead letters whose bytes stay retained
                  (``keep_dead_letter_bytes``, their total in ``meta`` ``kept_bytes``) so that
                  ``requeue`` can deliver them again; ``purge`` releases them.
-13. ``calls``    hash instance id (a call id's first ``INSTANCE_CHARS``: the client's ``Link``) -> ``call id \\t
-                 reply JSON``: that instance's last remembered call, whose retry after a lost reply gets this
+13. ``calls``    hash instance id (a call id's first ``INSTANCE_CHARS``: the client's ``Link``) -> ``call id :
+                 keep \\t reply JSON``: that instance's last remembered call, whose retry after a lost reply gets this
                  reply rather than acting, counting or reaping again. A call is remembered when it is one of
                  ``REMEMBERED`` (their effects leave nothing else a retry could recognise them by), when it
                  rejects a lease or refuses a put by the dedup window (counted once), and when its reply
@@ -76,11 +77,12 @@ orders ties by lease id exactly like the in-process queue's heap.
 ``TIME``, which every node agrees on), max_deliveries, dedup_window, the
 caller's cursor in ``retired`` (empty: not wanted; ``$``: the caller holds no
 unsettled puts, so just report the newest id), ``1`` when the caller
-traces, then (added by the ``Link``) the call id, ``1`` when the request may
+traces, then (added by the ``Link``) one field: ``+`` when the request may
 repeat one the server ran (a retry, or any request redis-py sends: it retries by
-itself; only such a call looks in ``calls``) and how long a remembered reply is
-kept; ``ARGV[2:]`` are per function. Every function except ``init`` and ``close`` first reaps
-due leases (at most ``REAP_LIMIT``), as every in-process queue operation does.
+itself; only such a call looks in ``calls``) or ``-``, the call id, ``:`` and
+how many seconds a remembered reply is kept; ``ARGV[2:]`` are per function.
+Every function except ``init`` and ``close`` first reaps due leases (at most
+``REAP_LIMIT``), as every in-process queue operation does.
 Functions return ``{status, events, ...}`` (``ack`` and ``fail``, which take a
 batch of leases, ``{statuses, events}``) where ``events`` is a flat list of
 ``kind, a, b`` triples the client turns into tracer calls, scrubs and
@@ -149,6 +151,10 @@ CONSTANTS: dict[str, str | int | dict[str, int]] = {
     "PENDING_TERMS": PENDING_TERMS,
 }
 
+# A ``done`` record's fields, in order: how the sample settled, the key and token of the lease that settled it
+# (none for a reap) and the put token of the put it came from.
+DONE_FIELDS = ("outcome", "key", "token", "put")
+
 # The functions every reply of which is remembered for a retry after a lost reply: their first run leaves nothing a
 # retry could recognise its effect by (a redelivery, an extension, a requeue, a purge). The others remember theirs
 # only when it reports what the client must act on or trace (see ``calls`` above).
@@ -192,7 +198,7 @@ def _name(value: str) -> str:
 def _record_codec(record: str, fields: tuple[str, ...]) -> str:
     """Lua ``<record>_record(t)`` (a table of the named ``fields`` as tab-separated text, in their order) and
     ``parse_<record>(text)`` (the table back; the last field may hold tabs): a pattern and a concatenation, about
-    half what ``cjson`` costs on a record every acquire writes and every ack reads."""
+    half what ``cjson`` costs on records every acquire and every settle write."""
     joined = " .. '\\t' .. ".join(f"t.{_name(field)}" for field in fields)
     pattern = "^" + "([^\\t]*)\\t" * (len(fields) - 1) + "(.*)$"
     names = ", ".join(fields)
@@ -207,6 +213,7 @@ def _record_codec(record: str, fields: tuple[str, ...]) -> str:
 PRELUDE = (
     "".join(f"local {name} = {_literal(value)}\n" for name, value in CONSTANTS.items())
     + _record_codec("lease", LEASE_FIELDS)
+    + _record_codec("done", DONE_FIELDS)
     + _lua("prelude")
 )
 SCRIPTS: dict[str, str] = {name: _lua(name) for name in FUNCTIONS}

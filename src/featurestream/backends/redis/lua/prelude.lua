@@ -1,7 +1,8 @@
 -- Helpers shared by every function of the library, defined once when it loads. The constants (LAYOUT,
 -- REAP_LIMIT, ...) are prepended by featurestream.backends.redis.functions, their one definition, and so is the
--- codec of the ``leases`` records, generated from their fields (featurestream.backends.redis.wire's LEASE_FIELDS):
--- lease_record(lease) writes a table of those named fields as a record, parse_lease(record) reads one back.
+-- codec of the ``leases`` and ``done`` records, generated from their fields (featurestream.backends.redis.wire's
+-- LEASE_FIELDS, functions.DONE_FIELDS): lease_record(lease) writes a table of those named fields as a record,
+-- parse_lease(record) reads one back; done_record and parse_done likewise.
 -- Per-call state lives in these upvalues: a function call runs atomically, so no two calls see each other's.
 
 -- Events only a tracer needs are sent when the caller traces; the client acts on the others (a reclaim moves
@@ -185,11 +186,6 @@ local function split_held(value)
   return string.sub(value, 1, tab - 1), string.sub(value, tab + 1)
 end
 
--- outcome, lease key, lease token, put token of a ``done`` record
-local function parse_done(rec)
-  return string.match(rec, '^([^\t]*)\t([^\t]*)\t([^\t]*)\t(.*)$')
-end
-
 -- Settles after the caller's cursor (exclusive), so a producing instance's store forgets the samples it put.
 -- Only put and reclaim ask for it (their callers produce); a caller holding no unsettled puts sends '$' and
 -- only learns the newest id (nothing before it can concern a sample it puts later).
@@ -249,7 +245,7 @@ local function retire(items, outcome, kept)
   for i, item in ipairs(items) do
     sids[i] = item.sample
     done[2 * i - 1] = item.sample
-    done[2 * i] = outcome .. '\t' .. item.key .. '\t' .. item.token .. '\t' .. item.put
+    done[2 * i] = done_record({outcome = outcome, key = item.key, token = item.token, put = item.put})
     if not own_settle(item.token, item.put) then
       fed[#fed + 1] = item.sample
     end
@@ -384,11 +380,11 @@ local function put_verdict(sid, held, done, token)
     return 'held'
   end
   if done then
-    local outcome, _, _, put_token = parse_done(done)
-    if put_token == token then
+    local settled = parse_done(done)
+    if settled.put == token then
       return 'again'
     end
-    return 'dedup', outcome
+    return 'dedup', settled.outcome
   end
   read_meta()
   if KEEP_BYTES > 0 and redis.call('HEXISTS', K_KEPT, sid) == 1 then
@@ -509,9 +505,12 @@ end
 
 -- whether the lease (key, token) was settled with ``outcome`` already (a retry after a lost reply)
 local function settled_by(sid, outcome, key, token)
-  local done = redis.call('HGET', K_DONE, sid)
-  local prefix = outcome .. '\t' .. key .. '\t' .. token .. '\t'
-  return token ~= '' and done and string.sub(done, 1, #prefix) == prefix
+  local done = token ~= '' and redis.call('HGET', K_DONE, sid)
+  if not done then
+    return false
+  end
+  local settled = parse_done(done)
+  return settled.outcome == outcome and settled.key == key and settled.token == token
 end
 
 -- A retried put that took effect already (put_verdict said 'again'): 0 while its sample is still queued
