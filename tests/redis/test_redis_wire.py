@@ -169,7 +169,7 @@ def test_the_servers_lease_records_are_the_codecs(make: Factory) -> None:
     record = lease_fields(raw)
     assert list(record) == list(LEASE_FIELDS)
     assert (record["token"], record["n"], record["sample"]) == (lease.token, "0", "s0\tx")
-    assert record["put"].startswith(queue._token_prefix)
+    assert record["put"].startswith(queue._engine._token_prefix)
     assert lease_issued(raw) == float(record["issued"]) > 0
 
 
