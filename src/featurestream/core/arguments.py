@@ -73,6 +73,8 @@ def check_resident(store: FeatureStore, ref: SampleRef) -> None:
     """``ValueError`` when ``store`` no longer holds ``ref``'s bytes (released or scrubbed before the put): queued,
     it would only fail later, in a consumer's ``get``. A store that cannot tell (``is_resident`` raises
     ``NotImplementedError``, as the contract's default does) is taken at its word."""
+    if type(store).is_resident is FeatureStore.is_resident:
+        return  # the contract's default: it cannot tell (asked, it would raise NotImplementedError)
     try:
         resident = store.is_resident(ref.sample_id)
     except NotImplementedError:

@@ -564,12 +564,8 @@ class FrontEnd:
 
     def _scrub(self, ref: SampleRef) -> None:
         """The queue is done with ``ref`` for good: its store scrubs it now, or the scrub is owed."""
-        self._scrubbing(ref)
         if self._owe("scrub", ref):
             self._not_full.notify_all()
-
-    def _scrubbing(self, ref: SampleRef) -> None:
-        """What a backend forgets about a sample its store is about to scrub."""
 
     def _owe(self, call: str, ref: SampleRef) -> bool:
         """Make the store call ``call(ref)``; if it raises, log, count and keep it owed. ``True``: done."""
@@ -613,14 +609,16 @@ class FrontEnd:
             self._tracer(action, trace)  # type: ignore[arg-type]
 
     def _on_admitted(self, event: Admitted) -> None:
-        self._trace(events.PUT, event.trace)
+        if event.trace is not None:
+            self._trace(events.PUT, event.trace)
 
     def _on_dedup_refused(self, event: DedupRefused) -> None:
         self._trace(events.DEDUP_REFUSED, event.trace)
 
     def _on_leased(self, event: Leased) -> None:
         fire(LEASE_MACHINE, "lease", event.model)
-        self._trace(events.ACQUIRE, event.trace)
+        if event.trace is not None:
+            self._trace(events.ACQUIRE, event.trace)
 
     def _on_extended(self, event: Extended) -> None:
         fire(LEASE_MACHINE, "extend", event.model)
@@ -628,7 +626,8 @@ class FrontEnd:
 
     def _on_settled(self, event: Settled) -> None:
         fire(LEASE_MACHINE, event.trigger, event.model)
-        self._trace(events.ACK if event.trigger == "ack" else events.FAIL, event.trace)
+        if event.trace is not None:
+            self._trace(events.ACK if event.trigger == "ack" else events.FAIL, event.trace)
         if event.retried and event.trigger == "fail" and self._tracer is not None:
             self._tracer(events.DEAD_LETTER, {"sample_id": event.model.sample_id})
         if event.scrub is not None:

@@ -1,9 +1,11 @@
-"""``LeaseQueue``: the contract every queue backend implements.
+"""``LeaseQueue``: the contract every queue backend meets, as its users see it.
 
 ``SampleRefQueue`` (in-process) and ``RedisSampleRefQueue`` satisfy it; the
 loader, the async pipeline and ``featurestream.testing`` are typed against it,
-so a new backend (Postgres, NATS ...) that implements these members runs the
-same stateful suite. The semantics are those of ``spec/LeaseQueue.tla``.
+so a new backend (Postgres, NATS ...) runs the same stateful suite. A backend
+meets it by subclassing ``core.frontend.FrontEnd`` over an engine: the backend
+writer's contract is ``core.engine.Engine``. The semantics are those of
+``spec/LeaseQueue.tla``.
 """
 
 from __future__ import annotations

@@ -218,6 +218,7 @@ class RedisEngine:
         # Lease id -> its lease machine model, for the leases this instance was issued (and, briefly, settled:
         # so a second settle the server reports names the state the first left). See _lease_model.
         self._models: dict[int, LeaseModel] = {}
+        self._prune_at = 1024  # prune the models once they exceed this (twice those kept at the last prune, + 1024)
         # Samples this instance put and has not seen settled; their settles elsewhere arrive on the feed.
         self._mine: dict[str, SampleRef] = {}
         # The same samples by the exact wire bytes this instance sent: leasing one of them back skips the decode
@@ -372,13 +373,13 @@ class RedisEngine:
         if status != "ok":
             self._apply(reply_events)
             return [], (None if status == "drained" else rest)
-        leases = self._issue(rest, base)
+        if not reply_events:  # nothing else happened (and untraced): each lease is reported as it is issued
+            return self._issue(rest, base, None), None
         expected: dict[str, _Expected] = {}
-        for key, lease, model in leases:
-            expected[key] = ("lease", lease, model)
+        leases = self._issue(rest, base, expected)
         self._apply(reply_events, expected)
         self._report_unmatched(expected)
-        return [lease for _, lease, _ in leases], None
+        return leases, None
 
     def wait(self, hint: Any, seconds: float) -> None:
         last_wake, until_deadline = (_text(v) for v in hint)
@@ -389,30 +390,37 @@ class RedisEngine:
         block_ms = max(1, math.ceil(block * 1000))
         self._retrying(self._redis.xread, {self._key["wake"]: last_wake}, count=1, block=block_ms)
 
-    def _issue(self, reply: list[Any], base: str) -> list[tuple[str, RedisLease, LeaseModel]]:
-        """Leases from the server's ``key, n, ref`` triples; lease i (from 1) has token ``base + str(i)``."""
+    def _issue(self, reply: list[Any], base: str, expected: dict[str, _Expected] | None) -> list[Lease]:
+        """Leases from the server's ``key, n, ref`` triples; lease i (from 1) has token ``base + str(i)``. Each
+        is reported leased now, or (``expected``) at the server's event for it."""
         # The server's deadline is the now it used plus vt: this process's clock, or exactly the now we sent.
         deadline = (self._clock() if self._sent_now is None else self._sent_now) + self._vt.seconds
-        issued = []
+        leases: list[Lease] = []
+        models = self._models
         for index in range(0, len(reply), 3):
             key, n, ref_json = reply[index : index + 3]
             ref = self._sent.get(ref_json)
+            lease_id = int(key)
             lease = RedisLease(
                 ref=ref if ref is not None else ref_from_json(ref_json),
                 deadline=deadline,
                 visibility_timeout=self._vt,
                 redelivery_count=int(n),
-                lease_id=int(key),
+                lease_id=lease_id,
                 token=f"{base}{index // 3 + 1}",
             )
-            self._issued[lease.lease_id] = lease
-            model = self._models.get(lease.lease_id)
+            self._issued[lease_id] = lease
+            model = models.get(lease_id)
             if model is None:
-                model = self._models[lease.lease_id] = LeaseModel(lease.ref.sample_id, lease.lease_id)
-            issued.append((_text(key), lease, model))
-        if len(self._models) > 2 * len(self._issued) + 1024:
+                model = models[lease_id] = LeaseModel(lease.ref.sample_id, lease_id)
+            if expected is None:
+                self._report(Leased(model, lease, None))
+            else:
+                expected[_text(key)] = ("lease", lease, model)
+            leases.append(lease)
+        if len(models) > self._prune_at:
             self._prune_models()
-        return issued
+        return leases
 
     def _prune_models(self) -> None:
         """Forget the models of settled leases and of leases whose object is gone (nothing can settle those
@@ -453,32 +461,37 @@ class RedisEngine:
     def settle(self, action: str, leases: list[Lease]) -> list[bool]:
         """Ack, fail or lose ``leases`` in one server call; each is settled or rejected as stale on its own."""
         trigger = "ack" if action == "ack" else "fail"
-        proofs, seen = [], set()
-        for lease in leases:
-            key, token, sample_id = self._proof(lease)
+        proofs = [self._proof(lease) for lease in leases]
+        if len(proofs) > 1:
             # A lease repeated in the batch: its second settle is stale, as a second ack() would be.
-            proofs.append((key, token if key not in seen else "", sample_id))
-            seen.add(key)
-        parts = (part for proof in proofs for part in proof)
-        raw_statuses, reply_events = self._run(action, *parts)
+            seen: set[str] = set()
+            for index, (key, _, sample_id) in enumerate(proofs):
+                if key in seen:
+                    proofs[index] = (key, "", sample_id)
+                seen.add(key)
+        raw_statuses, reply_events = self._run(action, *[part for proof in proofs for part in proof])
         statuses = [_text(raw) for raw in raw_statuses]
-        expected: dict[str, _Expected] = {}
-        for lease, (key, _, _), status in zip(leases, proofs, statuses, strict=True):
+        expected: dict[str, _Expected] | None = None
+        if reply_events:
+            # The settles are reported at their events (traced calls get one), so a failed scrub is traced right
+            # after its Ack, before a Drain the same call caused; the others right after the call's events.
+            expected = {}
+            for lease, proof, status in zip(leases, proofs, statuses, strict=True):
+                if status == "ok":
+                    expected[proof[0]] = (trigger, lease, None)
+            self._apply(reply_events, expected)
+        for lease, (key, token, sample_id), status in zip(leases, proofs, statuses, strict=True):
             if status == "ok":
-                expected[key] = (trigger, lease, None)
-        # The settles are reported at their events (traced calls get one), so a failed scrub is traced right
-        # after its Ack, before a Drain the same call caused; untraced calls report them after.
-        self._apply(reply_events, expected)
-        self._report_unmatched(expected)
-        for lease, (_, token, sample_id), status in zip(leases, proofs, statuses, strict=True):
-            if status == "again":
+                if expected is None or key in expected:
+                    self._report(self._settle_event(trigger, lease, None))
+            elif status == "again":
                 # A retried settle whose first run's reply (and events) was lost: acked, or failed into the
                 # dead letters; either way this instance's store is done with the sample.
                 trace = {"sample_id": sample_id, "lease_id": lease.lease_id} if self._traced else None
                 self._forget(lease.ref)
                 model = self._lease_model(lease.lease_id, trigger)
                 self._report(Settled(model, trigger, lease.ref, trace, retried=True))
-            elif status != "ok":
+            else:
                 if token:
                     self._lost(lease.lease_id)
                 self._report(Stale(trigger, lease, _SETTLED_BEFORE if token else _NOT_ISSUED_HERE, None))
@@ -613,6 +626,8 @@ class RedisEngine:
         server's event for it; ``put_health``: the store read a put was decided on, whose resident bytes its
         Put traces.
         """
+        if not reply_events:
+            return
         width = self._event_width
         for index in range(0, len(reply_events), width):
             kind, first, second = (_text(v) for v in reply_events[index : index + 3])
@@ -675,6 +690,14 @@ class RedisEngine:
             return Leased(model, lease, trace)
         if trigger == "extend":
             return Extended(model, trace)
+        return self._settle_event(trigger, lease, trace, model)
+
+    def _settle_event(
+        self, trigger: str, lease: Lease, trace: Trace | None, model: LeaseModel | None = None
+    ) -> Settled:
+        """The ``Settled`` of this instance's own ack or fail of ``lease``; an ack's bytes are done with here."""
+        if model is None:
+            model = self._lease_model(lease.lease_id, trigger)
         if trigger == "ack":
             self._forget(lease.ref)
             return Settled(model, "ack", lease.ref, trace)
@@ -692,10 +715,13 @@ class RedisEngine:
     def _forget(self, ref: SampleRef) -> None:
         """This instance's store is about to scrub ``ref``: remember it as settled, no longer as put here."""
         if self._dedup_window:
-            self._settled[ref.sample_id] = None
-            self._settled.move_to_end(ref.sample_id)
-            if len(self._settled) > self._dedup_window:
-                self._settled.popitem(last=False)
+            settled = self._settled
+            if ref.sample_id in settled:
+                settled.move_to_end(ref.sample_id)
+            else:
+                settled[ref.sample_id] = None
+                if len(settled) > self._dedup_window:
+                    settled.popitem(last=False)
         self._mine.pop(ref.sample_id, None)
         self._sent.pop(self._wire.pop(ref.sample_id, b""), None)
 
