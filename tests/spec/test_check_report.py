@@ -35,7 +35,7 @@ def test_bug_a_from_another_directory_is_summarised_step_by_step(
     assert f"with {spec_dir() / 'mutants' / 'BugA.cfg'} ..." in out
     assert "Error: Invariant NoLoss is violated." in out
     assert re.search(r"^counterexample, 6 states \(\d+ variables\):$", out, re.M), out
-    steps = re.findall(r"^  (\d+) (\w+)", out, re.M)
+    steps = re.findall(r"^  (\d+) \w+", out, re.M)
     assert steps == [
         ("1", "Init"),
         ("2", "ProducerStore"),
@@ -65,7 +65,8 @@ def test_a_liveness_mutant_shows_its_loop_and_no_depth_none(
     assert int(start) < int(end) == int(last) == len(steps), (
         "the loop starts inside the behaviour and closes at its end"
     )
-    assert action == "ProducerStore"
+    # Which of the producer's two steps closes the loop depends on the order TLC's workers explore in.
+    assert action in {"ProducerStore", "Enqueue"}, out
     assert "VIOLATED ProducerProgress" in out and "depth None" not in out
 
 
