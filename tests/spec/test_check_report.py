@@ -35,7 +35,7 @@ def test_bug_a_from_another_directory_is_summarised_step_by_step(
     assert f"with {spec_dir() / 'mutants' / 'BugA.cfg'} ..." in out
     assert "Error: Invariant NoLoss is violated." in out
     assert re.search(r"^counterexample, 6 states \(\d+ variables\):$", out, re.M), out
-    steps = re.findall(r"^  (\d+) \w+", out, re.M)
+    steps = re.findall(r"^  (\d+) (\w+)", out, re.M)
     assert steps == [
         ("1", "Init"),
         ("2", "ProducerStore"),
