@@ -548,13 +548,19 @@ class MooncakeFeatureStore(LedgerFeatureStore):
 
     def is_resident(self, sample_id: str) -> bool:
         """Whether Mooncake holds a put of ``sample_id`` by any writer of the run (this one: from its counters)."""
-        # A producer's own sample (the queue's check before every put) needs only its own objects' existence,
-        # not the residency slots: one small master call instead of one over every slot plus the records.
-        self._reconcile()
+        with self._lock:
+            own = sample_id in self._keys
+        if own:
+            # A producer's own sample (the queue's check before every put) needs only its own objects' existence,
+            # not the residency slots: one small master call instead of one over every slot plus the records.
+            self._reconcile()
+            if super().is_resident(sample_id):
+                return True
+        slot_exists = self._reconcile(self._slots)
         if super().is_resident(sample_id):
             return True
         start = len(self.namespace) + 1
-        others = self._others_samples(self._reconcile(self._slots))
+        others = self._others_samples(slot_exists)
         return any(key[start:].rsplit(INCARNATION_SEP, 1)[0] == sample_id for key in others)
 
     def scrub(self, ref: SampleRef) -> None:

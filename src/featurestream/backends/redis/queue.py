@@ -815,11 +815,12 @@ class RedisSampleRefQueue(FrontEnd):
         self._redis: redis.Redis = client
         self._key = self._link.key
         self._ledger: RedisTrainingLedger | None = None
-        store_uri = getattr(store, "store_uri", "") if not isinstance(store, _NoStore) else ""
+        handle_only = isinstance(store, _NoStore)
+        store_uri = "" if handle_only else getattr(store, "store_uri", "")
         engine = RedisEngine(
             self._report, self._link, name, traced=tracer is not None, clock=clock, visibility_timeout=self._vt,
             max_deliveries=max_deliveries, dedup_window=dedup_window, keep_dead_letter_bytes=keep_dead_letter_bytes,
-            store_uri=None if isinstance(store, _NoStore) else getattr(store, "store_uri", None),
+            store_uri=None if handle_only else store_uri,
             owes_scrub=self._owes_scrub,
         )  # fmt: skip
         layout, *stored, pinned = engine.init(keep_dead_letter_bytes, store_uri)
@@ -828,8 +829,11 @@ class RedisSampleRefQueue(FrontEnd):
                 f"queue {name!r} on Redis has key layout {layout!r}; this version reads layout {functions.LAYOUT!r} "
                 "(drain it with the featurestream version that created it, or use another name)"
             )
-        asked = {"max_deliveries": max_deliveries, "dedup_window": dedup_window}
-        asked["keep_dead_letter_bytes"] = keep_dead_letter_bytes
+        asked = {
+            "max_deliveries": max_deliveries,
+            "dedup_window": dedup_window,
+            "keep_dead_letter_bytes": keep_dead_letter_bytes,
+        }
         found = dict(zip(asked, (int(value) for value in stored), strict=True))
         if found != asked:
             raise ValueError(
