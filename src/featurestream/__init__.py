@@ -4,12 +4,15 @@ Every public name is exported lazily: ``import featurestream`` loads nothing
 heavy, and a name's module (torch included) is imported on first access, so
 torch-free tools such as ``featurestream --help`` stay fast.
 
-Layout: ``core`` (control plane), ``stores`` (data plane), ``backends``
-(queue backends beyond the in-process one), ``pipeline`` (algorithm schemas,
-producer, loader), ``spec`` and ``testing`` (verification), ``tools`` (demo,
-diagrams). The reference's module paths (``featurestream.refs``, ``.store``,
-``.queue``, ``.eagle3``, ``.producer``, ``.loader``, ``.async_pipeline``) are
-aliases of their new homes.
+Layout: ``common`` (refs, argument checks, errors: what both planes need),
+``core`` (control plane: the front end, leases, machines), ``stores`` (data
+plane), ``backends`` (the queue engines: ``memory``, ``redis``), ``pipeline``
+(algorithm schemas, producer, loader), ``spec`` and ``testing``
+(verification), ``ops`` (trainer-side status and metrics, the operator
+commands), ``tools`` (demo, tiny models, diagrams). The reference's module
+paths (``featurestream.refs``, ``.store``, ``.queue``, ``.eagle3``,
+``.producer``, ``.loader``, ``.async_pipeline``) are aliases of their new
+homes, as are the paths modules had before a move.
 """
 
 from __future__ import annotations
@@ -35,10 +38,10 @@ _EXPORTS: dict[str, str] = {
     "QueueStats": "featurestream.core.queue",
     "SampleRefQueue": "featurestream.core.queue",
     "LeaseQueue": "featurestream.core.protocol",
-    "FeatureAlgorithm": "featurestream.core.refs",
-    "FeatureSpec": "featurestream.core.refs",
-    "SampleRef": "featurestream.core.refs",
-    "assert_no_tensors": "featurestream.core.refs",
+    "FeatureAlgorithm": "featurestream.common.refs",
+    "FeatureSpec": "featurestream.common.refs",
+    "SampleRef": "featurestream.common.refs",
+    "assert_no_tensors": "featurestream.common.refs",
     "FeatureStore": "featurestream.stores.base",
     "StoreHandle": "featurestream.stores.base",
     "StoreHealth": "featurestream.stores.base",
@@ -87,10 +90,10 @@ __all__ = [
 
 if TYPE_CHECKING:
     from featurestream.backends.redis.queue import RedisSampleRefQueue as RedisSampleRefQueue
+    from featurestream.common.refs import FeatureAlgorithm, FeatureSpec, SampleRef, assert_no_tensors
     from featurestream.core.lease import DeadLetter, Lease, VisibilityTimeout
     from featurestream.core.protocol import LeaseQueue
     from featurestream.core.queue import LeaseLost, QueueStats, SampleRefQueue
-    from featurestream.core.refs import FeatureAlgorithm, FeatureSpec, SampleRef, assert_no_tensors
     from featurestream.pipeline.async_pipeline import AsyncFeaturePipeline, PromptSource
     from featurestream.pipeline.eagle3 import Eagle3TargetBackend, Eagle3TargetBatch
     from featurestream.pipeline.loader import FeatureDataLoader, LoaderCloseTimeout

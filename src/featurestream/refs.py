@@ -1,7 +1,7 @@
-"""Reference-compatible import path: this module is ``featurestream.core.refs`` (the same module object)."""
+"""Reference-compatible import path: this module is ``featurestream.common.refs`` (the same module object)."""
 
 import sys
 
-from featurestream.core import refs as _module
+from featurestream.common import refs as _module
 
 sys.modules[__name__] = _module

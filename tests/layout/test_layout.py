@@ -12,7 +12,7 @@ import featurestream
 
 # Reference module path -> where the code lives now.
 ALIASES = {
-    "featurestream.refs": "featurestream.core.refs",
+    "featurestream.refs": "featurestream.common.refs",
     "featurestream.store": "featurestream.stores.base",
     "featurestream.queue": "featurestream.core.queue",
     "featurestream.eagle3": "featurestream.pipeline.eagle3",
@@ -22,9 +22,15 @@ ALIASES = {
     "featurestream.redis_queue": "featurestream.backends.redis.queue",
     "featurestream.hf": "featurestream.pipeline.hf",
 }
+# Former module path (before a package move) -> where the code lives now.
+MOVED = {
+    "featurestream.core.refs": "featurestream.common.refs",
+    "featurestream.core.checks": "featurestream.common.checks",
+    "featurestream.core.errors": "featurestream.common.errors",
+}
 
 
-@pytest.mark.parametrize(("alias", "home"), sorted(ALIASES.items()))
+@pytest.mark.parametrize(("alias", "home"), sorted({**ALIASES, **MOVED}.items()))
 def test_reference_path_is_the_same_module(alias: str, home: str) -> None:
     assert importlib.import_module(alias) is importlib.import_module(home)
 

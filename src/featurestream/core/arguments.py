@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from featurestream.core.checks import check_count, check_seconds
-from featurestream.core.errors import NotResident
+from featurestream.common.checks import check_count, check_seconds
+from featurestream.common.errors import NotResident
+from featurestream.common.refs import SampleRef, check_tensor_free
 from featurestream.core.lease import VisibilityTimeout
-from featurestream.core.refs import SampleRef, check_tensor_free
 from featurestream.stores.base import FeatureStore
 
 __all__ = ["check_queue_arguments", "check_ref_for", "check_resident"]

@@ -11,7 +11,7 @@ import logging
 import threading
 from collections.abc import Callable
 
-from featurestream.core.refs import SampleRef
+from featurestream.common.refs import SampleRef
 from featurestream.stores.base import FeatureStore
 
 __all__ = ["Owed", "Outbox", "StoreFault", "call_or_owe", "finish_operation", "pay_owed"]

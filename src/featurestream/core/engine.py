@@ -23,9 +23,9 @@ import dataclasses
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol
 
+from featurestream.common.refs import SampleRef
 from featurestream.core.lease import DeadLetter, Lease
 from featurestream.core.machines import LEASE
-from featurestream.core.refs import SampleRef
 from featurestream.stores.base import StoreHealth
 
 __all__ = [
@@ -227,7 +227,7 @@ class Engine(Protocol):
 
     The front end calls every method with its lock held, except ``wait``. Every primitive that changes state
     first reaps due leases (reporting ``Reclaimed`` and what followed), as every queue call does; it reports
-    each change as an event, in order, before it returns. Errors are ``core.errors``' types. A method returns
+    each change as an event, in order, before it returns. Errors are ``common.errors``' types. A method returns
     only what the front end needs to answer its caller.
     """
 

@@ -18,11 +18,13 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from featurestream.core import errors, events
+from featurestream.common import errors
+from featurestream.common.checks import check_count, check_seconds
+from featurestream.common.refs import SampleRef
+from featurestream.core import events
 from featurestream.core.arguments import check_queue_arguments, check_ref_for, check_resident
 from featurestream.core.backlog import Owed, call_or_owe, pay_owed
 from featurestream.core.backpressure import Backpressure, HealthCallback
-from featurestream.core.checks import check_count, check_seconds
 from featurestream.core.engine import (
     Admitted,
     Closed,
@@ -44,7 +46,6 @@ from featurestream.core.lease import DeadLetter, Lease, StaleLog, VisibilityTime
 from featurestream.core.machines import LEASE_MACHINE, fire
 from featurestream.core.operation import Operation
 from featurestream.core.reaper import start_reaper
-from featurestream.core.refs import SampleRef
 from featurestream.stores.base import FeatureStore, StoreHealth
 
 __all__ = ["FrontEnd", "QueueStats", "Signal", "Tracer"]

@@ -10,8 +10,8 @@ import math
 import threading
 from collections.abc import Iterable
 
-from featurestream.core.errors import NotALease
-from featurestream.core.refs import SampleRef
+from featurestream.common.errors import NotALease
+from featurestream.common.refs import SampleRef
 
 __all__ = ["DeadLetter", "Lease", "StaleLog", "VisibilityTimeout", "check_lease", "check_leases"]
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from transitions import Machine, MachineError
 
-from featurestream.core.errors import IllegalTransition
+from featurestream.common.errors import IllegalTransition
 
 __all__ = [
     "BACKPRESSURE",

@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Protocol, runtime_checkable
 
+from featurestream.common.refs import SampleRef
 from featurestream.core.lease import DeadLetter, Lease
-from featurestream.core.refs import SampleRef
 from featurestream.stores.base import FeatureStore
 
 __all__ = ["LeaseQueue"]

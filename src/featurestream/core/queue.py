@@ -12,7 +12,9 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from featurestream.core import errors
+from featurestream.common import errors
+from featurestream.common.errors import LeaseLost
+from featurestream.common.refs import SampleRef
 from featurestream.core.backpressure import HealthCallback
 from featurestream.core.engine import (
     Admitted,
@@ -33,7 +35,6 @@ from featurestream.core.engine import (
     Stale,
     Trace,
 )
-from featurestream.core.errors import LeaseLost
 from featurestream.core.frontend import FrontEnd, QueueStats, Signal, Tracer
 from featurestream.core.lease import (
     LOST_REASON,
@@ -44,7 +45,6 @@ from featurestream.core.lease import (
     _next_lease_id,
 )
 from featurestream.core.machines import LIFECYCLE, LIFECYCLE_MACHINE, fire
-from featurestream.core.refs import SampleRef
 from featurestream.core.resume import MemoryLedger, TrainingLedger
 from featurestream.stores.base import FeatureStore, StoreHealth
 

@@ -20,7 +20,7 @@ import re
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
-from featurestream.core.checks import check_count
+from featurestream.common.checks import check_count
 
 __all__ = [
     "LedgerProgress",

@@ -10,7 +10,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from featurestream.core.checks import check_seconds
+from featurestream.common.checks import check_seconds
 from featurestream.core.protocol import LeaseQueue
 from featurestream.pipeline.producer import FeatureProducer
 

@@ -31,7 +31,7 @@ from collections.abc import Iterable, Iterator, Mapping
 
 import torch
 
-from featurestream.core.refs import REQUIRED_FEATURES, FeatureAlgorithm, FeatureSpec, SampleRef
+from featurestream.common.refs import REQUIRED_FEATURES, FeatureAlgorithm, FeatureSpec, SampleRef
 from featurestream.pipeline.schemas import AlgorithmSchema, register
 
 __all__ = [

@@ -18,10 +18,10 @@ from typing import Any
 
 import torch
 
-from featurestream.core.checks import check_count, check_flag, check_seconds
+from featurestream.common.checks import check_count, check_flag, check_seconds
+from featurestream.common.refs import FeatureAlgorithm
 from featurestream.core.lease import Lease
 from featurestream.core.protocol import LeaseQueue
-from featurestream.core.refs import FeatureAlgorithm
 from featurestream.core.resume import Restore
 from featurestream.pipeline import lockstep
 from featurestream.pipeline.batching import ack_many, fail_many

@@ -11,7 +11,7 @@ from typing import Any, Protocol
 
 import torch
 
-from featurestream.core.refs import FeatureAlgorithm, FeatureSpec, SampleRef
+from featurestream.common.refs import FeatureAlgorithm, FeatureSpec, SampleRef
 from featurestream.pipeline.schemas import AlgorithmSchema, registered_schemas, schema_for
 from featurestream.stores.base import FeatureStore
 

@@ -15,9 +15,9 @@ from typing import Any
 
 import torch
 
+from featurestream.common.refs import FeatureAlgorithm
 from featurestream.core.lease import Lease
 from featurestream.core.protocol import LeaseQueue
-from featurestream.core.refs import FeatureAlgorithm
 from featurestream.pipeline.batching import acquire_many, concat_samples, fail_many
 from featurestream.pipeline.prefetch import LeaseBook, Pulled
 from featurestream.pipeline.schemas import AlgorithmSchema, make_batch

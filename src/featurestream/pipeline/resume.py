@@ -18,8 +18,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from featurestream.core.checks import check_count, check_seconds
-from featurestream.core.errors import DuplicateSample, PutAborted, QueueClosed, SettledSample
+from featurestream.common.checks import check_count, check_seconds
+from featurestream.common.errors import DuplicateSample, PutAborted, QueueClosed, SettledSample
 from featurestream.core.lease import Lease
 from featurestream.core.protocol import LeaseQueue
 from featurestream.core.resume import Restore, TrainingLedger, check_key, parse_sample_id, sample_id_for

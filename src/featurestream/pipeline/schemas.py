@@ -12,7 +12,7 @@ imported on first use); ``register(schema)`` adds one.
 Adding an algorithm (DFlash, say) is adding one schema module:
 
 1. write ``featurestream/pipeline/dflash.py`` with its feature tuples (the core
-   set is ``featurestream.core.refs.REQUIRED_FEATURES[FeatureAlgorithm.DFLASH]``,
+   set is ``featurestream.common.refs.REQUIRED_FEATURES[FeatureAlgorithm.DFLASH]``,
    defined there once), its ``validate_ref``, its tensor packer, its batch
    class (a ``from_tensors`` classmethod and ``to_trainer_inputs()``) and its
    backend base class;
@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from featurestream.core.refs import REQUIRED_FEATURES, FeatureAlgorithm, SampleRef
+from featurestream.common.refs import REQUIRED_FEATURES, FeatureAlgorithm, SampleRef
 
 __all__ = ["AlgorithmSchema", "make_batch", "register", "registered_schemas", "schema_for"]
 
@@ -97,7 +97,7 @@ class AlgorithmSchema:
         required, optional = tuple(self.required_features), tuple(self.optional_features)
         if set(required) != set(REQUIRED_FEATURES[algorithm]):
             raise ValueError(
-                f"{algorithm!r} requires exactly {list(REQUIRED_FEATURES[algorithm])} (featurestream.core.refs."
+                f"{algorithm!r} requires exactly {list(REQUIRED_FEATURES[algorithm])} (featurestream.common.refs."
                 f"REQUIRED_FEATURES), but the schema's required_features are {list(required)}"
             )
         overlap = set(required) & set(optional)

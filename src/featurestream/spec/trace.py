@@ -68,9 +68,9 @@ from typing import Any
 
 import torch
 
+from featurestream.common.checks import check_count, check_flag, check_seconds
+from featurestream.common.refs import SampleRef
 from featurestream.core import events
-from featurestream.core.checks import check_count, check_flag, check_seconds
-from featurestream.core.refs import SampleRef
 from featurestream.spec.tlc import TLCResult, run_tlc, spec_dir
 from featurestream.stores.base import FeatureStore, StoreHandle, StoreHealth
 

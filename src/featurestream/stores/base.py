@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from featurestream.core.refs import FeatureAlgorithm, SampleRef
+from featurestream.common.refs import FeatureAlgorithm, SampleRef
 
 __all__ = ["REF_FIELD_DEFAULTS", "FeatureStore", "SampleLostError", "StoreHandle", "StoreHealth", "new_handle_id"]
 

@@ -10,7 +10,7 @@ from typing import Any, TypedDict, Unpack
 
 import torch
 
-from featurestream.core.refs import FeatureSpec, SampleRef
+from featurestream.common.refs import FeatureSpec, SampleRef
 from featurestream.stores.base import REF_FIELD_DEFAULTS, FeatureStore, StoreHandle, StoreHealth, new_handle_id
 
 DEFAULT_MAX_SAMPLES = 64

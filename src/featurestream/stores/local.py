@@ -9,7 +9,7 @@ from typing import Unpack
 
 import torch
 
-from featurestream.core.refs import SampleRef
+from featurestream.common.refs import SampleRef
 from featurestream.stores.ledger import LedgerFeatureStore, StoreCaps, check_spec, location
 
 __all__ = ["LocalFeatureStore"]

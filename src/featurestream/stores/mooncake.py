@@ -52,8 +52,8 @@ from typing import Any, Unpack
 
 import torch
 
-from featurestream.core.checks import check_count, check_seconds
-from featurestream.core.refs import SampleRef
+from featurestream.common.checks import check_count, check_seconds
+from featurestream.common.refs import SampleRef
 from featurestream.stores.base import SampleLostError, StoreHealth
 from featurestream.stores.ledger import INCARNATION_SEP, LedgerFeatureStore, StoreCaps
 from featurestream.stores.shared_dir import CorruptSampleError

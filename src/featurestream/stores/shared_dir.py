@@ -57,7 +57,7 @@ from typing import Unpack
 
 import torch
 
-from featurestream.core.refs import SampleRef
+from featurestream.common.refs import SampleRef
 from featurestream.stores.deleter import BackgroundDeleter, remove_reporting
 from featurestream.stores.ledger import (
     INCARNATION_SEP,

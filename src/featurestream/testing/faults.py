@@ -11,7 +11,7 @@ from typing import Any, Protocol
 
 import torch
 
-from featurestream.core.refs import SampleRef
+from featurestream.common.refs import SampleRef
 from featurestream.stores.base import FeatureStore, SampleLostError, StoreHandle, StoreHealth
 
 __all__ = ["CALLS", "EXACT_CALLS", "QUEUE_CALLS", "UNTIL_CLEARED", "FaultyStore", "InjectedFault", "LosesReplies"]

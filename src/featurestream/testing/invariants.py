@@ -23,11 +23,11 @@ from typing import Any, NoReturn, Protocol
 
 import torch
 
+from featurestream.common.refs import SampleRef
 from featurestream.core import events
 from featurestream.core.lease import Lease
 from featurestream.core.machines import HELD, SETTLED
 from featurestream.core.protocol import LeaseQueue
-from featurestream.core.refs import SampleRef
 from featurestream.spec.mirror import SpecMirror
 from featurestream.spec.trace import STORE_GET, STORE_PUT, STORE_RELEASE, STORE_SCRUB, TraceRecorder
 from featurestream.stores.base import FeatureStore

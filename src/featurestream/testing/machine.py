@@ -36,13 +36,13 @@ from typing import Any
 
 from hypothesis.stateful import RuleBasedStateMachine
 
+from featurestream.common.errors import LeaseLost, QueueClosed
+from featurestream.common.refs import SampleRef
 from featurestream.core import events
-from featurestream.core.errors import LeaseLost, QueueClosed
 from featurestream.core.lease import LOST_REASON, Lease, VisibilityTimeout
 from featurestream.core.machines import HELD, SETTLED
 from featurestream.core.protocol import LeaseQueue
 from featurestream.core.queue import SampleRefQueue
-from featurestream.core.refs import SampleRef
 from featurestream.spec.mirror import SpecConstants, SpecMirror
 from featurestream.spec.trace import TraceRecorder
 from featurestream.stores.base import FeatureStore, SampleLostError, StoreHandle, StoreHealth

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import threading
 
+from featurestream.common.refs import SampleRef
 from featurestream.core.protocol import LeaseQueue
-from featurestream.core.refs import SampleRef
 
 __all__ = ["BlockedPut"]
 

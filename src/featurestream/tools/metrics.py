@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from featurestream.core.checks import check_count
+from featurestream.common.checks import check_count
 from featurestream.core.protocol import LeaseQueue
 from featurestream.tools.status import COUNTERS, GAUGES, StatusWatcher, snapshot
 

@@ -35,7 +35,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from featurestream.core.checks import check_count, check_flag
+from featurestream.common.checks import check_count, check_flag
 from featurestream.core.protocol import LeaseQueue
 from featurestream.core.queue import QUEUE_STATS_GAUGES, QueueStats
 

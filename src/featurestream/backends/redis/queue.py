@@ -73,9 +73,10 @@ from featurestream.backends.redis.wire import (
     ref_from_json,
     ref_to_json,
 )
-from featurestream.core import errors
+from featurestream.common import errors
+from featurestream.common.checks import check_seconds
+from featurestream.common.refs import SampleRef
 from featurestream.core.backpressure import HealthCallback
-from featurestream.core.checks import check_seconds
 from featurestream.core.engine import (
     Admitted,
     Closed,
@@ -100,7 +101,6 @@ from featurestream.core.frontend import FrontEnd, Tracer
 from featurestream.core.lease import DeadLetter, Lease, VisibilityTimeout
 from featurestream.core.machines import HELD
 from featurestream.core.queue import DEFAULT_DEDUP_WINDOW, DEFAULT_MAX_DELIVERIES
-from featurestream.core.refs import SampleRef
 from featurestream.stores.base import FeatureStore, StoreHealth
 
 __all__ = ["DEFAULT_REDIS_URL", "RedisEngine", "RedisLease", "RedisSampleRefQueue", "list_queues"]

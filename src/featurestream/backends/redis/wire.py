@@ -23,8 +23,8 @@ from typing import Any
 
 import torch
 
+from featurestream.common.refs import FeatureAlgorithm, FeatureSpec, SampleRef
 from featurestream.core.lease import DeadLetter
-from featurestream.core.refs import FeatureAlgorithm, FeatureSpec, SampleRef
 
 __all__ = [
     "DEAD_LETTER_FIELDS",

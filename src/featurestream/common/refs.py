@@ -1,0 +1,278 @@
+"""The control plane: tensor-free references to samples held in a feature store."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any, TypeVar
+
+import torch
+
+from featurestream.common.errors import TensorInRef
+
+__all__ = [
+    "REQUIRED_FEATURES",
+    "FeatureAlgorithm",
+    "FeatureSpec",
+    "SampleRef",
+    "assert_no_tensors",
+    "check_tensor_free",
+]
+
+
+class FeatureAlgorithm(str, enum.Enum):
+    """The speculative-decoding algorithm a sample's features supervise."""
+
+    EAGLE3 = "eagle3"
+    DFLASH = "dflash"
+    DSPARK = "dspark"
+
+
+# The one definition of each algorithm's core (required) features, in the order batches list them. It lives in
+# the control plane because every ``SampleRef`` is checked against it; the algorithm schemas in
+# ``featurestream.pipeline`` (``EAGLE3_CORE_FEATURES`` ...) take their core sets from here.
+REQUIRED_FEATURES: Mapping[FeatureAlgorithm, tuple[str, ...]] = MappingProxyType(
+    {
+        FeatureAlgorithm.EAGLE3: ("aux_hidden_states", "input_ids", "attention_mask", "loss_mask"),
+        FeatureAlgorithm.DFLASH: ("hidden_states", "input_ids", "attention_mask", "loss_mask"),
+        FeatureAlgorithm.DSPARK: ("target_hidden_states", "target_last_hidden_states", "input_ids", "loss_mask"),
+    }
+)
+
+_V = TypeVar("_V")
+
+_PRIMITIVES = (str, int, float, bool, bytes, type(None))
+
+
+def _is_tensor_like(obj: object) -> bool:
+    if isinstance(obj, torch.Tensor):
+        return True
+    if type(obj).__module__ == "numpy" and type(obj).__name__ in {"ndarray", "matrix"}:
+        return True
+    return all(hasattr(obj, attr) for attr in ("data_ptr", "is_cuda", "numel"))
+
+
+def assert_no_tensors(obj: object, *, path: str = "ref") -> None:
+    """Raise ``ValueError`` naming the path of the first tensor-like value inside ``obj``.
+
+    Walks dataclasses (their fields, then any other instance attribute, so a subclass's extra attribute is
+    seen), str-keyed mappings, lists, tuples and sets; primitives pass.
+    """
+    _walk(obj, path, set())
+
+
+def _walk(obj: object, path: str, seen: set[int]) -> None:
+    if isinstance(obj, _PRIMITIVES) or isinstance(obj, (enum.Enum, torch.dtype)):
+        return
+    if _is_tensor_like(obj):
+        raise ValueError(
+            f"{path} holds a {type(obj).__name__}: a tensor-like object is not allowed in the control plane "
+            "(refs must be tensor-free; tensors belong in the FeatureStore)"
+        )
+    if id(obj) in seen:  # a cycle: already walked
+        return
+    seen.add(id(obj))
+    if isinstance(obj, Mapping):
+        for key, value in obj.items():
+            if not isinstance(key, str):
+                raise ValueError(f"{path} has a non-str key {key!r}: control-plane dicts must be str-keyed")
+            _walk(value, f"{path}[{key!r}]", seen)
+        return
+    if isinstance(obj, (list, tuple, set, frozenset)):
+        for index, item in enumerate(obj):
+            _walk(item, f"{path}[{index}]", seen)
+        return
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        names = [field.name for field in dataclasses.fields(obj)]
+        names += [name for name in _attributes(obj) if name not in names]
+        for name in names:
+            _walk(getattr(obj, name), f"{path}.{name}", seen)
+
+
+def _attributes(obj: object) -> list[str]:
+    """The instance attributes of ``obj``: its ``__dict__`` and every set ``__slots__`` entry."""
+    names = list(getattr(obj, "__dict__", {}))
+    for cls in type(obj).__mro__:
+        slots = cls.__dict__.get("__slots__", ())
+        for name in (slots,) if isinstance(slots, str) else slots:
+            if name not in ("__dict__", "__weakref__") and hasattr(obj, name):
+                names.append(name)
+    return names
+
+
+class _FrozenDict(dict):  # type: ignore[type-arg]
+    """A read-only dict: a ref's mappings cannot be changed after the ref is checked.
+
+    A ``dict`` (not a ``MappingProxyType``) so that ``dataclasses.asdict`` and ``copy.deepcopy`` of a ref work.
+    """
+
+    def _refuse(self, *args: object, **kwargs: object) -> None:
+        raise TypeError("a SampleRef's feature mappings are read-only")
+
+    __setitem__ = __delitem__ = __ior__ = _refuse  # type: ignore[assignment]
+    clear = pop = popitem = setdefault = update = _refuse  # type: ignore[assignment]
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_FrozenDict, (dict(self),))
+
+    def __copy__(self) -> _FrozenDict:
+        return self
+
+    def __deepcopy__(self, memo: dict[int, object]) -> _FrozenDict:
+        import copy
+
+        return _FrozenDict(copy.deepcopy(dict(self), memo))
+
+
+@dataclasses.dataclass(frozen=True)
+class FeatureSpec:
+    """Shape and dtype of one stored feature tensor."""
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+    def __post_init__(self) -> None:
+        try:
+            shape = tuple(self.shape)
+        except TypeError:
+            raise ValueError(f"FeatureSpec shape must be a tuple of non-negative ints, got {self.shape!r}") from None
+        for dim in shape:
+            if isinstance(dim, bool) or not isinstance(dim, int) or dim < 0:
+                raise ValueError(
+                    f"FeatureSpec shape must be a tuple of non-negative ints, got {shape!r} (invalid dimension {dim!r})"
+                )
+        if not isinstance(self.dtype, torch.dtype):
+            raise ValueError(f"FeatureSpec dtype must be a torch.dtype, got {self.dtype!r}")
+        object.__setattr__(self, "shape", shape)
+
+    @property
+    def nbytes(self) -> int:
+        numel = 1
+        for dim in self.shape:
+            numel *= dim
+        return numel * self.dtype.itemsize
+
+
+def _refuse_tensor(value: object, path: str) -> None:
+    """Name the path when a misplaced value is a tensor (the common, costly mistake)."""
+    assert_no_tensors(value, path=path)
+
+
+def _str_mapping(value: object, name: str, kind: type[_V]) -> dict[str, _V]:
+    """Copy a str-keyed mapping whose values are all ``kind``, or raise ``ValueError``."""
+    if not isinstance(value, Mapping):
+        _refuse_tensor(value, f"ref.{name}")
+        raise ValueError(f"SampleRef.{name} must be a mapping, got {type(value).__name__}")
+    out = dict(value)
+    for key, item in out.items():
+        if not isinstance(key, str):
+            raise ValueError(f"SampleRef.{name} has a non-str key {key!r}: control-plane dicts must be str-keyed")
+        if not isinstance(item, kind):
+            _refuse_tensor(item, f"ref.{name}[{key!r}]")
+            raise ValueError(f"SampleRef.{name}[{key!r}] must be a {kind.__name__}, got {item!r}")
+    return out
+
+
+def _require_id(name: str, value: object) -> None:
+    if not isinstance(value, str) or not value:
+        _refuse_tensor(value, f"ref.{name}")
+        raise ValueError(f"SampleRef.{name} must be a non-empty str, got {value!r}")
+
+
+def _require_count(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        _refuse_tensor(value, f"ref.{name}")
+        raise ValueError(f"SampleRef.{name} must be a non-negative int, got {value!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class SampleRef:
+    """A tensor-free reference to one sample's features in a ``FeatureStore``."""
+
+    sample_id: str
+    run_id: str
+    store_uri: str
+    feature_keys: Mapping[str, str]
+    feature_specs: Mapping[str, FeatureSpec]
+    algorithm: FeatureAlgorithm
+    schema_version: int
+    num_tokens: int
+    estimated_bytes: int
+    target_model_version: str
+    draft_weight_version: str
+
+    def __post_init__(self) -> None:
+        _require_id("sample_id", self.sample_id)
+        _require_id("run_id", self.run_id)
+        if not isinstance(self.store_uri, str) or "://" not in self.store_uri:
+            _refuse_tensor(self.store_uri, "ref.store_uri")
+            raise ValueError(f"SampleRef.store_uri must look like scheme://location, got {self.store_uri!r}")
+        for name in ("target_model_version", "draft_weight_version"):
+            value = getattr(self, name)
+            if not isinstance(value, str):
+                _refuse_tensor(value, f"ref.{name}")
+                raise ValueError(f"SampleRef.{name} must be a str, got {value!r}")
+        try:
+            algorithm = FeatureAlgorithm(self.algorithm)
+        except ValueError:
+            raise ValueError(f"SampleRef.algorithm {self.algorithm!r} is not a FeatureAlgorithm") from None
+        keys = _str_mapping(self.feature_keys, "feature_keys", str)
+        specs = _str_mapping(self.feature_specs, "feature_specs", FeatureSpec)
+        if set(keys) != set(specs):
+            raise ValueError(
+                f"SampleRef feature_keys {sorted(keys)} and feature_specs {sorted(specs)} must name the same "
+                "feature set"
+            )
+        missing = [name for name in REQUIRED_FEATURES[algorithm] if name not in keys]
+        if missing:
+            raise ValueError(
+                f"SampleRef for {algorithm.value} is missing required features {missing} (every {algorithm.value} "
+                f"sample carries {list(REQUIRED_FEATURES[algorithm])})"
+            )
+        _require_count("schema_version", self.schema_version)
+        _require_count("num_tokens", self.num_tokens)
+        _require_count("estimated_bytes", self.estimated_bytes)
+        object.__setattr__(self, "algorithm", algorithm)
+        object.__setattr__(self, "feature_keys", _FrozenDict(keys))
+        object.__setattr__(self, "feature_specs", _FrozenDict(specs))
+
+    def __hash__(self) -> int:
+        return hash((self.sample_id, self.run_id, self.store_uri))
+
+    def feature_names(self) -> tuple[str, ...]:
+        """Feature names in insertion order of ``feature_keys`` (the order batches are built in)."""
+        return tuple(self.feature_keys)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Rebuilt through the constructor from plain dicts, so the copy is checked like the original.
+        values = [getattr(self, f.name) for f in dataclasses.fields(self)]
+        values[3] = dict(self.feature_keys)
+        values[4] = dict(self.feature_specs)
+        return (SampleRef, tuple(values))
+
+
+_REF_FIELDS = frozenset(field.name for field in dataclasses.fields(SampleRef))
+_SPEC_FIELDS = frozenset(field.name for field in dataclasses.fields(FeatureSpec))
+
+
+def check_tensor_free(ref: SampleRef) -> None:
+    """``TypeError`` naming the path of a tensor anywhere in ``ref`` (what the queues admit).
+
+    A plain ``SampleRef`` with plain ``FeatureSpec``s and no attribute beyond its fields was checked field by
+    field when it was built, so it passes in O(features); anything else (a subclass, an extra attribute) is
+    walked in full.
+    """
+    if (
+        type(ref) is SampleRef
+        and ref.__dict__.keys() == _REF_FIELDS
+        and all(
+            type(spec) is FeatureSpec and spec.__dict__.keys() == _SPEC_FIELDS for spec in ref.feature_specs.values()
+        )
+    ):
+        return
+    try:
+        assert_no_tensors(ref)
+    except ValueError as exc:
+        raise TensorInRef(getattr(ref, "sample_id", None), str(exc)) from None
