@@ -36,9 +36,6 @@ Recipe::
 
 from __future__ import annotations
 
-import inspect
-import numbers
-import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -53,21 +50,10 @@ except ImportError as exc:
         "pip install 'featurestream[hf]'"
     ) from exc
 
-from featurestream.pipeline.eagle3 import Eagle3ForwardBackend, ForwardInputs, packed_attention_allowed
+from featurestream.pipeline.eagle3 import Eagle3ForwardBackend, ForwardInputs
+from featurestream.pipeline.hf_capture import HFCaptureModel, Tap, check_layer_ids, find_decoder_layers
 
 __all__ = ["HFEagle3TargetModel", "default_aux_layer_ids", "find_decoder_layers"]
-
-# Where Hugging Face causal LMs keep their decoder layer list, most common first.
-_LAYER_PATHS = (
-    "model.layers",  # Llama, Mistral, Qwen2/3, Gemma 1-3, Phi-3, OLMo, ...
-    "model.language_model.layers",  # multimodal wrappers (transformers 5)
-    "language_model.model.layers",  # multimodal wrappers (transformers 4)
-    "model.decoder.layers",  # OPT
-    "transformer.h",  # GPT-2, Falcon, Bloom, GPT-J
-    "gpt_neox.layers",  # GPT-NeoX, Pythia
-    "transformer.layers",
-    "transformer.blocks",  # MPT
-)
 
 
 def default_aux_layer_ids(num_layers: int) -> tuple[int, int, int]:
@@ -86,79 +72,7 @@ def default_aux_layer_ids(num_layers: int) -> tuple[int, int, int]:
     return ids
 
 
-def _resolve(root: nn.Module, path: str) -> Any:
-    node: Any = root
-    for name in path.split("."):
-        node = getattr(node, name, None)
-        if node is None:
-            return None
-    return node
-
-
-def _num_hidden_layers(model: nn.Module) -> int | None:
-    config = getattr(model, "config", None)
-    if config is None:
-        return None
-    text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
-    value = getattr(text_config, "num_hidden_layers", None)
-    return value if isinstance(value, int) else None
-
-
-def find_decoder_layers(model: nn.Module) -> nn.ModuleList:
-    """The decoder layer list of a Hugging Face causal LM.
-
-    Tries the usual attribute paths (``model.layers``, ``transformer.h``, ...),
-    then the shallowest ``nn.ModuleList`` as long as the config's
-    ``num_hidden_layers``. ``ValueError`` when neither finds one.
-    """
-    for path in _LAYER_PATHS:
-        layers = _resolve(model, path)
-        if isinstance(layers, nn.ModuleList) and len(layers) > 0:
-            return layers
-    expected = _num_hidden_layers(model)
-    if expected is not None:
-        for module in model.modules():
-            if isinstance(module, nn.ModuleList) and len(module) == expected:
-                return module
-    raise ValueError(
-        f"cannot find the decoder layers of {type(model).__name__}: none of {list(_LAYER_PATHS)} is a "
-        f"non-empty nn.ModuleList, and no nn.ModuleList has config.num_hidden_layers={expected} entries"
-    )
-
-
-def _check_aux_layer_ids(aux_layer_ids: Sequence[int], num_layers: int) -> tuple[int, int, int]:
-    if isinstance(aux_layer_ids, (str, bytes)) or not isinstance(aux_layer_ids, Sequence):
-        raise ValueError(f"aux_layer_ids must be a sequence of three layer indices, got {aux_layer_ids!r}")
-    if len(aux_layer_ids) != 3:
-        raise ValueError(f"aux_layer_ids must name exactly three layers, got {len(aux_layer_ids)}: {aux_layer_ids!r}")
-    for value in aux_layer_ids:
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-            raise ValueError(f"aux_layer_ids must be ints, got {value!r} ({type(value).__name__}) in {aux_layer_ids!r}")
-        if not 0 <= value < num_layers:
-            raise ValueError(
-                f"aux layer id {value!r} is out of range for a model with {num_layers} decoder layers "
-                f"(valid: 0..{num_layers - 1})"
-            )
-    ids = tuple(int(value) for value in aux_layer_ids)
-    if len(set(ids)) != 3:
-        duplicate = next(value for value in ids if ids.count(value) > 1)
-        raise ValueError(f"aux_layer_ids must be three distinct layers, got {duplicate} twice in {list(ids)}")
-    return ids  # type: ignore[return-value]
-
-
-def _first_tensor(output: Any) -> torch.Tensor:
-    """The hidden state in a module's output: a tensor, the first item of a tuple, or ``last_hidden_state``."""
-    hidden = getattr(output, "last_hidden_state", None)
-    if hidden is None and isinstance(output, (tuple, list)) and output:
-        hidden = output[0]
-    if hidden is None:
-        hidden = output
-    if not isinstance(hidden, torch.Tensor):
-        raise TypeError(f"expected a hidden-state tensor from the hooked module, got {type(hidden).__name__}")
-    return hidden
-
-
-class HFEagle3TargetModel(Eagle3ForwardBackend):
+class HFEagle3TargetModel(HFCaptureModel, Eagle3ForwardBackend):
     """EAGLE-3 target backend over a Hugging Face causal LM (see the module docstring for the batch it returns).
 
     ``aux_layer_ids``: three distinct decoder-layer indices (low, mid, high),
@@ -180,29 +94,15 @@ class HFEagle3TargetModel(Eagle3ForwardBackend):
     """
 
     def __init__(self, model: nn.Module, aux_layer_ids: Sequence[int] | None = None, cp_mesh: Any = None) -> None:
-        if cp_mesh is not None and cp_mesh.size() > 1:
-            raise ValueError(
-                f"featurestream's HFEagle3TargetModel runs the target forward unsharded; a context-parallel mesh of "
-                f"size {cp_mesh.size()} needs the reference's HFEagle3TargetModel (FeatureProducer accepts it as is)"
-            )
-        if not isinstance(model, nn.Module):
-            raise TypeError(f"model must be a torch.nn.Module (a Hugging Face causal LM), got {type(model).__name__}")
-        if not callable(getattr(model, "get_output_embeddings", None)) or model.get_output_embeddings() is None:
-            raise ValueError(
-                f"{type(model).__name__} has no LM head (get_output_embeddings() is missing or None); "
-                "load it with AutoModelForCausalLM, not AutoModel"
-            )
-        self.model = model
-        self._layers = find_decoder_layers(model)
-        self.num_layers = len(self._layers)
+        super().__init__(model, cp_mesh)
+        self._require_lm_head()
         self.aux_layer_ids: tuple[int, int, int] = (
             default_aux_layer_ids(self.num_layers)
             if aux_layer_ids is None
-            else _check_aux_layer_ids(aux_layer_ids, self.num_layers)
+            else check_layer_ids(aux_layer_ids, self.num_layers, name="aux_layer_ids", count=3)  # type: ignore[assignment]
         )
         self.selected_token_ids: torch.Tensor | None = None
         self.selected_token_mask: torch.Tensor | None = None
-        self._lock = threading.Lock()
 
     @property
     def config(self) -> transformers.PreTrainedConfig | None:
@@ -218,10 +118,6 @@ class HFEagle3TargetModel(Eagle3ForwardBackend):
     def vocab_size(self) -> int:
         """Rows of the LM head: the last dimension of ``logits``."""
         return int(self.model.get_output_embeddings().weight.shape[0])
-
-    def get_input_embeddings(self) -> nn.Module:
-        """The target's token embedding module (a draft head may copy or share it)."""
-        return self.model.get_input_embeddings()
 
     def set_vocab_mapping(
         self, selected_token_ids: torch.Tensor | None, selected_token_mask: torch.Tensor | None
@@ -261,71 +157,7 @@ class HFEagle3TargetModel(Eagle3ForwardBackend):
         ``position_ids``, a model whose forward takes none, or a FlashAttention
         model given a batch of more than one row.
         """
-        with self._lock:
-            return self._forward(inputs)
-
-    def _model_inputs(self, given: ForwardInputs) -> dict[str, Any]:
-        device = self.get_input_embeddings().weight.device
-        input_ids, position_ids, seq_lens = given.input_ids, given.position_ids, given.seq_lens
-        inputs: dict[str, Any] = {"input_ids": input_ids.to(device)}
-        if seq_lens is None:
-            inputs["attention_mask"] = given.attention_mask.to(device)
-            return inputs
-        if position_ids is None or "position_ids" not in inspect.signature(self.model.forward).parameters:
-            raise ValueError(
-                f"packed inputs (seq_lens given) need per-document position_ids and a model whose forward takes them; "
-                f"got position_ids={'None' if position_ids is None else 'a tensor'} for {type(self.model).__name__}"
-            )
-        inputs["position_ids"] = position_ids.to(device)
-        implementation = getattr(self.config, "_attn_implementation", None) or ""
-        if "flash" in implementation:
-            if input_ids.shape[0] != 1:
-                raise ValueError(
-                    f"packed inputs on a FlashAttention model ({implementation}) take one row per batch (it finds the "
-                    f"documents from position_ids), got {input_ids.shape[0]} rows; load the model with "
-                    "attn_implementation='sdpa' to pack more"
-                )
-            inputs["attention_mask"] = None
-            return inputs
-        allowed = packed_attention_allowed(seq_lens.to(device), input_ids.shape[1])
-        dtype = next(self.model.parameters()).dtype
-        blocked = torch.full(allowed.shape, torch.finfo(dtype).min, dtype=dtype, device=device)
-        inputs["attention_mask"] = blocked.masked_fill_(allowed, 0.0).unsqueeze(1)
-        return inputs
-
-    def _forward(self, given: ForwardInputs) -> tuple[torch.Tensor, torch.Tensor]:
-        inputs = self._model_inputs(given)
-        # One [B, T, 3H] buffer, filled slot by slot as the hooked layers run: a single copy of each state,
-        # taken at once (so a later layer cannot modify it in place under us), and no concatenation afterwards.
-        buffer: list[torch.Tensor] = []
-        filled = [False, False, False]
-
-        def capture(slot: int) -> Any:
-            def hook(module: nn.Module, args: Any, output: Any) -> None:
-                hidden = _first_tensor(output)
-                width = hidden.shape[-1]
-                if not buffer:
-                    buffer.append(hidden.new_empty((*hidden.shape[:-1], 3 * width)))
-                buffer[0][..., slot * width : (slot + 1) * width].copy_(hidden)
-                filled[slot] = True
-
-            return hook
-
-        handles = []
-        modes = [(module, module.training) for module in self.model.modules()]
-        try:
-            for slot, layer_id in enumerate(self.aux_layer_ids):
-                handles.append(self._layers[layer_id].register_forward_hook(capture(slot)))
-            self.model.eval()
-            with torch.no_grad():
-                outputs = self.model(**inputs, use_cache=False, output_hidden_states=False, return_dict=True)
-        finally:
-            for handle in handles:
-                handle.remove()
-            for module, training in modes:
-                module.training = training
-        missing = [layer for layer, done in zip(self.aux_layer_ids, filled, strict=True) if not done]
-        if missing:
-            raise RuntimeError(f"the forward of {type(self.model).__name__} never ran decoder layer(s) {missing}")
-        logits = outputs.logits if hasattr(outputs, "logits") else outputs[0]
-        return buffer[0], logits
+        taps = [Tap(self._layers[layer], key=layer, slot=slot) for slot, layer in enumerate(self.aux_layer_ids)]
+        captured = self.capture(inputs, taps, logits=True)
+        assert captured.concatenated is not None and captured.logits is not None
+        return captured.concatenated, captured.logits
