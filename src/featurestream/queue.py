@@ -1,7 +1,7 @@
-"""Reference-compatible import path: this module is ``featurestream.core.queue`` (the same module object)."""
+"""Reference-compatible import path: this module is ``featurestream.backends.memory.queue`` (the same module object)."""
 
 import sys
 
-from featurestream.core import queue as _module
+from featurestream.backends.memory import queue as _module
 
 sys.modules[__name__] = _module

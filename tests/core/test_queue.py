@@ -18,7 +18,8 @@ from featurestream import (
     StoreHealth,
     VisibilityTimeout,
 )
-from featurestream.core.queue import DEFAULT_MAX_DELIVERIES, _next_lease_id
+from featurestream.core.lease import _next_lease_id
+from featurestream.core.queue import DEFAULT_MAX_DELIVERIES
 from featurestream.testing import FakeClock
 
 from .samples import eagle3_tensors, put_sample

@@ -14,7 +14,7 @@ import featurestream
 ALIASES = {
     "featurestream.refs": "featurestream.common.refs",
     "featurestream.store": "featurestream.stores.base",
-    "featurestream.queue": "featurestream.core.queue",
+    "featurestream.queue": "featurestream.backends.memory.queue",
     "featurestream.eagle3": "featurestream.pipeline.eagle3",
     "featurestream.producer": "featurestream.pipeline.producer",
     "featurestream.loader": "featurestream.pipeline.loader",
@@ -27,6 +27,7 @@ MOVED = {
     "featurestream.core.refs": "featurestream.common.refs",
     "featurestream.core.checks": "featurestream.common.checks",
     "featurestream.core.errors": "featurestream.common.errors",
+    "featurestream.core.queue": "featurestream.backends.memory.queue",
 }
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from core.samples import put_sample
 from featurestream import FeatureStore, LeaseLost, LocalFeatureStore, SampleRefQueue, VisibilityTimeout
-from featurestream.core.queue import _Record
+from featurestream.backends.memory.engine import _Record
 from featurestream.spec.trace import (
     STORE_GET,
     STORE_PUT,

@@ -11,7 +11,6 @@ not allow raises ``IllegalTransition``. ``docs/architecture.md`` shows the split
 from __future__ import annotations
 
 import collections
-import dataclasses
 import logging
 import threading
 import time
@@ -46,6 +45,7 @@ from featurestream.core.lease import DeadLetter, Lease, StaleLog, VisibilityTime
 from featurestream.core.machines import LEASE_MACHINE, fire
 from featurestream.core.operation import Operation
 from featurestream.core.reaper import start_reaper
+from featurestream.core.stats import STATS_FIELDS, QueueStats
 from featurestream.stores.base import FeatureStore, StoreHealth
 
 __all__ = ["FrontEnd", "QueueStats", "Signal", "Tracer"]
@@ -53,39 +53,6 @@ __all__ = ["FrontEnd", "QueueStats", "Signal", "Tracer"]
 logger = logging.getLogger(__name__)
 
 Tracer = Callable[[str, dict[str, object]], None]
-
-
-@dataclasses.dataclass(frozen=True)
-class QueueStats:
-    """Counters since construction, plus the current gauges.
-
-    ``store_errors`` counts store calls made by the queue that raised (each
-    failed retry counts again); ``scrub_backlog`` is the gauge of settled
-    samples (or refused puts) whose ``scrub`` (``unretain``) the queue still
-    owes the store and retries. ``requeued`` / ``purged`` count dead letters
-    sent back by ``requeue_dead_letters`` / dropped by ``purge_dead_letters``.
-    """
-
-    put: int = 0
-    leased: int = 0
-    acked: int = 0
-    failed: int = 0
-    reclaimed: int = 0
-    dead_lettered: int = 0
-    extended: int = 0
-    stale_rejected: int = 0
-    dedup_refused: int = 0
-    producer_pauses: int = 0
-    store_errors: int = 0
-    requeued: int = 0
-    purged: int = 0
-    # Gauges: the current value, not a count since construction (marked so readers need not list them).
-    pending: int = dataclasses.field(default=0, metadata={"gauge": True})
-    outstanding: int = dataclasses.field(default=0, metadata={"gauge": True})
-    scrub_backlog: int = dataclasses.field(default=0, metadata={"gauge": True})
-
-
-_STATS_FIELDS = tuple(field.name for field in dataclasses.fields(QueueStats))
 
 
 class Signal:
@@ -415,7 +382,7 @@ class FrontEnd:
         with self._op.reading():
             values = self._engine.counters()
             values.update(store_errors=self._store_errors, scrub_backlog=len(self._owed))
-        return QueueStats(**{name: values.get(name, 0) for name in _STATS_FIELDS})
+        return QueueStats(**{name: values.get(name, 0) for name in STATS_FIELDS})
 
     def dead_letters(self, newest: int | None = None) -> list[DeadLetter]:
         """Samples whose deliveries were spent, oldest first; only the ``newest`` ones when it is given.

@@ -1,0 +1,1 @@
+"""The in-process backend: ``SampleRefQueue`` over ``MemoryEngine`` (plain Python structures, one lock)."""

@@ -1,0 +1,681 @@
+"""``RedisEngine``: the engine (``core.engine.Engine``) behind ``RedisSampleRefQueue``.
+
+Every state change is one atomic call of the server-side function library (``functions``); the server's
+reply lists what the call did as events, which ``RedisEngine._apply`` reports to the front end in order.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import itertools
+import logging
+import math
+import secrets
+import time
+import weakref
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import redis
+from featurestream.backends.redis import functions
+from featurestream.backends.redis.link import Link
+from featurestream.backends.redis.wire import (
+    dead_letter_from_json,
+    event_state,
+    lease_issued,
+    ref_from_json,
+    ref_to_json,
+)
+from featurestream.common import errors
+from featurestream.common.refs import SampleRef
+from featurestream.core.engine import (
+    Admitted,
+    Closed,
+    DeadLettered,
+    DedupRefused,
+    Drained,
+    Event,
+    Extended,
+    Leased,
+    LeaseModel,
+    Purged,
+    Reclaimed,
+    Refusal,
+    Released,
+    Report,
+    Requeued,
+    Settled,
+    Stale,
+    Trace,
+)
+from featurestream.core.lease import DeadLetter, Lease, VisibilityTimeout
+from featurestream.core.machines import HELD
+from featurestream.stores.base import StoreHealth
+
+__all__ = ["RedisEngine", "RedisLease"]
+
+logger = logging.getLogger(__name__)
+
+_NOT_ISSUED_HERE = "it is not the object this instance's acquire returned (a copy, or another process's or queue's)"
+_SETTLED_BEFORE = "it was settled or reclaimed already"
+
+# The functions that report settles from the ``retired`` feed to a producing caller.
+_FEEDING = frozenset({"put", "put_many", "reclaim"})
+
+
+@dataclasses.dataclass
+class RedisLease(Lease):
+    """A ``Lease`` issued by a ``RedisSampleRefQueue``; ``token`` proves it to the server."""
+
+    token: str = dataclasses.field(default="", repr=False)
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _sample_ids(sample_ids: Iterable[str] | None) -> list[str]:
+    """The ids of a dead-letter request (``None``: all, sent as no ids); ``TypeError`` for anything but strs."""
+    if sample_ids is None:
+        return []
+    if isinstance(sample_ids, (str, bytes)):
+        kind = type(sample_ids).__name__
+        raise TypeError(f"sample_ids must be a list of ids or None, got the single {kind} {sample_ids!r}")
+    ids = list(sample_ids)
+    for sample_id in ids:
+        if not isinstance(sample_id, str):
+            raise TypeError(f"sample ids must be str, got {sample_id!r}")
+    if not ids:
+        raise ValueError("sample_ids is empty: pass None for every dead letter, or name at least one")
+    if len(ids) > functions.MAX_BATCH:
+        raise ValueError(f"sample_ids must hold at most {functions.MAX_BATCH} items (one server call), got {len(ids)}")
+    return ids
+
+
+def _pending(counters: dict[Any, Any]) -> int:
+    """The pending gauge from the counters (``functions.PENDING_TERMS``, as traced calls derive it on the server)."""
+    values = {_text(k): int(v) for k, v in counters.items()}
+    return sum(sign * values.get(name, 0) for name, sign in functions.PENDING_TERMS.items())
+
+
+# A lease this call expects the server to report on: (the trigger, its lease, its model, if known yet).
+_Expected = tuple[str, Lease, "LeaseModel | None"]
+
+
+class RedisEngine:
+    """The Redis Functions engine (``core.engine.Engine``): every state change one atomic library call.
+
+    The server reports what each call did as a flat event list (see ``functions``); ``_apply`` turns it into
+    the front end's events, in order. This instance keeps what only it can know: the leases it was issued
+    (the object and its token) and their lease-machine models, the samples it put and has not seen settled
+    (their settles elsewhere arrive on the ``retired`` feed), and its place in that feed.
+    """
+
+    admit_reaps = True
+    max_batch = functions.MAX_BATCH
+
+    def __init__(
+        self,
+        report: Report,
+        link: Link,
+        name: str,
+        *,
+        traced: bool,
+        clock: Callable[[], float] | None,
+        visibility_timeout: VisibilityTimeout,
+        max_deliveries: int,
+        dedup_window: int,
+        keep_dead_letter_bytes: int,
+        store_uri: str | None,
+        owes_scrub: Callable[[str], bool],
+    ) -> None:
+        self._report = report
+        self._link = link
+        self._name = name
+        self._redis: redis.Redis = link.redis
+        self._key = link.key
+        self._retrying = link.retrying
+        self._traced = traced
+        self._server_time = clock is None
+        self._clock: Callable[[], float] = clock if clock is not None else time.monotonic
+        self._vt = visibility_timeout
+        self._vt_arg = repr(float(visibility_timeout.seconds))
+        self._dedup_window = dedup_window
+        self._keep_cap = keep_dead_letter_bytes
+        self._store_uri = store_uri  # None: an operator's handle, whose store holds nothing to release
+        self._owes_scrub = owes_scrub
+        # Put tokens and lease tokens: this instance's random prefix and a counter (unique, and unknown to
+        # other processes; cheaper than fresh randomness per call).
+        self._token_prefix = secrets.token_hex(8)
+        self._token_counter = itertools.count()
+        # The header's fixed middle and end (see _header; the feed cursor goes between them).
+        self._settings = f"\t{max_deliveries}\t{dedup_window}\t"
+        self._trace_flag = "\t1" if traced else "\t"
+        # A traced call's events carry their state as a fourth item (see functions).
+        self._event_width = 4 if traced else 3
+        # Traced instances: the queue's state as this instance last saw it reported (pending, outstanding, now), which
+        # the events the front end traces itself (StoreFault, ScrubRetried) carry, as the in-process queue's carry
+        # its state.
+        self._seen_state: dict[str, object] = {}
+        self._issued: weakref.WeakValueDictionary[int, RedisLease] = weakref.WeakValueDictionary()
+        # Lease id -> its lease machine model, for the leases this instance was issued (and, briefly, settled:
+        # so a second settle the server reports names the state the first left). See _lease_model.
+        self._models: dict[int, LeaseModel] = {}
+        self._prune_at = 1024  # prune the models once they exceed this (twice those kept at the last prune, + 1024)
+        # Samples this instance put and has not seen settled; their settles elsewhere arrive on the feed.
+        self._mine: dict[str, SampleRef] = {}
+        # The same samples by the exact wire bytes this instance sent: leasing one of them back skips the decode
+        # (identical bytes decode to an equal ref; the in-process queue hands out the very object put, too).
+        self._sent: dict[bytes, SampleRef] = {}
+        self._wire: dict[str, bytes] = {}
+        # Ids this instance saw settled, newest last (at most dedup_window): a re-put of one is asked of the server
+        # before the store is touched, as the in-process queue refuses it from its dedup window.
+        self._settled: collections.OrderedDict[str, None] = collections.OrderedDict()
+        # The clock value the last call sent (None: the server's TIME), so a lease's deadline needs no reply field.
+        self._sent_now: float | None = None
+        self._producing = False
+        self._feed_cursor = ""
+
+    def init(self, keep_dead_letter_bytes: int, store_uri: str) -> list[str]:
+        """Create the queue on the server or join it: its layout, settings, pinned store and feed position."""
+        reply = [_text(v) for v in self._run("init", keep_dead_letter_bytes, store_uri)]
+        self._feed_cursor = reply[-1]
+        return reply[:-1]
+
+    # -- talking to the server -------------------------------------------------
+    def _run(self, script: str, *args: str | int | bytes) -> Any:
+        """Call one library function with the shared header (see ``_header``)."""
+        return self._link.call(script, self._header, *args)
+
+    def _header(self, script: str) -> str:
+        """``now`` (empty: the server's TIME), max_deliveries, dedup_window, the feed cursor, the trace flag."""
+        if self._server_time:
+            self._sent_now = None
+            now = ""
+        else:
+            self._sent_now = float(self._clock())
+            now = repr(self._sent_now)
+        if self._producing and script in _FEEDING:
+            # Holding no unsettled puts, this instance needs no settles from before now, only the newest id.
+            return f"{now}{self._settings}{self._feed_cursor if self._mine else '$'}{self._trace_flag}"
+        return f"{now}{self._settings}{self._trace_flag}"
+
+    def _token(self) -> str:
+        """A fresh token (the server appends an item number to it for the leases or puts of a batch)."""
+        return f"{self._token_prefix}{next(self._token_counter)}."
+
+    # -- admitting ----------------------------------------------------------------
+    def screen(self, batch: list[SampleRef], check: Callable[[SampleRef], None]) -> None:
+        if any(self._known(ref.sample_id) for ref in batch):
+            self._check_puts(batch)
+        for ref in batch:
+            check(ref)
+
+    def _known(self, sample_id: str) -> bool:
+        """Whether this instance put ``sample_id`` before (held, settled, or owed a scrub)."""
+        return sample_id in self._mine or sample_id in self._settled or self._owes_scrub(sample_id)
+
+    def _check_puts(self, batch: list[SampleRef]) -> None:
+        """Before retaining ids this instance put already, or still owes a scrub: the server refuses them first
+        (closed, queued, in the dedup window -- counted there) without any store call, as the in-process queue
+        does. One extra call, on re-puts only."""
+        items = [part for ref in batch for part in (ref.sample_id, "")]
+        status, reply_events, *rest = self._run("put_many", "?" + self._token(), *items)
+        self._apply(reply_events)
+        status = _text(status)
+        if status != "fresh":
+            offending = next((ref for ref in batch if ref.sample_id == _text(rest[0])), batch[0])
+            raise _refusal(status, offending, rest[1])  # nothing was retained: nothing to undo
+
+    def admit(self, batch: list[SampleRef], health: StoreHealth | None, *, if_idle: bool) -> Refusal | None:
+        self._producing = True
+        if len(batch) == 1:
+            return self._put_one(batch[0], health, if_idle)
+        wires = [ref_to_json(ref).encode() for ref in batch]
+        items: list[str | bytes] = []
+        for ref, wire in zip(batch, wires, strict=True):
+            items += [ref.sample_id, wire]
+        status, reply_events, *rest = self._run("put_many", self._token(), *items)
+        self._apply(reply_events)
+        status = _text(status)
+        if status == "ok":
+            for ref, wire in zip(batch, wires, strict=True):
+                self._remember(ref, wire)
+            for ref, settled in zip(batch, rest[0] if rest else (), strict=False):
+                self._settled_since(ref, settled)
+            return None
+        offender, outcome, held = rest
+        offending = next((ref for ref in batch if ref.sample_id == _text(offender)), batch[0])
+        flags = dict(zip((ref.sample_id for ref in batch), (bool(int(flag)) for flag in held), strict=True))
+        unretain = [ref for ref in batch if not flags[ref.sample_id] and ref is not offending]
+        if not flags[offending.sample_id]:
+            unretain.append(offending)
+        return Refusal(_refusal(status, offending, outcome), tuple(unretain))
+
+    def _put_one(self, ref: SampleRef, health: StoreHealth | None, if_idle: bool) -> Refusal | None:
+        wire = ref_to_json(ref).encode()
+        status, reply_events, *rest = self._run("put", ref.sample_id, wire, self._token(), "idle" if if_idle else "")
+        self._apply(reply_events, put_health=health)
+        status = _text(status)
+        if status == "ok":
+            self._remember(ref, wire)
+            if rest:
+                self._settled_since(ref, rest[0])
+            return None
+        if status == "busy":
+            return Refusal(None, (ref,))
+        held = bool(int(rest[0])) if status == "closed" else status in ("held", "kept")
+        return Refusal(_refusal(status, ref, rest[0] if rest else ""), () if held else (ref,))
+
+    def _settled_since(self, ref: SampleRef, settled: object) -> None:
+        """A retried put whose first run's reply was lost: the server says whether the sample settled since
+        (``functions``' ``settled_since``). Its settle was fed before this instance knew the sample was its own,
+        so this is where its store learns it; a dead letter whose bytes are kept stays retained."""
+        if int(settled) == 1:
+            self._release(ref)
+
+    def _remember(self, ref: SampleRef, wire: bytes) -> None:
+        self._mine[ref.sample_id] = ref
+        self._sent[wire] = ref
+        self._wire[ref.sample_id] = wire
+
+    def abandon(self, sample_ids: list[str]) -> set[str]:
+        self.reap()  # a put refused before it reaches the server still reaps, as every queue call does
+        try:
+            return self.held(sample_ids)
+        except redis.RedisError:
+            # Un-retaining a queued sample would lose it, keeping an unqueued one only pins it.
+            logger.warning("could not tell which of %r the queue holds; their retains stay", sample_ids)
+            return set(sample_ids)
+
+    def held(self, sample_ids: Sequence[str]) -> set[str]:
+        """Which of ``sample_ids`` the queue holds (pending or leased, put by any process); raises when Redis
+        cannot tell."""
+        if not sample_ids:
+            return set()
+        found = self._retrying(self._redis.hmget, self._key["refs"], list(sample_ids))
+        return {sample_id for sample_id, value in zip(sample_ids, found, strict=True) if value is not None}
+
+    def round(self, ref: SampleRef) -> bool:
+        """Like the in-process queue: reap, refuse once closed, and only then move the hysteresis."""
+        _, reaped_events, _, state, held, left = self._run("reclaim")
+        self._apply(reaped_events)
+        if left:  # traced: the state the reclaim left, which this round's own events report
+            self._seen_state = event_state(left)
+        if _text(state) != "open":
+            raise errors.QueueClosed(ref.sample_id)
+        return bool(int(held))
+
+    # -- leasing --------------------------------------------------------------------
+    def lease(self, n: int, wait: float) -> tuple[list[Lease], Any]:
+        """Up to ``n`` leases from one server call; the server registers the caller's wait of ``wait``
+        seconds, so a put (in any process) while it lasts wakes it."""
+        base = self._token()
+        status, reply_events, *rest = self._run("acquire", self._vt_arg, base, n, repr(float(wait)))
+        status = _text(status)
+        if status != "ok":
+            self._apply(reply_events)
+            return [], (None if status == "drained" else rest)
+        if not reply_events:  # nothing else happened (and untraced): each lease is reported as it is issued
+            return self._issue(rest, base, None), None
+        expected: dict[str, _Expected] = {}
+        leases = self._issue(rest, base, expected)
+        self._apply(reply_events, expected)
+        self._report_unmatched(expected)
+        return leases, None
+
+    def wait(self, hint: Any, seconds: float) -> None:
+        last_wake, until_deadline = (_text(v) for v in hint)
+        block = seconds
+        if until_deadline:
+            block = min(block, max(float(until_deadline), 0.0))
+        # BLOCK 0 would mean forever: wait at least a millisecond.
+        block_ms = max(1, math.ceil(block * 1000))
+        self._retrying(self._redis.xread, {self._key["wake"]: last_wake}, count=1, block=block_ms)
+
+    def _issue(self, reply: list[Any], base: str, expected: dict[str, _Expected] | None) -> list[Lease]:
+        """Leases from the server's ``key, n, ref`` triples; lease i (from 1) has token ``base + str(i)``. Each
+        is reported leased now, or (``expected``) at the server's event for it."""
+        # The server's deadline is the now it used plus vt: this process's clock, or exactly the now we sent.
+        deadline = (self._clock() if self._sent_now is None else self._sent_now) + self._vt.seconds
+        leases: list[Lease] = []
+        models = self._models
+        for index in range(0, len(reply), 3):
+            key, n, ref_json = reply[index : index + 3]
+            ref = self._sent.get(ref_json)
+            lease_id = int(key)
+            lease = RedisLease(
+                ref=ref if ref is not None else ref_from_json(ref_json),
+                deadline=deadline,
+                visibility_timeout=self._vt,
+                redelivery_count=int(n),
+                lease_id=lease_id,
+                token=f"{base}{index // 3 + 1}",
+            )
+            self._issued[lease_id] = lease
+            model = models.get(lease_id)
+            if model is None:
+                model = models[lease_id] = LeaseModel(lease.ref.sample_id, lease_id)
+            if expected is None:
+                self._report(Leased(model, lease, None))
+            else:
+                expected[_text(key)] = ("lease", lease, model)
+            leases.append(lease)
+        if len(models) > self._prune_at:
+            self._prune_models()
+        return leases
+
+    def _prune_models(self) -> None:
+        """Forget the models of settled leases and of leases whose object is gone (nothing can settle those
+        here any more): the ones still issued and not settled stay (those of the call pruning are still
+        ``pending``: they are reported leased once the reply is read)."""
+        issued = self._issued
+        self._models = {
+            lease_id: model for lease_id, model in self._models.items() if model.state in HELD and lease_id in issued
+        }
+
+    def _lease_model(self, lease_id: int, trigger: str) -> LeaseModel:
+        """The model of a lease this instance was issued, for ``trigger`` the server reported on it; a lease it
+        holds no model of cannot have been settled or extended by it: ``IllegalTransition``."""
+        model = self._models.get(lease_id)
+        if model is None:
+            raise errors.IllegalTransition("lease", f"lease {lease_id}", "not issued to this instance", trigger)
+        return model
+
+    def _lost(self, lease_id: int) -> None:
+        """The server refused this instance's own proof of a lease its model holds as leased: some call this
+        instance did not see reclaimed it."""
+        model = self._models.get(lease_id)
+        if model is not None and model.state == "leased":
+            self._report(Reclaimed(model, None))
+
+    def _proof(self, lease: object) -> tuple[str, str, str]:
+        """(lease key, token, sample id) to present to the server; the token is empty unless ``lease``
+        is the very object this instance issued, so copies and foreign leases are rejected as stale."""
+        lease_id = getattr(lease, "lease_id", None)
+        if type(lease_id) is not int:
+            return "", "", ""
+        sample_id = getattr(getattr(lease, "ref", None), "sample_id", "")
+        issued = self._issued.get(lease_id)
+        token = issued.token if issued is lease and issued is not None else ""
+        return f"{lease_id:016d}", token, sample_id if isinstance(sample_id, str) else ""
+
+    # -- settling -------------------------------------------------------------------
+    def settle(self, action: str, leases: list[Lease]) -> list[bool]:
+        """Ack, fail or lose ``leases`` in one server call; each is settled or rejected as stale on its own."""
+        trigger = "ack" if action == "ack" else "fail"
+        proofs = [self._proof(lease) for lease in leases]
+        if len(proofs) > 1:
+            # A lease repeated in the batch: its second settle is stale, as a second ack() would be.
+            seen: set[str] = set()
+            for index, (key, _, sample_id) in enumerate(proofs):
+                if key in seen:
+                    proofs[index] = (key, "", sample_id)
+                seen.add(key)
+        raw_statuses, reply_events = self._run(action, *[part for proof in proofs for part in proof])
+        statuses = [_text(raw) for raw in raw_statuses]
+        expected: dict[str, _Expected] | None = None
+        if reply_events:
+            # The settles are reported at their events (traced calls get one), so a failed scrub is traced right
+            # after its Ack, before a Drain the same call caused; the others right after the call's events.
+            expected = {}
+            for lease, proof, status in zip(leases, proofs, statuses, strict=True):
+                if status == "ok":
+                    expected[proof[0]] = (trigger, lease, None)
+            self._apply(reply_events, expected)
+        for lease, (key, token, sample_id), status in zip(leases, proofs, statuses, strict=True):
+            if status == "ok":
+                if expected is None or key in expected:
+                    self._report(self._settle_event(trigger, lease, None))
+            elif status == "again":
+                # A retried settle whose first run's reply (and events) was lost: acked, or failed into the
+                # dead letters; either way this instance's store is done with the sample.
+                trace = {"sample_id": sample_id, "lease_id": lease.lease_id} if self._traced else None
+                self._forget(lease.ref)
+                model = self._lease_model(lease.lease_id, trigger)
+                self._report(Settled(model, trigger, lease.ref, trace, retried=True))
+            else:
+                if token:
+                    self._lost(lease.lease_id)
+                self._report(Stale(trigger, lease, _SETTLED_BEFORE if token else _NOT_ISSUED_HERE, None))
+            if token:
+                self._issued.pop(lease.lease_id, None)
+        return [status in ("ok", "again") for status in statuses]
+
+    def extend(self, lease: Lease, seconds: float) -> bool:
+        key, token, _ = self._proof(lease)
+        status, reply_events, *rest = self._run("extend", key, token, repr(float(seconds)))
+        if _text(status) != "ok":
+            self._apply(reply_events)
+            if token:
+                self._lost(lease.lease_id)
+            return False
+        lease.deadline = self._local_deadline(rest[0], rest[1])
+        expected: dict[str, _Expected] = {key: ("extend", lease, None)}
+        self._apply(reply_events, expected)
+        self._report_unmatched(expected)
+        return True
+
+    def _local_deadline(self, deadline: object, now: object) -> float:
+        """A server deadline in this process's clock: exact under an injected clock, offset from TIME otherwise."""
+        if self._server_time:
+            return self._clock() + (float(_text(deadline)) - float(_text(now)))
+        return float(_text(deadline))
+
+    def reap(self) -> int:
+        total = 0
+        while True:
+            _, reply_events, count, *_ = self._run("reclaim")
+            self._apply(reply_events)
+            total += int(count)
+            # One call reaps at most REAP_LIMIT leases, to keep the server responsive.
+            if int(count) < functions.REAP_LIMIT:
+                return total
+
+    # -- lifecycle and dead-letter repair ---------------------------------------------
+    def close(self) -> None:
+        _, reply_events = self._run("close")
+        self._apply(reply_events)
+
+    def lifecycle_state(self) -> str:
+        return _text(self._retrying(self._redis.hget, self._key["meta"], "state"))
+
+    def requeue(self, sample_ids: Iterable[str] | None) -> list[str]:
+        ids = _sample_ids(sample_ids)
+        status, reply_events, detail = self._run("requeue", self._token(), *ids)
+        self._apply(reply_events)
+        status = _text(status)
+        if status == "ok":
+            return [_text(sample_id) for sample_id in detail]
+        sample_id = _text(detail)
+        if status == "unknown":
+            raise errors.NotDeadLetter(sample_id, "requeued", self._name)
+        if status == "gone":
+            raise errors.DeadLetterNotKept(sample_id, self._keep_cap)
+        if status == "held":
+            raise errors.DeadLetterQueued(sample_id)
+        raise errors.QueueDrained(self._name)
+
+    def purge(self, sample_ids: Iterable[str] | None) -> list[str]:
+        ids = _sample_ids(sample_ids)
+        status, reply_events, *rest = self._run("purge", *ids)
+        self._apply(reply_events)
+        if _text(status) != "ok":
+            raise errors.NotDeadLetter(_text(rest[0]), "purged", self._name)
+        purged, released = rest
+        if self._store_uri is not None:
+            for ref_json in released:
+                ref = ref_from_json(ref_json)
+                if ref.store_uri == self._store_uri:
+                    self._release(ref)
+        return [_text(sample_id) for sample_id in purged]
+
+    # -- reads -----------------------------------------------------------------------
+    def count_pause(self) -> None:
+        self._retrying(self._redis.hincrby, self._key["stats"], "producer_pauses", 1)
+
+    def pending_count(self) -> int:
+        return _pending(self._retrying(self._redis.hgetall, self._key["stats"]))
+
+    def outstanding_count(self) -> int:
+        return int(self._retrying(self._redis.hlen, self._key["leases"]))
+
+    def counters(self) -> dict[str, int]:
+        """The queue-wide counters and gauges (one MULTI/EXEC)."""
+        counters, outstanding = self._link.snapshot()
+        values = {_text(k): int(v) for k, v in counters.items()}
+        values.update(pending=_pending(counters), outstanding=int(outstanding))
+        return values
+
+    def dead_letters(self, newest: int | None) -> list[DeadLetter]:
+        """``newest`` reads (and decodes) just those: O(newest), not O(dead letters)."""
+        if newest == 0:  # LRANGE -0 -1 would be every letter
+            return []
+        letters = self._retrying(self._redis.lrange, self._key["dead"], -newest if newest else 0, -1)
+        return [dead_letter_from_json(raw) for raw in letters]
+
+    def oldest_lease_age(self) -> float | None:
+        """By the Redis server's clock, from the live lease records (each holds the server's ``TIME`` when it was
+        leased): O(live leases)."""
+
+        def read() -> tuple[list[Any], float]:
+            with self._redis.pipeline(transaction=True) as pipe:
+                pipe.hvals(self._key["leases"])
+                pipe.time()
+                records, (seconds, micros) = pipe.execute()
+            return records, seconds + micros / 1e6
+
+        records, server_now = self._retrying(read)
+        if not records:
+            return None
+        issued = min(lease_issued(record) for record in records)
+        return max(0.0, server_now - issued)
+
+    def trace_state(self) -> dict[str, object]:
+        """The queue state this instance's last call reported: exact for this instance, whose lock the front end
+        holds since that call (another process may have changed the queue since)."""
+        return self._seen_state
+
+    # -- the server's events ------------------------------------------------------------
+    def _apply(
+        self,
+        reply_events: list[Any],
+        expected: dict[str, _Expected] | None = None,
+        put_health: StoreHealth | None = None,
+    ) -> None:
+        """Report the server's events to the front end, in order.
+
+        ``expected``: lease key -> the trigger this call made on that lease, reported (and removed) at the
+        server's event for it; ``put_health``: the store read a put was decided on, whose resident bytes its
+        Put traces.
+        """
+        if not reply_events:
+            return
+        width = self._event_width
+        for index in range(0, len(reply_events), width):
+            kind, first, second = (_text(v) for v in reply_events[index : index + 3])
+            trace: dict[str, object] | None = None
+            if width == 4 and kind != "retired":
+                trace = event_state(reply_events[index + 3])
+                self._seen_state = {name: trace[name] for name in ("pending", "outstanding", "now")}
+            if kind in ("lease", "extend", "ack", "fail", "reclaim"):
+                if trace is not None:
+                    trace = {"sample_id": first, "lease_id": int(second), **trace}
+                if kind == "reclaim":
+                    lease_id = int(second)
+                    model = self._models.get(lease_id) or LeaseModel(first, lease_id, "leased")
+                    self._report(Reclaimed(model, trace))
+                elif expected is not None and second in expected:
+                    self._report(self._expected_event(expected.pop(second), trace))
+            elif kind == "retired":
+                self._feed_cursor = second
+                mine = self._mine.get(first)
+                if mine is not None:
+                    self._release(mine)
+            elif kind in ("dead", "kept"):
+                dead = dead_letter_from_json(second)
+                if kind == "dead":  # a kept one stays retained (and in _mine) until requeued and settled, or purged
+                    self._forget(dead.ref)
+                kept = kind == "kept"
+                self._report(
+                    DeadLettered(dead, kept, None if trace is None else {"sample_id": first, "kept": kept, **trace})
+                )
+            elif trace is None:
+                continue  # an untraced call's event for nothing this instance acts on
+            elif kind == "put":
+                if put_health is not None:
+                    trace = {"sample_id": first, "resident_bytes": put_health.resident_bytes, **trace}
+                else:
+                    trace = {"sample_id": first, **trace}
+                self._report(Admitted(first, trace))
+            elif kind == "dedup":
+                self._report(DedupRefused(first, {"sample_id": first, **trace}))
+            elif kind == "requeue":
+                self._report(Requeued(first, {"sample_id": first, **trace}))
+            elif kind == "purge":
+                self._report(Purged(first, {"sample_id": first, **trace}))
+            elif kind in ("stale", "forged"):  # forged: a copy of a live lease, not the object acquire returned
+                lease_key = int(second) if second else None
+                self._report(
+                    Stale(first, None, "", {"op": first, "lease_id": lease_key, "forged": kind == "forged", **trace})
+                )
+            elif kind == "close":
+                self._report(Closed(trace))
+            else:  # drain
+                self._report(Drained(trace))
+
+    def _expected_event(self, expected: _Expected, trace: Trace | None) -> Event:
+        """The event of a trigger this call made on one of this instance's leases."""
+        trigger, lease, model = expected
+        if model is None:
+            model = self._lease_model(lease.lease_id, trigger)
+        if trigger == "lease":
+            return Leased(model, lease, trace)
+        if trigger == "extend":
+            return Extended(model, trace)
+        return self._settle_event(trigger, lease, trace, model)
+
+    def _settle_event(
+        self, trigger: str, lease: Lease, trace: Trace | None, model: LeaseModel | None = None
+    ) -> Settled:
+        """The ``Settled`` of this instance's own ack or fail of ``lease``; an ack's bytes are done with here."""
+        if model is None:
+            model = self._lease_model(lease.lease_id, trigger)
+        if trigger == "ack":
+            self._forget(lease.ref)
+            return Settled(model, "ack", lease.ref, trace)
+        return Settled(model, "fail", None, trace)
+
+    def _report_unmatched(self, expected: dict[str, _Expected]) -> None:
+        """Report what the server did not (an untraced call gets no events for its own triggers)."""
+        for entry in expected.values():
+            self._report(self._expected_event(entry, None))
+
+    def _release(self, ref: SampleRef) -> None:
+        self._forget(ref)
+        self._report(Released(ref))
+
+    def _forget(self, ref: SampleRef) -> None:
+        """This instance's store is about to scrub ``ref``: remember it as settled, no longer as put here."""
+        if self._dedup_window:
+            settled = self._settled
+            if ref.sample_id in settled:
+                settled.move_to_end(ref.sample_id)
+            else:
+                settled[ref.sample_id] = None
+                if len(settled) > self._dedup_window:
+                    settled.popitem(last=False)
+        self._mine.pop(ref.sample_id, None)
+        self._sent.pop(self._wire.pop(ref.sample_id, b""), None)
+
+
+def _refusal(status: str, ref: SampleRef, outcome: object) -> Exception:
+    """``put``'s error for a refusal the server reported."""
+    if status == "closed":
+        return errors.QueueClosed(ref.sample_id)
+    if status == "held":
+        return errors.DuplicateSample(ref.sample_id)
+    if status == "kept":
+        return errors.KeptDeadLetter(ref.sample_id)
+    return errors.SettledSample(ref.sample_id, _text(outcome))
