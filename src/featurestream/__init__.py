@@ -8,8 +8,8 @@ Layout: ``common`` (refs, argument checks, errors: what both planes need),
 ``core`` (control plane: the front end, leases, machines), ``stores`` (data
 plane), ``backends`` (the queue engines: ``memory``, ``redis``), ``pipeline``
 (algorithm schemas, producer, loader), ``spec`` and ``testing``
-(verification), ``ops`` (trainer-side status and metrics, the operator
-commands), ``tools`` (demo, tiny models, diagrams). The reference's module
+(verification), ``monitor`` (trainer-side status and metrics), ``ops``
+(the operator commands), ``tools`` (demo, tiny models, diagrams). The reference's module
 paths (``featurestream.refs``, ``.store``, ``.queue``, ``.eagle3``,
 ``.producer``, ``.loader``, ``.async_pipeline``) are aliases of their new
 homes, as are the paths modules had before a move.

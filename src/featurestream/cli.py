@@ -12,8 +12,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("featurestream.tools.demo", "stream samples end to end and print a summary"),
     "check": ("featurestream.spec.check", "model-check spec/LeaseQueue.tla with TLC"),
     "diagrams": ("featurestream.tools.diagrams", "render the state diagrams with graphviz"),
-    "status": ("featurestream.tools.ops.status", "show a Redis queue: depth, leases, counters and rates, dead letters"),
-    "dead-letters": ("featurestream.tools.ops.dead_letters", "list, requeue or purge a Redis queue's dead letters"),
+    "status": ("featurestream.ops.status", "show a Redis queue: depth, leases, counters and rates, dead letters"),
+    "dead-letters": ("featurestream.ops.dead_letters", "list, requeue or purge a Redis queue's dead letters"),
 }
 
 

@@ -13,8 +13,8 @@ import pytest
 
 from featurestream import LocalFeatureStore, VisibilityTimeout
 from featurestream.cli import main
+from featurestream.monitor.status import COUNTERS, GAUGES
 from featurestream.testing import sample_tensors
-from featurestream.tools.status import COUNTERS, GAUGES
 
 redis = pytest.importorskip("redis", reason="redis-py is missing: pip install 'featurestream[redis]'")
 from featurestream.backends.redis.queue import RedisSampleRefQueue  # noqa: E402 - needs redis-py

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from featurestream.cli import main
-from featurestream.tools.ops.target import redact
+from featurestream.ops.target import redact
 
 # Nothing listens on port 1: a command that tried to connect would say "cannot reach Redis" instead.
 NOWHERE = "redis://127.0.0.1:1/0"

@@ -1,11 +1,11 @@
-"""``featurestream.tools.metrics``: the flat metrics dict, the every-N-steps logger and the Prometheus collector."""
+"""``featurestream.monitor.metrics``: the flat metrics dict, the every-N-steps logger and the Prometheus collector."""
 
 from __future__ import annotations
 
 import pytest
 
-from featurestream.tools.metrics import MetricsLogger, PrometheusCollector, metrics_from_snapshot, queue_metrics
-from featurestream.tools.status import COUNTERS, GAUGES, StatusWatcher
+from featurestream.monitor.metrics import MetricsLogger, PrometheusCollector, metrics_from_snapshot, queue_metrics
+from featurestream.monitor.status import COUNTERS, GAUGES, StatusWatcher
 
 from .queues import make_queue, put
 

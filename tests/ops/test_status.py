@@ -1,4 +1,4 @@
-"""``featurestream.tools.status``: snapshots and rates of an in-process queue, on a fake clock."""
+"""``featurestream.monitor.status``: snapshots and rates of an in-process queue, on a fake clock."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import json
 import pytest
 
 from featurestream import LocalFeatureStore, SampleRefQueue
+from featurestream.monitor.status import COUNTERS, GAUGES, StatusWatcher, snapshot
 from featurestream.testing import sample_tensors
-from featurestream.tools.status import COUNTERS, GAUGES, StatusWatcher, snapshot
 
 from .queues import make_queue, put
 

@@ -39,6 +39,7 @@ import torch
 from featurestream.core import events
 from featurestream.core.lease import VisibilityTimeout
 from featurestream.core.queue import LeaseLost, SampleRefQueue
+from featurestream.monitor.metrics import Metrics, MetricsLogger
 from featurestream.pipeline.async_pipeline import AsyncFeaturePipeline
 from featurestream.pipeline.loader import FeatureDataLoader
 from featurestream.pipeline.producer import FeatureProducer
@@ -46,7 +47,6 @@ from featurestream.stores.base import FeatureStore
 from featurestream.stores.local import LocalFeatureStore
 from featurestream.stores.shared_dir import DATA_SUFFIX, RETAINED_SUFFIX, SharedDirFeatureStore
 from featurestream.tools.diagrams import render_queue
-from featurestream.tools.metrics import Metrics, MetricsLogger
 from featurestream.tools.models import (
     HF_FAMILIES,
     TinyConfig,
@@ -116,7 +116,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         type=_non_negative_int,
         default=100,
         metavar="N",
-        help="print the queue metrics (featurestream.tools.metrics) every N training steps on stderr (100; 0 = off)",
+        help="print the queue metrics (featurestream.monitor.metrics) every N training steps on stderr (100; 0 = off)",
     )
     parser.add_argument(
         "--render", metavar="PATH", help="draw the queue's final state snapshot to PATH (.svg/.png need graphviz)"

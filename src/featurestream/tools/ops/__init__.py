@@ -1,28 +1,14 @@
-"""Operator commands for a shared Redis queue: ``featurestream status`` and ``featurestream dead-letters``."""
+"""Former import path: this package is ``featurestream.ops`` (the same module object), and so are its modules.
 
-from __future__ import annotations
+Each module is aliased here too: once this name is ``featurestream.ops``, Python would otherwise load
+``featurestream.tools.ops.status`` from ``featurestream.ops``'s folder as a second, separate module.
+"""
 
-import argparse
-import functools
-import os
 import sys
-from collections.abc import Callable
 
-__all__ = ["quiet_when_output_closes"]
+from featurestream import ops as _package
+from featurestream.ops import dead_letters, status, target
 
-Command = Callable[[argparse.Namespace], int]
-
-
-def quiet_when_output_closes(run: Command) -> Command:
-    """Make a command's ``run`` exit 0, without a traceback, when the reader of its stdout goes away (``| head``)."""
-
-    @functools.wraps(run)
-    def wrapper(args: argparse.Namespace) -> int:
-        try:
-            return run(args)
-        except BrokenPipeError:
-            # Point stdout at /dev/null so the interpreter's final flush does not fail again.
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-            return 0
-
-    return wrapper
+sys.modules[__name__] = _package
+for _module in (dead_letters, status, target):
+    sys.modules[_module.__name__.replace("featurestream.ops", __name__, 1)] = _module

@@ -16,8 +16,8 @@ import json
 import sys
 from typing import Any
 
-from featurestream.tools.ops import quiet_when_output_closes
-from featurestream.tools.ops.target import TargetError, add_target_arguments, open_target, redact
+from featurestream.ops import quiet_when_output_closes
+from featurestream.ops.target import TargetError, add_target_arguments, open_target, redact
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

@@ -1,7 +1,7 @@
 """``featurestream status``: what a shared Redis queue holds, its counters and rates, its dead letters.
 
 A table by default, one JSON object per line with ``--json`` (the keys of
-``featurestream.tools.status.snapshot`` plus ``url`` and ``name``); ``--watch S``
+``featurestream.monitor.status.snapshot`` plus ``url`` and ``name``); ``--watch S``
 refreshes every S seconds until Ctrl-C (or ``--count`` refreshes). Without
 ``--name`` it lists the server's queues and their lifecycle states instead. Exit
 status 2 when the server is unreachable, is no Redis server, or holds no queue of
@@ -17,8 +17,9 @@ import time
 from typing import Any
 
 from featurestream.core.protocol import LeaseQueue
-from featurestream.tools.ops import quiet_when_output_closes
-from featurestream.tools.ops.target import (
+from featurestream.monitor.status import COUNTERS, GAUGES, StatusWatcher
+from featurestream.ops import quiet_when_output_closes
+from featurestream.ops.target import (
     TargetError,
     add_target_arguments,
     list_target_queues,
@@ -26,7 +27,6 @@ from featurestream.tools.ops.target import (
     positive_float,
     redact,
 )
-from featurestream.tools.status import COUNTERS, GAUGES, StatusWatcher
 
 # Clear the terminal and home the cursor, so --watch redraws in place.
 _CLEAR = "\x1b[H\x1b[J"
