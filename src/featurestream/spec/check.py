@@ -8,7 +8,8 @@ in the spec directory and the checkout it belongs to, so
 ``--config spec/mutants/BugA.cfg`` works from anywhere. A config named
 ``Resume*.cfg`` (``--resume``, ``spec/mutants/ResumeNoLedger.cfg``) checks the
 checkpoint/restore model ``spec/Resume.tla``, one named ``Incarnation*.cfg`` the
-incarnation model ``spec/Incarnation.tla``.
+incarnation model ``spec/Incarnation.tla``, one named ``Orphan*.cfg`` the orphan reclaim
+model ``spec/OrphanReclaim.tla``.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ NAMED_MODELS = {
     "resume": (RESUME_CONFIG, "the checkpoint/restore model: exactly-once training across restarts"),
 }
 # Modules of their own, picked by the config's name prefix; any other config checks LeaseQueue.tla.
-SEPARATE_MODULES = {"Resume": RESUME_MODULE, "Incarnation": "Incarnation.tla"}
+SEPARATE_MODULES = {"Resume": RESUME_MODULE, "Incarnation": "Incarnation.tla", "Orphan": "OrphanReclaim.tla"}
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
