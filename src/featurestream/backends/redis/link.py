@@ -12,6 +12,12 @@ reply. Any other client shape (a pool with a client-side cache, a single-connect
 such as Sentinel's), a call while another thread holds that connection, and every retry take redis-py's
 ordinary path.
 
+With ``min_replicas`` (a replicated server, ``docs/redis.md``) every call is a pipeline of the ``FCALL``, a
+fence (a ``PUBLISH`` to no listener, which enters the replication stream) and ``WAIT``, one round trip on
+redis-py's path: the reply is handed back only once the replicas named have everything the primary had applied
+when it answered. A call that ends short is retried exactly as after a lost reply, on whichever server is
+primary by then; the server's remembered replies make that retry report the first run's effect or run it anew.
+
 Where redis-py packs requests with hiredis (installed: its ``HiredisRespSerializer``), the hot path hands the
 arguments to ``hiredis.pack_command`` itself: the same bytes, without redis-py's per-call wrapper around it
 (about 2 us of client CPU per call, a third of the packing).
@@ -29,7 +35,7 @@ from collections.abc import Callable
 from typing import Any
 
 import redis
-from featurestream.backends.redis import functions
+from featurestream.backends.redis import functions, sentinel
 
 try:
     import hiredis
@@ -37,7 +43,19 @@ try:
 except ImportError:  # pragma: no cover - hiredis is optional; redis-py packs in Python then
     hiredis = None
 
-__all__ = ["FIRST_CONTACT_TIMEOUT", "RETRYABLE", "Link", "NotRedisServer", "RedisUnreachable", "first_contact"]
+__all__ = [
+    "FIRST_CONTACT_TIMEOUT",
+    "REPLICATION_WAIT",
+    "RETRYABLE",
+    "Link",
+    "NotPrimary",
+    "NotRedisServer",
+    "NotReplicated",
+    "PrimaryLost",
+    "RedisUnreachable",
+    "ReplicasMissing",
+    "first_contact",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -48,12 +66,40 @@ RETRYABLE = (redis.ConnectionError, redis.TimeoutError)
 FIRST_CONTACT_TIMEOUT = 3.0
 
 
+# How long one WAIT blocks (at most what is left of reconnect_timeout) before the call is retried as after a
+# lost reply: short enough that a failover is noticed within a second or so of it.
+REPLICATION_WAIT = 1.0
+
+
 class RedisUnreachable(redis.ConnectionError):
     """A queue's first connection found no server answering: nothing was created."""
 
 
 class NotRedisServer(redis.ConnectionError):
     """The server at the URL answered, but not in the Redis protocol (an HTTP server, another service's port)."""
+
+
+class NotPrimary(redis.ReadOnlyError):
+    """The server at the URL is a read-only replica: a queue changes state, so it needs the primary."""
+
+
+class ReplicasMissing(ValueError):
+    """``min_replicas`` asks for more replicas than the primary has connected."""
+
+
+class NotReplicated(redis.ConnectionError):
+    """A call's effect did not reach ``min_replicas`` replicas within ``reconnect_timeout``: like a lost reply,
+    the caller cannot tell whether it stands."""
+
+
+class PrimaryLost(redis.ConnectionError):
+    """Through Sentinel: no primary answered within ``reconnect_timeout``; names the service and the sentinels."""
+
+
+def _transient(exc: BaseException) -> bool:
+    """Whether ``exc`` leaves the call undone and worth retrying: a connection error, or a primary that refuses
+    writes for want of replicas (``min-replicas-to-write``: nothing ran)."""
+    return isinstance(exc, RETRYABLE) or (isinstance(exc, redis.ResponseError) and "NOREPLICAS" in str(exc))
 
 
 def describe(client: redis.Redis) -> str:
@@ -74,7 +120,8 @@ def first_contact(client: redis.Redis, name: str | None, reconnect_timeout: floa
     length, so a server that accepts and never replies cannot hang it either.
     """
     limit = min(reconnect_timeout, FIRST_CONTACT_TIMEOUT)
-    where = f"Redis at {describe(client)} for " + (f"queue {name!r}" if name is not None else "its queues")
+    target = sentinel.describe(client) or f"Redis at {describe(client)}"
+    where = f"{target} for " + (f"queue {name!r}" if name is not None else "its queues")
     pool = client.connection_pool
     probe = client
     if type(pool) is redis.ConnectionPool:
@@ -124,13 +171,24 @@ class Link:
     effect, and reports the events, of its first run. Thread-safe as redis-py's client is.
     """
 
-    def __init__(self, client: redis.Redis, name: str, library: functions.Library, reconnect_timeout: float) -> None:
+    def __init__(
+        self,
+        client: redis.Redis,
+        name: str,
+        library: functions.Library,
+        reconnect_timeout: float,
+        min_replicas: int = 0,
+    ) -> None:
         self.redis = client
         self.prefix = f"featurestream:{{{name}}}:"
         self.key = {key: self.prefix + key for key in functions.KEY_NAMES}
         self._library = library
         self._functions = {script: library.function(script) for script in functions.FUNCTIONS}
         self._reconnect_timeout = reconnect_timeout
+        self._min_replicas = min_replicas
+        self._sentinel = sentinel.describe(client)
+        self._where = self._sentinel or describe(client)
+        self._fence = self.prefix + "fence"
         pool = client.connection_pool
         # the hot path's own connection (see the module docstring); None: every call takes redis-py's path
         self._conn: redis.connection.AbstractConnection | None = None
@@ -150,11 +208,25 @@ class Link:
         self._keep = f":{float(max(functions.MEMO_SECONDS, 2 * reconnect_timeout))!r}"
         first_contact(client, name, reconnect_timeout)
         self.load()
+        if min_replicas:
+            self._check_replicas()
+
+    def _check_replicas(self) -> None:
+        """``ReplicasMissing`` when the primary has fewer replicas connected than ``min_replicas``."""
+        info = self.retrying(self.redis.info, "replication")
+        connected = int(info.get("connected_slaves", 0))
+        if connected < self._min_replicas:
+            raise ReplicasMissing(
+                f"min_replicas={self._min_replicas} but {self._where} has {connected} replica(s) connected "
+                f"(role {info.get('role')!r}): start the replicas first, or lower min_replicas"
+            )
 
     def load(self) -> None:
         """``FUNCTION LOAD`` the library unless the server already has it (it persists with the data)."""
         try:
             self.retrying(self.redis.function_load, self._library.source)
+        except redis.ReadOnlyError as exc:
+            raise self._not_primary(exc) from None
         except redis.ResponseError as exc:
             if "already exists" in str(exc):
                 return
@@ -171,6 +243,8 @@ class Link:
         any request redis-py sends: it retries by itself), else ``-``, then this call's id and ``:`` how long
         the server keeps a reply it remembers for the retry."""
         call = f"{self._id}{next(self._calls)}{self._keep}"
+        if self._min_replicas:
+            return self._call_replicated(script, lambda name: f"{header(name)}\t+{call}", args)
         try:
             conn = self._conn
             if conn is not None and self._pid == os.getpid() and self._conn_lock.acquire(blocking=False):
@@ -181,10 +255,81 @@ class Link:
             return self.redis.fcall(self._functions[script], 1, self.prefix, f"{header(script)}\t+{call}", *args)
         except RETRYABLE:
             pass
+        except redis.ReadOnlyError as exc:
+            raise self._not_primary(exc) from None
+        except redis.ResponseError as exc:
+            if "function not found" not in str(exc).lower() and not _transient(exc):
+                raise
+        return self.retrying(self._call_reloading, script, lambda name: f"{header(name)}\t+{call}", args)
+
+    def _call_replicated(self, script: str, header: Callable[[str], str], args: tuple[Arg, ...]) -> Any:
+        """``call`` with ``min_replicas``: the ``FCALL`` through ``replicated``, reloading a lost library."""
+
+        def fcall(pipe: redis.client.Pipeline) -> None:
+            pipe.execute_command("FCALL", self._functions[script], 1, self.prefix, header(script), *args)
+
+        try:
+            return self.replicated(fcall)
         except redis.ResponseError as exc:
             if "function not found" not in str(exc).lower():
                 raise
-        return self.retrying(self._call_reloading, script, lambda name: f"{header(name)}\t+{call}", args)
+        self.load()
+        return self.replicated(fcall)
+
+    def replicated(self, commands: Callable[[redis.client.Pipeline], object]) -> Any:
+        """The last reply of the commands ``commands`` adds to a pipeline, once they reached ``min_replicas``
+        replicas (without ``min_replicas``: run as they are, retried while Redis is unreachable).
+
+        Each attempt is one round trip: the commands, the fence and ``WAIT``. An attempt that ends short of
+        ``min_replicas`` is retried as after a lost reply (the commands must be safe to repeat: the library's
+        calls are, by their remembered replies; the ledger's scripts are idempotent), for up to
+        ``reconnect_timeout``, then ``NotReplicated``.
+        """
+        give_up = time.monotonic() + self._reconnect_timeout
+        while True:
+            acked, reply = self._retrying_until(give_up, self._attempt, commands, give_up)
+            if acked >= self._min_replicas:
+                return reply
+            if time.monotonic() >= give_up:
+                raise NotReplicated(
+                    f"a call's effect reached {acked} of min_replicas={self._min_replicas} replica(s) of "
+                    f"{self._where} within reconnect_timeout={self._reconnect_timeout:g} s: it may or may not "
+                    "stand (as after a lost reply)"
+                )
+            logger.warning(
+                "a call reached %d of min_replicas=%d replica(s) of %s; retrying it",
+                acked,
+                self._min_replicas,
+                self._where,
+            )
+
+    def _attempt(self, commands: Callable[[redis.client.Pipeline], object], give_up: float) -> tuple[int, Any]:
+        """One round trip: ``commands``, then (``min_replicas``) the fence and a ``WAIT`` of at most
+        ``REPLICATION_WAIT`` seconds; (the replicas that acknowledged, the last command's reply)."""
+        with self.redis.pipeline(transaction=False) as pipe:
+            commands(pipe)
+            if not self._min_replicas:
+                return 0, pipe.execute()[-1]
+            # WAIT counts the replicas that have this connection's last write: the fence makes that everything
+            # the primary holds now, even when the commands wrote nothing (a retry answered from memory).
+            pipe.publish(self._fence, "")
+            wait_ms = max(1, int(1000 * min(REPLICATION_WAIT, give_up - time.monotonic())))
+            pipe.execute_command("WAIT", self._min_replicas, wait_ms)
+            try:
+                *replies, _, acked = pipe.execute()
+            except redis.ReadOnlyError as exc:
+                raise self._not_primary(exc) from None
+        return int(acked), replies[-1]
+
+    def _not_primary(self, exc: redis.ReadOnlyError) -> Exception:
+        """A write refused by a read-only replica. Through Sentinel a demoted primary is a connection error
+        (redis-py reconnects to the new one); at a URL the queue was pointed at a replica."""
+        if self._sentinel is not None:
+            return redis.ConnectionError(f"{self._sentinel} answered as a read-only replica: {exc}")
+        return NotPrimary(
+            f"Redis at {self._where} is a read-only replica, not the primary ({exc}): give the primary's URL, "
+            "or connect through Sentinel (sentinels=..., service_name=...) to follow failovers"
+        )
 
     def close(self) -> None:
         """Drop this link's remembered reply on the server and close the hot path's connection (a later call
@@ -228,17 +373,27 @@ class Link:
     def retrying(self, call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Call ``call``, retrying with backoff while Redis is unreachable, for up to ``reconnect_timeout``.
 
-        Only connection-level errors are retried.
+        Only connection-level errors (and a primary's ``NOREPLICAS``: nothing ran) are retried; through
+        Sentinel the last one is raised as ``PrimaryLost``, naming the service and the sentinels.
         """
-        give_up = time.monotonic() + self._reconnect_timeout
+        return self._retrying_until(time.monotonic() + self._reconnect_timeout, call, *args, **kwargs)
+
+    def _retrying_until(self, give_up: float, call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         delay = 0.02
         while True:
             try:
                 return call(*args, **kwargs)
-            except RETRYABLE as exc:
-                if time.monotonic() + delay > give_up:
+            except redis.RedisError as exc:
+                if not _transient(exc):
                     raise
-                logger.warning("Redis unreachable (%s); retrying in %.2fs", exc, delay)
+                if time.monotonic() + delay > give_up:
+                    if self._sentinel is None:
+                        raise
+                    raise PrimaryLost(
+                        f"cannot reach {self._sentinel} (retried for reconnect_timeout="
+                        f"{self._reconnect_timeout:g} s): {exc}"
+                    ) from exc
+                logger.warning("Redis unreachable at %s (%s); retrying in %.2fs", self._where, exc, delay)
                 time.sleep(delay)
                 delay = min(delay * 2, 1.0)
 

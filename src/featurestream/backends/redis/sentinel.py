@@ -1,0 +1,188 @@
+"""Reaching a queue's Redis through Sentinel: the primary of a replicated service, followed across failovers.
+
+``connect`` checks the arguments, asks the sentinels for the service's primary once (so a service no
+sentinel knows, or one whose primary they report down, is refused at construction with the service and the
+sentinels named) and returns a redis-py client over a ``SentinelConnectionPool``: each new connection asks
+the sentinels for the primary's address, and a connection to a primary that was demoted (``READONLY``) or
+died raises a connection error, which the queue's ``Link`` retries within ``reconnect_timeout`` -- by then
+on whichever server Sentinel promoted. Passwords go to redis-py only; no message here or in ``describe``
+contains one.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Sequence
+from typing import Any
+
+import redis.sentinel
+
+__all__ = ["SentinelServiceError", "connect", "describe", "parse_address", "sentinel_addresses", "where"]
+
+Address = tuple[str, int]
+
+# Seconds a sentinel or primary may take to accept a connection: a dead host must not stall the failover hunt.
+CONNECT_TIMEOUT = 2.0
+
+# A primary host that vanished without closing its sockets (power loss, partition) is noticed by TCP
+# keepalive after about idle + interval * count seconds, instead of the kernel's two hours.
+_KEEPALIVE = {
+    getattr(socket, name): value
+    for name, value in (("TCP_KEEPIDLE", 5), ("TCP_KEEPINTVL", 1), ("TCP_KEEPCNT", 3))
+    if hasattr(socket, name)
+}
+
+
+class SentinelServiceError(redis.ConnectionError):
+    """The sentinels know no such service, none of them answers, or they report its primary down."""
+
+
+def sentinel_addresses(sentinels: object) -> tuple[Address, ...]:
+    """``sentinels`` as ``(host, port)`` pairs; ``TypeError`` / ``ValueError`` naming the offending item."""
+    if isinstance(sentinels, (str, bytes)) or not isinstance(sentinels, Sequence):
+        raise TypeError(f"sentinels must be a list of (host, port) pairs, got {sentinels!r}")
+    if not sentinels:
+        raise ValueError("sentinels is empty: name at least one (host, port) of a sentinel")
+    out: list[Address] = []
+    for item in sentinels:
+        if not isinstance(item, Sequence) or isinstance(item, (str, bytes)) or len(item) != 2:
+            raise TypeError(f"each sentinel must be a (host, port) pair, got {item!r}")
+        host, port = item
+        if not isinstance(host, str) or not host:
+            raise TypeError(f"a sentinel's host must be a non-empty str, got {host!r} in {item!r}")
+        if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
+            raise ValueError(f"a sentinel's port must be an int in 1..65535, got {port!r} in {item!r}")
+        out.append((host, port))
+    return tuple(out)
+
+
+def parse_address(text: str) -> Address:
+    """``host:port`` (the CLI's ``--sentinel``) as a pair; ``ValueError`` naming ``text`` when malformed."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"a sentinel must be HOST:PORT with a port in 1..65535, got {text!r}")
+    return host, int(port)
+
+
+def _names(addresses: Sequence[Address]) -> str:
+    return ", ".join(f"{host}:{port}" for host, port in addresses)
+
+
+def where(service_name: str, addresses: Sequence[Address]) -> str:
+    """The primary of ``service_name`` as the messages name it (never a password)."""
+    return f"the primary of Sentinel service {service_name!r} (sentinels {_names(addresses)})"
+
+
+def describe(client: redis.Redis) -> str | None:
+    """``where`` for a client ``connect`` made (or any over a ``SentinelConnectionPool``); ``None`` otherwise."""
+    pool = client.connection_pool
+    if not isinstance(pool, redis.sentinel.SentinelConnectionPool):
+        return None
+    addresses = [
+        (str(s.connection_pool.connection_kwargs.get("host")), int(s.connection_pool.connection_kwargs.get("port", 0)))
+        for s in pool.sentinel_manager.sentinels
+    ]
+    return where(pool.service_name, sorted(addresses))
+
+
+def connect(
+    sentinels: object,
+    service_name: object,
+    *,
+    password: str | None = None,
+    sentinel_password: str | None = None,
+) -> redis.Redis:
+    """A client of ``service_name``'s primary, found through ``sentinels`` (checked at once).
+
+    ``password`` is the Redis servers' (primary and replicas), ``sentinel_password`` the sentinels'.
+    ``SentinelServiceError`` (naming the service and the sentinels) when no sentinel answers, none knows the
+    service, or they report its primary down; ``TypeError`` / ``ValueError`` for malformed arguments.
+    """
+    addresses = sentinel_addresses(sentinels)
+    if not isinstance(service_name, str) or not service_name:
+        raise ValueError(f"service_name must be a non-empty str (the name sentinels monitor), got {service_name!r}")
+    for label, value in (("password", password), ("sentinel_password", sentinel_password)):
+        if value is not None and not isinstance(value, str):
+            raise TypeError(f"{label} must be a str or None, got a {type(value).__name__}")
+    timeouts: dict[str, Any] = {"socket_connect_timeout": CONNECT_TIMEOUT}
+    manager = redis.sentinel.Sentinel(
+        list(addresses),
+        sentinel_kwargs={**timeouts, "socket_timeout": CONNECT_TIMEOUT, "password": sentinel_password},
+        password=password,
+        socket_keepalive=True,
+        socket_keepalive_options=_KEEPALIVE,
+        **timeouts,
+    )
+    try:
+        manager.discover_master(service_name)
+    except redis.sentinel.MasterNotFoundError:
+        raise SentinelServiceError(_diagnose(manager, service_name, addresses)) from None
+    return manager.master_for(service_name)
+
+
+def _diagnose(manager: redis.sentinel.Sentinel, service_name: str, addresses: Sequence[Address]) -> str:
+    """Why no sentinel named a usable primary of ``service_name``: unreachable, unknown, or reported down."""
+    known: set[str] = set()
+    states: list[str] = []
+    unreachable = 0
+    for sentinel in manager.sentinels:
+        try:
+            masters = sentinel.sentinel_masters()
+        except redis.RedisError:
+            unreachable += 1
+            continue
+        known.update(masters)
+        state = masters.get(service_name)
+        if state is not None:
+            flags = [flag for flag in ("is_sdown", "is_odown") if state.get(flag)]
+            states.append(f"{state['ip']}:{state['port']} {'down' if flags else 'not a usable primary'}")
+    target = where(service_name, addresses)
+    if unreachable == len(addresses):
+        return f"cannot reach {target}: none of the {len(addresses)} sentinels answers"
+    if not states:
+        others = ", ".join(repr(name) for name in sorted(known)) or "none"
+        return f"cannot reach {target}: no sentinel monitors service {service_name!r} (they monitor: {others})"
+    return f"cannot reach {target}: the sentinels report its primary {'; '.join(sorted(set(states)))}"
+
+
+def open_client(
+    url: str | None,
+    sentinels: object,
+    service_name: object,
+    *,
+    password: str | None,
+    sentinel_password: str | None,
+) -> redis.Redis:
+    """The client a queue, an operator's handle or ``list_queues`` makes: through ``sentinels`` when given
+    (with ``service_name``), else at ``url``; ``ValueError`` for a mix of the two."""
+    if sentinels is None:
+        if service_name is not None or sentinel_password is not None:
+            raise ValueError("service_name and sentinel_password need sentinels=[(host, port), ...]")
+        if password is not None and not isinstance(password, str):
+            raise TypeError(f"password must be a str or None, got a {type(password).__name__}")
+        if url is None:
+            raise ValueError("give a Redis url, or sentinels=[(host, port), ...] with service_name")
+        return redis.Redis.from_url(url, **({} if password is None else {"password": password}))
+    if url is not None:
+        raise ValueError(f"pass either a url or sentinels, not both (url={_redacted(url)}, sentinels={sentinels!r})")
+    return connect(sentinels, service_name, password=password, sentinel_password=sentinel_password)
+
+
+def check_min_replicas(min_replicas: object, sentinels: object) -> int:
+    """``min_replicas`` as the number of replicas a call waits for: ``None`` is 1 through Sentinel, else 0."""
+    if min_replicas is None:
+        return 0 if sentinels is None else 1
+    if isinstance(min_replicas, bool) or not isinstance(min_replicas, int):
+        raise TypeError(f"min_replicas must be an int >= 0 or None, got {min_replicas!r}")
+    if min_replicas < 0:
+        raise ValueError(f"min_replicas must be >= 0, got {min_replicas}")
+    return min_replicas
+
+
+def _redacted(url: str) -> str:
+    """``url`` without a password in it (for messages)."""
+    scheme, sep, rest = url.partition("://")
+    credentials, at, host = rest.rpartition("@")
+    if not sep or not at or ":" not in credentials:
+        return url
+    return f"{scheme}://{credentials.split(':', 1)[0]}:***@{host}"
