@@ -359,3 +359,40 @@ def test_a_recipe_for_the_reference_runs_on_featurestream_by_import_aliasing(ref
     report = json.loads(result.stdout.strip().splitlines()[-1])
     assert report["acked"] == 3 and len(report["streamed"]) == 3
     assert report["streamed"] == report["colocated"], "bit-identical supervision gives identical losses"
+
+
+# -- the shared directory, read across the two implementations ------------------------------------------------
+
+
+def carried(ref: Any, refs: Any) -> Any:
+    """``ref`` rebuilt with the ``SampleRef``/``FeatureSpec``/``FeatureAlgorithm`` of the ``refs`` module given."""
+    fields = {name: getattr(ref, name) for name in SampleRef.__dataclass_fields__}
+    fields["feature_specs"] = {
+        name: refs.FeatureSpec(shape=tuple(spec.shape), dtype=spec.dtype) for name, spec in ref.feature_specs.items()
+    }
+    fields["algorithm"] = refs.FeatureAlgorithm(ref.algorithm.value)
+    return refs.SampleRef(**fields)
+
+
+def test_each_shared_dir_store_reads_what_the_other_wrote(reference: Reference, tmp_path: Path) -> None:
+    """The reference's layout both ways: its store's files and refs (keyed ``<id>/<feature>``) are read, queued and
+    scrubbed through featurestream's; featurestream's puts are at ``<id>.safetensors`` for the reference's store."""
+    theirs = reference.module("stores.shared_dir").SharedDirFeatureStore(str(tmp_path))
+    ours = SharedDirFeatureStore(tmp_path)
+    queue = SampleRefQueue(ours)
+    queue.put(carried(theirs.put("000", sample_tensors(0), run_id="r"), featurestream.refs))
+    lease = queue.acquire(timeout=1)
+    assert lease is not None
+    got, handle = ours.get(lease.ref)
+    assert all(torch.equal(got[name], tensor) for name, tensor in sample_tensors(0).items())
+    ours.release(handle)
+    queue.ack(lease)
+    ours.close()
+    assert not os.path.exists(tmp_path / "000.safetensors")
+
+    ours = SharedDirFeatureStore(tmp_path)
+    mine = ours.put("001", sample_tensors(1), run_id="r")
+    loaded, _ = theirs.get(carried(mine, reference.module("refs")))
+    assert all(torch.equal(loaded[name], tensor) for name, tensor in sample_tensors(1).items())
+    ours.close()
+    assert os.listdir(tmp_path) == []

@@ -30,23 +30,19 @@ def files(directory: Path) -> list[str]:
     """The directory's files, once every removed sample is unlinked (the background deleter's promise).
 
     Each name's incarnation (``@<32 hex>``, fresh per put) is left out: ``s1@<inc>.safetensors`` reads as
-    ``s1.safetensors``. The ``<id>.current`` links are ``pointers``' business.
+    ``s1.safetensors``. The ``<id>.safetensors`` links are ``pointers``' business.
     """
     deadline = time.monotonic() + 10
     while any(name.startswith(shared_dir.SCRUBBED_PREFIX) for name in os.listdir(directory)):
         assert time.monotonic() < deadline, f"removed samples never unlinked: {sorted(os.listdir(directory))}"
         time.sleep(0.005)
-    names = [name for name in os.listdir(directory) if not name.endswith(shared_dir.POINTER_SUFFIX)]
+    names = [name for name in os.listdir(directory) if not os.path.islink(directory / name)]
     return sorted(re.sub(r"@[0-9a-f]{32}(?=\.)", "", name) for name in names)
 
 
 def pointers(directory: Path) -> dict[str, str]:
-    """Each ``<id>.current`` link in ``directory`` -> the file name it holds."""
-    return {
-        name: os.readlink(directory / name)
-        for name in os.listdir(directory)
-        if name.endswith(shared_dir.POINTER_SUFFIX)
-    }
+    """Each ``<id>.safetensors`` link in ``directory`` -> the file name it holds."""
+    return {name: os.readlink(directory / name) for name in os.listdir(directory) if os.path.islink(directory / name)}
 
 
 def test_put_writes_one_standard_safetensors_file(tmp_path: Path) -> None:
@@ -168,7 +164,7 @@ def test_is_resident_of_another_instance_s_sample_is_one_stat_of_the_id_s_latest
     for i in range(50):  # the answer must not depend on how many files the directory holds
         put_eagle3(writer, i)
     first = other.put("x", eagle3_sample(7))
-    assert pointers(tmp_path)["x.current"] == os.path.basename(other.data_path(first))
+    assert pointers(tmp_path)["x.safetensors"] == os.path.basename(other.data_path(first))
 
     def no_listing(*args: object, **kwargs: object) -> None:
         raise AssertionError("is_resident listed the directory")
@@ -178,13 +174,13 @@ def test_is_resident_of_another_instance_s_sample_is_one_stat_of_the_id_s_latest
             patched.setattr(os, name, no_listing)
         assert reader.is_resident("x") and reader.is_resident("s49") and not reader.is_resident("nothing")
     other.scrub(first)
-    assert not reader.is_resident("x") and "x.current" not in pointers(tmp_path)
+    assert not reader.is_resident("x") and "x.safetensors" not in pointers(tmp_path)
     second = other.put("x", eagle3_sample(8))
     reader.scrub(first)  # a stale scrub of the earlier put leaves the new put's link
-    assert reader.is_resident("x") and pointers(tmp_path)["x.current"] == os.path.basename(other.data_path(second))
+    assert reader.is_resident("x") and pointers(tmp_path)["x.safetensors"] == os.path.basename(other.data_path(second))
     _, handle = reader.get(second)
     reader.release(handle)  # the last release of an unqueued sample frees it, link and all
-    assert not reader.is_resident("x") and "x.current" not in pointers(tmp_path)
+    assert not reader.is_resident("x") and "x.safetensors" not in pointers(tmp_path)
     writer.close()
     assert os.listdir(tmp_path) == []
 

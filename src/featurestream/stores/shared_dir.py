@@ -15,11 +15,19 @@ digits minted by each ``put`` and carried by its ref's feature keys, ``<id>@<inc
   background thread (``featurestream.stores.deleter``). ``close`` waits for
   those unlinks; a new instance on the directory unlinks any left by a
   process that died before finishing them.
-- ``<id>.current`` — a symbolic link to the data file of the id's latest put, so
-  ``is_resident`` of a sample another instance wrote is one ``stat`` rather than a
-  directory listing. It only ever answers that question: every read, release and
-  scrub goes by the ref's own incarnation. Whoever removes a data file removes the
-  link too when it still names that file.
+- ``<id>.safetensors`` — a symbolic link to the data file of the id's latest put: the
+  reference's layout, so any reader that knows only it (``safetensors.torch.load_file``,
+  offline tools) finds the current sample there, and ``is_resident`` of a sample another
+  instance wrote is one ``stat`` rather than a directory listing. Every read, release
+  and scrub of a ref goes by the ref's own incarnation. Whoever removes a data file
+  removes the link too when it still names that file. A put never replaces a regular
+  file there (a sample in the reference's layout): it is refused as already present.
+- Incarnation-less samples: a ref in the reference's key format (``<id>/<name>``, as the
+  reference's store and offline precompute tools write them) names ``<id>.safetensors``
+  itself, with ``<id>.retained`` as its marker. It is read through whatever that name
+  holds; its release and scrub remove the name only when it is a regular file (the
+  reference's layout), never the link to a featurestream put, so a ref that names no
+  put can never free one.
 - ``<id>@<inc>.retained`` — an empty marker: a queue holds the sample. The queue's
   process creates it on ``retain`` (before the sample can be leased) and
   removes it on ``scrub`` (after the data file). A store instance releasing
@@ -27,6 +35,15 @@ digits minted by each ``put`` and carried by its ref's feature keys, ``<id>@<inc
   a stale or slow consumer in another process can never delete a sample a
   queue is about to redeliver, and a consumer that crashes without releasing
   leaks nothing: the queue's ``scrub`` unlinks the file whoever wrote it.
+
+Orphans: every instance holds a liveness token the OS releases when its
+process dies (``featurestream.stores.orphans``: a lock on the directory, no
+file), and the first 16 hex digits of each incarnation it mints name it. A
+sample whose writer died before a queue took it (a producer killed between
+``store.put`` and ``queue.put``) is freed by ``reclaim_orphans``, which every
+instance runs every ``orphan_interval`` seconds, in ``gc`` and from its queue's
+reaper, once it has seen the writer dead for ``orphan_grace`` seconds; a marked
+sample only when the queue holds it no more (see ``reclaim_orphans``).
 
 Residency (caps, ``health``) counts only the files this instance wrote, from
 in-memory counters; ``close`` unlinks those, even with handles out.
@@ -49,14 +66,17 @@ import logging
 import os
 import re
 import socket
+import stat
 import struct
 import tempfile
+import threading
 import uuid
 from collections.abc import Mapping
 from typing import Unpack
 
 import torch
 
+from featurestream.common.checks import check_seconds
 from featurestream.common.refs import SampleRef
 from featurestream.stores.deleter import BackgroundDeleter, remove_reporting
 from featurestream.stores.ledger import (
@@ -65,6 +85,15 @@ from featurestream.stores.ledger import (
     StoreCaps,
     check_spec,
 )
+from featurestream.stores.orphans import (
+    DEFAULT_ORPHAN_GRACE,
+    DEFAULT_ORPHAN_INTERVAL,
+    TOKEN_DIGITS,
+    Holds,
+    OrphanClock,
+    WriterToken,
+    start_sweeper,
+)
 
 __all__ = ["CorruptSampleError", "SharedDirFeatureStore"]
 
@@ -72,7 +101,7 @@ logger = logging.getLogger(__name__)
 
 DATA_SUFFIX = ".safetensors"
 RETAINED_SUFFIX = ".retained"
-POINTER_SUFFIX = ".current"
+POINTER_SUFFIX = DATA_SUFFIX  # ``<id>.safetensors``: the reference's name of the sample, a link here
 SCRUBBED_PREFIX = ".scrubbed-"
 
 _DTYPES: dict[str, torch.dtype] = {
@@ -95,6 +124,8 @@ _HEADER_LIMIT = 100 * 1024 * 1024  # the safetensors reader's own bound on heade
 
 TEMP_SUFFIX = ".tmp"
 _INCARNATION = re.compile(r"[0-9a-f]{32}")
+_DATA_NAME = re.compile(rf"(?P<id>.+){INCARNATION_SEP}(?P<inc>[0-9a-f]{{32}}){re.escape(DATA_SUFFIX)}")
+_INCARNATION_TAIL = re.compile(rf"{INCARNATION_SEP}[0-9a-f]{{32}}$")
 _HOST = socket.gethostname().replace(".", "_").replace("-", "_") or "host"
 
 
@@ -264,7 +295,9 @@ def _prepare_directory(directory: str, create: bool) -> None:
 
 
 class SharedDirFeatureStore(LedgerFeatureStore):
-    """Samples as ``<sample_id>@<incarnation>.safetensors`` files in ``directory``, shared by processes or nodes.
+    """Samples as ``<sample_id>@<incarnation>.safetensors`` files in ``directory``, shared by processes or nodes,
+    each current put also at the reference's ``<sample_id>.safetensors`` (a link); refs keyed ``<id>/<name>`` (the
+    reference's format) read, queue and scrub that file as an incarnation-less sample.
 
     ``store_uri`` is ``file://<absolute directory>``, so every instance on the
     same directory can ``get`` and ``release`` the others' samples. A missing
@@ -278,6 +311,12 @@ class SharedDirFeatureStore(LedgerFeatureStore):
     directory gone, a full disk or a permission problem -> the ``OSError``
     subclass, naming the sample and the path. A failed ``put`` stores nothing
     and leaves no file behind. Caps and watermarks: the ``StoreCaps`` keywords.
+
+    Orphans: the samples of a writer (an instance on the directory, in any process) that died before a
+    queue took them are freed ``orphan_grace`` seconds (default 10) after a sweep first finds the writer
+    dead; a sweep runs every ``orphan_interval`` seconds (default 5; ``None``: only in ``gc`` and the
+    queue's reaper). A writer's samples are freed at most ``orphan_grace + 2 * orphan_interval`` seconds
+    after its death. ``ValueError`` for a negative grace or a non-positive interval.
     """
 
     adopts_foreign = True
@@ -287,8 +326,13 @@ class SharedDirFeatureStore(LedgerFeatureStore):
         directory: str | os.PathLike[str],
         *,
         create: bool = False,
+        orphan_grace: float = DEFAULT_ORPHAN_GRACE,
+        orphan_interval: float | None = DEFAULT_ORPHAN_INTERVAL,
         **caps: Unpack[StoreCaps],
     ) -> None:
+        check_seconds("orphan_grace", orphan_grace)
+        if orphan_interval is not None:
+            check_seconds("orphan_interval", orphan_interval, positive=True)
         self.directory = os.path.abspath(os.fspath(directory))
         self._unlink_later: dict[str, None] = {}  # paths whose unlink failed, retried by scrub/gc/close
         self._deleter = BackgroundDeleter(self._unlink_failed)
@@ -298,6 +342,12 @@ class SharedDirFeatureStore(LedgerFeatureStore):
             if name.startswith(SCRUBBED_PREFIX):  # left by a process that died before unlinking it
                 self._deleter.submit(os.path.join(self.directory, name))
         self._sweep_dead_writers()
+        self._writer = WriterToken(self.directory)
+        self._orphans = OrphanClock(orphan_grace, orphan_interval or DEFAULT_ORPHAN_INTERVAL)
+        self._sweep_stop = threading.Event()
+        self.reclaim_orphans(force=True)  # notes the writers already dead: their samples go a grace later
+        if orphan_interval is not None:
+            start_sweeper(self, SharedDirFeatureStore.reclaim_orphans, orphan_interval, self._sweep_stop)
 
     # -- paths ------------------------------------------------------------
     def _check_sample_id(self, sample_id: object) -> None:
@@ -308,18 +358,26 @@ class SharedDirFeatureStore(LedgerFeatureStore):
                 f"sample_id {sample_id!r} may not contain '/', '..' or NUL: it names a file, and would escape "
                 "the store directory"
             )
+        if _INCARNATION_TAIL.search(sample_id):
+            raise ValueError(
+                f"sample_id {sample_id!r} may not end in {INCARNATION_SEP}<32 hex digits>: its file "
+                f"{sample_id}{DATA_SUFFIX} would be the data file of an incarnation of another sample"
+            )
 
     def _stem(self, ref: SampleRef) -> str:
-        """``<id>@<inc>`` of ``ref``'s put; ``ValueError`` for an id that would escape the directory,
-        ``KeyError`` for feature keys that name no incarnation of this store (a forged or foreign ref)."""
+        """``<id>@<inc>`` of ``ref``'s put, or ``<id>`` for a ref in the reference's key format (``<id>/<name>``:
+        an incarnation-less sample); ``ValueError`` for an id that would escape the directory, ``KeyError`` for
+        feature keys in neither format (a forged or foreign ref)."""
         self._check_sample_id(ref.sample_id)
         name, key = next(iter(ref.feature_keys.items()))
         prefix, suffix = f"{ref.sample_id}{INCARNATION_SEP}", f"/{name}"
+        if key == ref.sample_id + suffix:
+            return ref.sample_id
         incarnation = key[len(prefix) : -len(suffix)] if key.startswith(prefix) and key.endswith(suffix) else ""
         if not _INCARNATION.fullmatch(incarnation):
             raise KeyError(
                 f"sample {ref.sample_id!r}: feature key {key!r} names no incarnation of {self.store_uri} "
-                f"(expected {prefix}<32 hex digits>{suffix})"
+                f"(expected {prefix}<32 hex digits>{suffix}, or {ref.sample_id}{suffix} for an incarnation-less sample)"
             )
         return prefix + incarnation
 
@@ -328,8 +386,9 @@ class SharedDirFeatureStore(LedgerFeatureStore):
         return os.path.join(self.directory, self._stem(ref) + DATA_SUFFIX)
 
     def is_resident(self, sample_id: str) -> bool:
-        """Samples this instance wrote: from its counters. Another instance's (same directory): whether the data
-        file of the id's latest put is there (one ``stat`` through ``<id>.current``, whatever the directory holds).
+        """Samples this instance wrote: from its counters. Another instance's (same directory), or one in the
+        reference's layout: whether ``<id>.safetensors`` (the link to the id's latest put, or the file itself)
+        leads to data (one ``stat``, whatever the directory holds).
         """
         if super().is_resident(sample_id):
             return True
@@ -347,13 +406,25 @@ class SharedDirFeatureStore(LedgerFeatureStore):
         return f".{sample_id}.{_HOST}-{os.getpid()}."
 
     def _point_at(self, sample_id: str, data_name: str) -> None:
-        """Make ``<id>.current`` name ``data_name`` (relative: nodes may mount the directory at other paths)."""
+        """Make ``<id>.safetensors`` name ``data_name`` (relative: nodes may mount the directory at other paths).
+
+        ``ValueError`` when a regular file holds the name: a sample in the reference's layout, never replaced.
+        """
         pointer = self._pointer_path(sample_id)
         try:
             os.symlink(data_name, pointer)
             return
         except FileExistsError:
             pass  # an earlier put's link: replaced atomically, so a concurrent stat always finds one
+        try:
+            plain = not stat.S_ISLNK(os.lstat(pointer).st_mode)
+        except FileNotFoundError:
+            plain = False  # removed meanwhile: the replace below creates it
+        if plain:
+            raise ValueError(
+                f"sample {sample_id!r} is already present in {self.store_uri} as {pointer} (the reference's "
+                "layout): a sample already present is never overwritten"
+            )
         temp = os.path.join(self.directory, f"{self._temp_name(sample_id)}{uuid.uuid4().hex}{TEMP_SUFFIX}")
         os.symlink(data_name, temp)
         try:
@@ -363,20 +434,27 @@ class SharedDirFeatureStore(LedgerFeatureStore):
             raise
 
     def _unpoint(self, ref: SampleRef) -> None:
-        """Remove ``<id>.current`` if it names ``ref``'s data file; a later put's link stays.
+        """Remove ``<id>.safetensors`` if it links to ``ref``'s data file; a later put's link stays.
 
         The link is moved aside before it is read, so a re-put that replaces it meanwhile is never the one
         removed; one taken by mistake is linked back unless a newer one is there already. A link left behind
-        (an error, a killed process) only ever dangles, and a dangling link reads as not resident.
+        (an error, a killed process) only ever dangles, and a dangling link reads as not resident. An
+        incarnation-less ref's name is its data file: removing that removed the name.
         """
-        pointer = self._pointer_path(ref.sample_id)
-        aside = os.path.join(self.directory, f"{self._temp_name(ref.sample_id)}{uuid.uuid4().hex}{TEMP_SUFFIX}")
+        if self._stem(ref) == ref.sample_id:
+            return
+        self._unpoint_stem(ref.sample_id, self._stem(ref))
+
+    def _unpoint_stem(self, sample_id: str, stem: str) -> None:
+        """``_unpoint`` of the put ``stem`` (``<id>@<inc>``) of ``sample_id``: a reclaimed orphan has no ref."""
+        pointer = self._pointer_path(sample_id)
+        aside = os.path.join(self.directory, f"{self._temp_name(sample_id)}{uuid.uuid4().hex}{TEMP_SUFFIX}")
         try:
             os.rename(pointer, aside)
         except OSError:
             return  # no link (another instance took it), or it cannot be moved: it is left to dangle
         try:
-            if os.readlink(aside) != self._stem(ref) + DATA_SUFFIX:
+            if os.readlink(aside) != stem + DATA_SUFFIX:
                 with contextlib.suppress(FileExistsError):
                     os.link(aside, pointer, follow_symlinks=False)
         finally:
@@ -397,6 +475,10 @@ class SharedDirFeatureStore(LedgerFeatureStore):
         return type(exc)(exc.errno, f"cannot {action}: {reason}", path)
 
     # -- ledger hooks -----------------------------------------------------
+    def _mint_incarnation(self) -> str:
+        # The writer's liveness token first: a sample's file names the instance whose death makes it an orphan.
+        return self._writer.hex + uuid.uuid4().hex[TOKEN_DIGITS:]
+
     def _write(self, sample_id: str, ref: SampleRef, tensors: Mapping[str, torch.Tensor], take_ownership: bool) -> None:
         final = self.data_path(ref)
         # ``contiguous``/``cpu`` copy only when a tensor is strided or on a device; dense CPU ones are written as-is.
@@ -423,10 +505,12 @@ class SharedDirFeatureStore(LedgerFeatureStore):
                 raise self._io_error(exc, action, final) from exc
             try:
                 self._point_at(sample_id, os.path.basename(final))
-            except OSError as exc:
+            except BaseException as exc:
                 with contextlib.suppress(OSError):
                     os.unlink(final)  # a failed put stores nothing
-                raise self._io_error(exc, action, self._pointer_path(sample_id)) from exc
+                if isinstance(exc, OSError):
+                    raise self._io_error(exc, action, self._pointer_path(sample_id)) from exc
+                raise
         finally:
             try:
                 os.unlink(temp)
@@ -465,9 +549,18 @@ class SharedDirFeatureStore(LedgerFeatureStore):
         self._unpoint(ref)
 
     def _remove_data(self, path: str) -> None:
-        """Take a data file out of the directory now; the background deleter frees its bytes."""
+        """Take a data file out of the directory now; the background deleter frees its bytes.
+
+        A link found under the name (an incarnation-less ref's ``<id>.safetensors`` that names a put) goes
+        back unless a newer one is there: only that put's own refs may free it.
+        """
         out = os.path.join(self.directory, f"{SCRUBBED_PREFIX}{uuid.uuid4().hex}")
         os.rename(path, out)
+        if os.path.islink(out):
+            with contextlib.suppress(FileExistsError):
+                os.link(out, path, follow_symlinks=False)
+            os.unlink(out)
+            return
         self._deleter.submit(out)
 
     def _unlink(self, path: str, *, data: bool = False) -> None:
@@ -498,8 +591,67 @@ class SharedDirFeatureStore(LedgerFeatureStore):
         return gone
 
     def gc(self) -> int:
-        """Forget orphan handles, retry failed unlinks, sweep dead writers' temporaries; return how many."""
-        return super().gc() + self._retry_unlinks() + self._sweep_dead_writers()
+        """Forget orphan handles, retry failed unlinks, sweep dead writers' temporaries and reclaim their
+        unqueued samples (``reclaim_orphans``, whatever the interval); return how many."""
+        return super().gc() + self._retry_unlinks() + self._sweep_dead_writers() + self.reclaim_orphans(force=True)
+
+    def reclaim_orphans(self, held: Holds | None = None, *, force: bool = False) -> int:
+        """Free the samples of writers seen dead for ``orphan_grace`` seconds that no queue holds; return how many.
+
+        A writer is a store instance on this directory, dead once its process is (``stores.orphans``). Of a
+        dead writer's samples, one without a queued marker is freed; a marked one (its writer died between
+        ``retain`` and the enqueue, or the queue dead-lettered it with its bytes kept and has purged it since)
+        only when ``held`` -- a queue's answer, which its reaper passes -- says the queue holds it neither
+        pending, leased nor as a dead letter; without ``held``, or when it raises, marked samples stay. Runs at
+        most every ``orphan_interval`` seconds unless ``force``; a sweep is one directory listing plus a probe
+        per other writer. Each is freed as ``scrub`` frees: the data file, then its link and its marker.
+        """
+        if not force and not self._orphans.due():
+            return 0
+        found: dict[str, list[tuple[str, str]]] = {}
+        for name in os.listdir(self.directory):  # before the probes: a writer found dead adds no file after them
+            match = _DATA_NAME.fullmatch(name)
+            if match is not None:
+                stem = name[: -len(DATA_SUFFIX)]
+                found.setdefault(match["inc"][:TOKEN_DIGITS], []).append((match["id"], stem))
+        ripe = self._orphans.ripe({token: self._writer.alive(token) for token in found})
+        orphans = [orphan for token in ripe for orphan in found[token]]
+        marked = [
+            (sample_id, stem)
+            for sample_id, stem in orphans
+            if os.path.exists(os.path.join(self.directory, stem + RETAINED_SUFFIX))
+        ]
+        holding = self._queue_holds(held, [sample_id for sample_id, _ in marked])
+        freed = 0
+        for sample_id, stem in orphans:
+            if (sample_id, stem) in marked and (holding is None or sample_id in holding):
+                continue
+            self._unlink(os.path.join(self.directory, stem + DATA_SUFFIX), data=True)
+            self._unpoint_stem(sample_id, stem)
+            self._unlink(os.path.join(self.directory, stem + RETAINED_SUFFIX))
+            freed += 1
+        if freed:
+            logger.info(
+                "%s: reclaimed %d sample(s) of writers that died before a queue took them", self.store_uri, freed
+            )
+        return freed
+
+    def _queue_holds(self, held: Holds | None, sample_ids: list[str]) -> set[str] | None:
+        """``held(sample_ids)``; ``None`` (hold them all) without ``held`` or when it raises."""
+        if not sample_ids:
+            return set()
+        if held is None:
+            return None
+        try:
+            return held(sample_ids)
+        except Exception as exc:
+            logger.warning(
+                "%s: the queue could not say which of %d marked orphans it holds (%r); they stay",
+                self.store_uri,
+                len(sample_ids),
+                exc,
+            )
+            return None
 
     def _sweep_dead_writers(self) -> int:
         """Unlink the ``.tmp`` files of writers on this host that died inside ``put`` (SIGKILL); return how many.
@@ -526,11 +678,14 @@ class SharedDirFeatureStore(LedgerFeatureStore):
     def close(self) -> None:
         """Unlink every sample this instance wrote (idempotent), retrying unlinks that failed before.
 
-        Returns once every file this instance removed is unlinked, those of earlier scrubs included.
+        Returns once every file this instance removed is unlinked, those of earlier scrubs included. Its
+        liveness token goes last: it wrote nothing that is left.
         """
+        self._sweep_stop.set()
         super().close()
         self._deleter.flush()
         self._retry_unlinks()
+        self._writer.release()
 
     # -- queue hooks --------------------------------------------------------
     def retain(self, ref: SampleRef) -> None:
