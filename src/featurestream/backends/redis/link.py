@@ -185,7 +185,7 @@ class Link:
         self._library = library
         self._functions = {script: library.function(script) for script in functions.FUNCTIONS}
         self._reconnect_timeout = reconnect_timeout
-        self._min_replicas = min_replicas
+        self.min_replicas = min_replicas  # replicas each change must reach before its call returns
         self._sentinel = sentinel.describe(client)
         self._where = self._sentinel or describe(client)
         self._fence = self.prefix + "fence"
@@ -215,9 +215,9 @@ class Link:
         """``ReplicasMissing`` when the primary has fewer replicas connected than ``min_replicas``."""
         info = self.retrying(self.redis.info, "replication")
         connected = int(info.get("connected_slaves", 0))
-        if connected < self._min_replicas:
+        if connected < self.min_replicas:
             raise ReplicasMissing(
-                f"min_replicas={self._min_replicas} but {self._where} has {connected} replica(s) connected "
+                f"min_replicas={self.min_replicas} but {self._where} has {connected} replica(s) connected "
                 f"(role {info.get('role')!r}): start the replicas first, or lower min_replicas"
             )
 
@@ -243,7 +243,7 @@ class Link:
         any request redis-py sends: it retries by itself), else ``-``, then this call's id and ``:`` how long
         the server keeps a reply it remembers for the retry."""
         call = f"{self._id}{next(self._calls)}{self._keep}"
-        if self._min_replicas:
+        if self.min_replicas:
             return self._call_replicated(script, lambda name: f"{header(name)}\t+{call}", args)
         try:
             conn = self._conn
@@ -288,18 +288,18 @@ class Link:
         give_up = time.monotonic() + self._reconnect_timeout
         while True:
             acked, reply = self._retrying_until(give_up, self._attempt, commands, give_up)
-            if acked >= self._min_replicas:
+            if acked >= self.min_replicas:
                 return reply
             if time.monotonic() >= give_up:
                 raise NotReplicated(
-                    f"a call's effect reached {acked} of min_replicas={self._min_replicas} replica(s) of "
+                    f"a call's effect reached {acked} of min_replicas={self.min_replicas} replica(s) of "
                     f"{self._where} within reconnect_timeout={self._reconnect_timeout:g} s: it may or may not "
                     "stand (as after a lost reply)"
                 )
             logger.warning(
                 "a call reached %d of min_replicas=%d replica(s) of %s; retrying it",
                 acked,
-                self._min_replicas,
+                self.min_replicas,
                 self._where,
             )
 
@@ -308,13 +308,13 @@ class Link:
         ``REPLICATION_WAIT`` seconds; (the replicas that acknowledged, the last command's reply)."""
         with self.redis.pipeline(transaction=False) as pipe:
             commands(pipe)
-            if not self._min_replicas:
+            if not self.min_replicas:
                 return 0, pipe.execute()[-1]
             # WAIT counts the replicas that have this connection's last write: the fence makes that everything
             # the primary holds now, even when the commands wrote nothing (a retry answered from memory).
             pipe.publish(self._fence, "")
             wait_ms = max(1, int(1000 * min(REPLICATION_WAIT, give_up - time.monotonic())))
-            pipe.execute_command("WAIT", self._min_replicas, wait_ms)
+            pipe.execute_command("WAIT", self.min_replicas, wait_ms)
             try:
                 *replies, _, acked = pipe.execute()
             except redis.ReadOnlyError as exc:

@@ -1,14 +1,17 @@
 """The training ledger of a Redis queue: the same state as ``MemoryLedger``, as keys in the queue's namespace.
 
 Every change is one Lua script (atomic on the server) and durable as the
-queue is (run Redis with ``--appendonly yes --appendfsync always``). Keys,
+queue is (run Redis with ``--appendonly yes --appendfsync always``); on a
+replicated queue (``min_replicas``) a change returns only once it reached
+that many replicas, as the queue's own calls do (``docs/redis.md``). Keys,
 under the queue's prefix (its hash tag, so a cluster keeps them together):
 ``resume:gen`` (prompt key -> generation), ``resume:owner`` (prompt key ->
 the claim that set its generation, so a retried claim is recognised),
 ``resume:trained`` (prompt key -> ``rank:step``), ``resume:steps:<rank>``
 (a sorted set of the rank's trained keys by step), ``resume:ranks``
-(``inc:<rank>`` -> incarnation) and ``resume:counts`` (restores, duplicates; not ``meta``, which
-names a queue to ``list_queues``).
+(``inc:<rank>`` -> incarnation), ``resume:restores`` (a restore's token -> its reply, so a retried restore
+reports the keys its first run rolled back) and ``resume:counts`` (restores, duplicates; not ``meta``,
+which names a queue to ``list_queues``).
 """
 
 from __future__ import annotations
@@ -75,7 +78,13 @@ end
 return out
 """
 
+# A retry of the same restore (same token) after a lost or unreplicated reply reports its first run: rolling
+# back again would find nothing later and lose the list of keys to train again.
 _RESTORE = """
+local done = redis.call('HGET', KEYS[5], ARGV[3])
+if done then
+  return cjson.decode(done)
+end
 local incarnation = redis.call('HINCRBY', KEYS[1], 'inc:' .. ARGV[1], 1)
 local later = redis.call('ZRANGEBYSCORE', KEYS[2], '(' .. ARGV[2], '+inf')
 for i = 1, #later, 512 do
@@ -83,7 +92,9 @@ for i = 1, #later, 512 do
 end
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '(' .. ARGV[2], '+inf')
 redis.call('HINCRBY', KEYS[4], 'restores', 1)
-return {incarnation, later}
+local reply = {incarnation, later}
+redis.call('HSET', KEYS[5], ARGV[3], cjson.encode(reply))
+return reply
 """
 
 # A key already trained by this very step (a retried commit) is no duplicate.
@@ -126,6 +137,9 @@ class RedisTrainingLedger(TrainingLedger):
     ``retrying(fn, *args)`` is the queue's retry of connection errors; every
     script is idempotent under it. ``holds`` reads which sample ids the queue
     holds (its ``refs`` hash) and raises when Redis cannot tell.
+    ``replicated`` (the queue link's, ``Link.replicated``) runs each change on a
+    pipeline it hands over and returns once the change reached the queue's
+    ``min_replicas`` (retrying it, idempotent, when it fell short).
     """
 
     def __init__(
@@ -134,12 +148,15 @@ class RedisTrainingLedger(TrainingLedger):
         prefix: str,
         retrying: Callable[..., Any],
         holds: Callable[[Sequence[str]], set[str]],
+        replicated: Callable[[Callable[[Any], object]], Any] | None = None,
     ) -> None:
         self._retrying = retrying
+        self._replicated = replicated
         self._holds = holds
         base = prefix + "resume:"
         self._gen, self._owner, self._trained = base + "gen", base + "owner", base + "trained"
         self._ranks, self._counts, self._steps_base = base + "ranks", base + "counts", base + "steps:"
+        self._restores = base + "restores"
         self._redis = client
         self._declare = client.register_script(_DECLARE)
         self._claim = client.register_script(_CLAIM)
@@ -150,9 +167,15 @@ class RedisTrainingLedger(TrainingLedger):
     def _steps(self, rank: int) -> str:
         return f"{self._steps_base}{rank}"
 
+    def _change(self, script: Any, keys: list[str], args: list[Any]) -> Any:
+        """Run one changing ``script``: replicated when the queue is, else retried as every call is."""
+        if self._replicated is None:
+            return self._retrying(script, keys, args)
+        return self._replicated(lambda pipe: script(keys, args, client=pipe))
+
     def declare(self, keys: Iterable[str]) -> int:
         wanted = list(dict.fromkeys(check_key(key) for key in keys))
-        return sum(int(self._retrying(self._declare, [self._gen], list(chunk))) for chunk in _chunks(wanted))
+        return sum(int(self._change(self._declare, [self._gen], list(chunk))) for chunk in _chunks(wanted))
 
     def generations(self, keys: Sequence[str]) -> list[int | None]:
         out: list[int | None] = []
@@ -165,7 +188,7 @@ class RedisTrainingLedger(TrainingLedger):
         claimed: dict[str, int] = {}
         for chunk in _chunks(list(expected.items())):
             args = [secrets.token_hex(8)] + [item for key, generation in chunk for item in (key, generation)]
-            for key in self._retrying(self._claim, [self._gen, self._trained, self._owner], args):
+            for key in self._change(self._claim, [self._gen, self._trained, self._owner], args):
                 claimed[_text(key)] = expected[_text(key)] + 1
         return claimed
 
@@ -178,14 +201,14 @@ class RedisTrainingLedger(TrainingLedger):
 
     def restore(self, rank: int, step: int) -> Restore:
         check_rank_step(rank, step)
-        keys = [self._ranks, self._steps(rank), self._trained, self._counts]
-        incarnation, later = self._retrying(self._restore, keys, [rank, step])
+        keys = [self._ranks, self._steps(rank), self._trained, self._counts, self._restores]
+        incarnation, later = self._change(self._restore, keys, [rank, step, secrets.token_hex(8)])
         return Restore(rank, step, int(incarnation), tuple(_text(key) for key in later))
 
     def commit(self, rank: int, incarnation: int, step: int, keys: Sequence[str]) -> int:
         check_rank_step(rank, step)
         names = [self._ranks, self._steps(rank), self._trained, self._gen, self._counts]
-        ok, value = self._retrying(self._commit, names, [rank, incarnation, step, *keys])
+        ok, value = self._change(self._commit, names, [rank, incarnation, step, *keys])
         if not int(ok):
             raise StaleTrainer(
                 f"rank {rank} incarnation {incarnation} may not commit step {step}: the rank was restored "

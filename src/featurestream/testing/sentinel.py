@@ -1,0 +1,296 @@
+"""``ReplicatedRedis``: a primary, its replicas and three sentinels on free local ports, for failover tests.
+
+Every process is a real ``redis-server`` (``--sentinel`` for the sentinels: the server binary runs as one, no
+separate package). ``kill_primary`` SIGKILLs whichever server is primary now, ``wait_failover`` returns once
+the sentinels agree on a promoted replica, and ``restart`` starts a killed server again as a replica of the
+current primary (as an operator brings a lost host back). Short ``down-after-milliseconds`` and
+``failover-timeout`` make a failover take about a second or two.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+from types import TracebackType
+from typing import Self
+
+import redis
+from featurestream.testing.servers import HOST, ServerProcess, free_port
+
+__all__ = ["RedisNode", "ReplicatedRedis", "SentinelNode"]
+
+SERVICE = "featurestream"
+
+
+def _binary() -> str:
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise FileNotFoundError("redis-server is not on PATH (Debian/Ubuntu: apt-get install redis-server)")
+    return binary
+
+
+class RedisNode(ServerProcess):
+    """One data server; ``replicaof`` (host, port) starts it as a replica of that primary."""
+
+    name = "redis-server"
+
+    def __init__(self, directory: Path, *, password: str | None = None) -> None:
+        super().__init__(log=directory / "server.log")
+        self.binary = _binary()
+        self.directory = directory
+        self.port = free_port()
+        self.password = password
+        self.replicaof: tuple[str, int] | None = None
+
+    def command(self) -> list[str]:
+        auth = [] if self.password is None else ["--requirepass", self.password, "--masterauth", self.password]
+        follow = [] if self.replicaof is None else ["--replicaof", self.replicaof[0], str(self.replicaof[1])]
+        return [
+            self.binary,
+            "--port", str(self.port),
+            "--bind", HOST,
+            "--dir", str(self.directory),
+            "--save", "",
+            "--appendonly", "no",
+            "--daemonize", "no",
+            "--protected-mode", "no",
+            "--loglevel", "warning",
+            "--repl-diskless-sync", "yes",
+            "--repl-diskless-sync-delay", "0",
+            *auth,
+            *follow,
+        ]  # fmt: skip
+
+    def client(self) -> redis.Redis:
+        return redis.Redis(host=HOST, port=self.port, password=self.password, socket_connect_timeout=0.5)
+
+    def ready(self) -> bool:
+        client = self.client()
+        try:
+            return bool(client.ping())
+        except (redis.ConnectionError, redis.BusyLoadingError):
+            return False
+        finally:
+            client.close()
+
+
+class SentinelNode(ServerProcess):
+    """One sentinel watching ``primary`` as ``SERVICE`` (quorum 2); its config file is its own (it rewrites it)."""
+
+    name = "redis-sentinel"
+
+    def __init__(
+        self,
+        directory: Path,
+        primary: RedisNode,
+        *,
+        down_after_ms: int,
+        failover_timeout_ms: int,
+        password: str | None = None,
+    ) -> None:
+        super().__init__(log=directory / "sentinel.log")
+        self.binary = _binary()
+        self.port = free_port()
+        self.password = password
+        self.config = directory / "sentinel.conf"
+        lines = [
+            f"port {self.port}",
+            f"bind {HOST}",
+            f"dir {directory}",
+            "protected-mode no",
+            f"sentinel monitor {SERVICE} {HOST} {primary.port} 2",
+            f"sentinel down-after-milliseconds {SERVICE} {down_after_ms}",
+            f"sentinel failover-timeout {SERVICE} {failover_timeout_ms}",
+            f"sentinel parallel-syncs {SERVICE} 1",
+        ]
+        if primary.password is not None:
+            lines.append(f"sentinel auth-pass {SERVICE} {primary.password}")
+        if password is not None:
+            lines.append(f"requirepass {password}")
+        self.config.write_text("\n".join(lines) + "\n")
+
+    def command(self) -> list[str]:
+        return [self.binary, str(self.config), "--sentinel", "--loglevel", "warning"]
+
+    def client(self) -> redis.Redis:
+        return redis.Redis(host=HOST, port=self.port, password=self.password, socket_connect_timeout=0.5)
+
+    def ready(self) -> bool:
+        client = self.client()
+        try:
+            return bool(client.ping())
+        except redis.ConnectionError:
+            return False
+        finally:
+            client.close()
+
+    def primary(self) -> tuple[str, int] | None:
+        """The primary this sentinel names for ``SERVICE`` now (``None`` when it cannot be asked)."""
+        client = self.client()
+        try:
+            found = client.sentinel_get_master_addr_by_name(SERVICE)
+        except redis.RedisError:
+            return None
+        finally:
+            client.close()
+        return None if found is None else (str(found[0]), int(found[1]))
+
+
+class ReplicatedRedis:
+    """A primary, ``replicas`` replicas and ``sentinels`` sentinels (quorum 2), started in ``directory``.
+
+    ``sentinel_addresses`` is what a queue's ``sentinels=`` takes, with ``service_name=SERVICE``. ``password``
+    (optional) protects the data servers, ``sentinel_password`` the sentinels.
+    """
+
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        replicas: int = 1,
+        sentinels: int = 3,
+        down_after_ms: int = 400,
+        failover_timeout_ms: int = 2000,
+        password: str | None = None,
+        sentinel_password: str | None = None,
+    ) -> None:
+        self.service = SERVICE
+        self.password = password
+        self.sentinel_password = sentinel_password
+        self.servers = [RedisNode(self._dir(directory, f"server{i}"), password=password) for i in range(replicas + 1)]
+        for replica in self.servers[1:]:
+            replica.replicaof = (HOST, self.servers[0].port)
+        self.sentinels = [
+            SentinelNode(
+                self._dir(directory, f"sentinel{i}"),
+                self.servers[0],
+                down_after_ms=down_after_ms,
+                failover_timeout_ms=failover_timeout_ms,
+                password=sentinel_password,
+            )
+            for i in range(sentinels)
+        ]
+
+    @staticmethod
+    def _dir(directory: Path, name: str) -> Path:
+        path = directory / name
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    @property
+    def sentinel_addresses(self) -> list[tuple[str, int]]:
+        return [(HOST, sentinel.port) for sentinel in self.sentinels]
+
+    def start(self, timeout: float = 30.0) -> None:
+        """Start every process; return once the replicas are in sync and every sentinel sees them all."""
+        try:
+            for server in self.servers:
+                server.start()
+            self.wait_replicas(len(self.servers) - 1, timeout)
+            for sentinel in self.sentinels:
+                sentinel.start()
+            self._wait_sentinels(timeout)
+        except BaseException:
+            self.stop()
+            raise
+
+    def primary(self) -> RedisNode:
+        """The server the sentinels name as primary now (a majority of those answering)."""
+        votes: dict[tuple[str, int], int] = {}
+        for sentinel in self.sentinels:
+            address = sentinel.primary()
+            if address is not None:
+                votes[address] = votes.get(address, 0) + 1
+        address = max(votes, key=votes.__getitem__)
+        return next(server for server in self.servers if server.port == address[1])
+
+    def kill_primary(self) -> RedisNode:
+        """SIGKILL the current primary (as if its host were lost); returns it (``restart`` it later)."""
+        primary = self.primary()
+        primary.stop(kill=True)
+        return primary
+
+    def wait_failover(self, old: RedisNode, timeout: float = 30.0) -> RedisNode:
+        """Once every sentinel names another primary than ``old`` and that server answers as primary: it."""
+        give_up = time.monotonic() + timeout
+        while time.monotonic() < give_up:
+            addresses = {sentinel.primary() for sentinel in self.sentinels}
+            if len(addresses) == 1 and None not in addresses:
+                (address,) = addresses
+                assert address is not None
+                if address[1] != old.port:
+                    server = next(server for server in self.servers if server.port == address[1])
+                    if self._role(server) == "master":
+                        return server
+            time.sleep(0.05)
+        raise TimeoutError(f"no failover away from port {old.port} within {timeout} s")
+
+    def restart(self, server: RedisNode) -> None:
+        """Start a killed server again, as a replica of the current primary, and wait until it is in sync."""
+        primary = self.primary()
+        server.replicaof = (HOST, primary.port)
+        server.start()
+        self.wait_replicas(sum(1 for s in self.servers if s.process is not None) - 1)
+
+    def wait_replicas(self, count: int, timeout: float = 30.0) -> None:
+        """Until the current primary (the first server before the sentinels run) has ``count`` replicas online."""
+        give_up = time.monotonic() + timeout
+        while time.monotonic() < give_up:
+            primary = self.primary() if any(s.process is not None for s in self.sentinels) else self.servers[0]
+            client = primary.client()
+            try:
+                info = client.info("replication")
+            except redis.RedisError:
+                info = {}
+            finally:
+                client.close()
+            online = [value for key, value in info.items() if key.startswith("slave") and isinstance(value, dict)]
+            if sum(1 for replica in online if replica.get("state") == "online") >= count:
+                return
+            time.sleep(0.05)
+        raise TimeoutError(f"the primary did not get {count} replica(s) online within {timeout} s")
+
+    def _wait_sentinels(self, timeout: float) -> None:
+        """Until each sentinel knows every replica and the other sentinels (so a failover can be agreed)."""
+        give_up = time.monotonic() + timeout
+        replicas, others = len(self.servers) - 1, len(self.sentinels) - 1
+        while time.monotonic() < give_up:
+            ready = 0
+            for sentinel in self.sentinels:
+                client = sentinel.client()
+                try:
+                    state = client.sentinel_master(SERVICE)
+                except redis.RedisError:
+                    continue
+                finally:
+                    client.close()
+                if state["num-slaves"] >= replicas and state["num-other-sentinels"] >= others:
+                    ready += 1
+            if ready == len(self.sentinels):
+                return
+            time.sleep(0.1)
+        raise TimeoutError(f"the sentinels did not discover {replicas} replica(s) and each other within {timeout} s")
+
+    @staticmethod
+    def _role(server: RedisNode) -> str | None:
+        client = server.client()
+        try:
+            return str(client.info("replication").get("role"))
+        except redis.RedisError:
+            return None
+        finally:
+            client.close()
+
+    def stop(self) -> None:
+        for process in [*self.sentinels, *self.servers]:
+            process.stop(kill=True)
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
