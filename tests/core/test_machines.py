@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -9,7 +10,7 @@ from transitions import MachineError
 
 from featurestream import LocalFeatureStore, SampleRefQueue, VisibilityTimeout
 from featurestream.core import machines
-from featurestream.core.engine import Event, Report
+from featurestream.core.engine import EngineContext, Event
 from featurestream.core.errors import IllegalTransition
 from featurestream.core.queue import MemoryEngine
 from featurestream.testing import FakeClock, sample_tensors
@@ -111,12 +112,12 @@ class _UnforgettingEngine(MemoryEngine):
 class _ReportingTwiceEngine(MemoryEngine):
     """Seeded defect: the engine reports each of its events twice (an engine replaying what it did)."""
 
-    def __init__(self, report: Report, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, context: EngineContext, **options: Any) -> None:
         def twice(event: Event) -> None:
-            report(event)
-            report(event)
+            context.report(event)
+            context.report(event)
 
-        super().__init__(twice, *args, **kwargs)
+        super().__init__(dataclasses.replace(context, report=twice), **options)
 
 
 def _queue(engine: type[MemoryEngine] = MemoryEngine) -> tuple[LocalFeatureStore, SampleRefQueue]:

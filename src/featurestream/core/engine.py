@@ -14,18 +14,22 @@ queue state it left: ``n``, ``pending``, ``outstanding``, ``now``, a lease's ``d
 the queue is not traced: an untraced engine builds no trace fields at all. ``model`` is a ``LeaseModel``:
 the lease-machine model of one lease, which the engine keeps as long as it can report about that lease.
 
-A new backend is an engine (a class meeting ``Engine``) plus a test module: see ``docs/architecture.md``.
+The front end builds its engine: ``FrontEnd(store, ..., engine=factory)`` calls ``factory(context)`` with an
+``EngineContext`` (the report sink, the lock, the shared settings) once it has checked its arguments. A new
+backend is an engine (a class meeting ``Engine``), its factory and a test module: see ``docs/architecture.md``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable, Mapping
+import threading
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
 from featurestream.common.refs import SampleRef
-from featurestream.core.lease import DeadLetter, Lease
+from featurestream.core.lease import DeadLetter, Lease, VisibilityTimeout
 from featurestream.core.machines import LEASE
+from featurestream.core.resume import TrainingLedger
 from featurestream.stores.base import StoreHealth
 
 __all__ = [
@@ -35,8 +39,11 @@ __all__ = [
     "DedupRefused",
     "Drained",
     "Engine",
+    "EngineContext",
+    "EngineFactory",
     "Event",
     "Extended",
+    "Holds",
     "LeaseModel",
     "Leased",
     "Purged",
@@ -210,6 +217,27 @@ Event = (
     | Drained
 )
 Report = Callable[[Event], None]
+Holds = Callable[[Sequence[str]], set[str]]
+
+
+@_event
+class EngineContext:
+    """What the front end gives the engine it builds: where to report, the lock, the shared settings.
+
+    ``report`` applies one event (call it under ``lock``, in order); ``lock`` is held around every engine call but
+    ``wait``; ``traced``: build trace fields (``None`` otherwise); ``max_deliveries``, ``dedup_window`` and
+    ``keep_dead_letter_bytes`` are the checked constructor values; ``owes_scrub(sample_id)``: whether this
+    instance still owes its store that sample's scrub (a re-put of it is refused).
+    """
+
+    report: Report
+    lock: threading.Lock
+    traced: bool
+    visibility_timeout: VisibilityTimeout
+    max_deliveries: int
+    dedup_window: int
+    keep_dead_letter_bytes: int
+    owes_scrub: Callable[[str], bool]
 
 
 @_event
@@ -286,6 +314,14 @@ class Engine(Protocol):
     def count_pause(self) -> None:
         """Count a producer pause in the queue's stats."""
 
+    def held(self, sample_ids: Sequence[str]) -> set[str]:
+        """Which of ``sample_ids`` the queue holds (pending or leased, put by any instance); raises when it cannot
+        tell."""
+
+    def training_ledger(self, holds: Holds) -> TrainingLedger:
+        """A new training ledger (``docs/resume.md``) kept where the queue's state is; ``holds`` is ``held`` under
+        the front end's lock, which the ledger calls without it."""
+
     def trace_state(self) -> dict[str, object]:
         """The queue state a front-end event (a store fault, a pause) is traced with: ``pending``,
         ``outstanding``, ``now`` as the engine knows them."""
@@ -303,3 +339,6 @@ class Engine(Protocol):
     def dead_letters(self, newest: int | None) -> list[DeadLetter]: ...
 
     def oldest_lease_age(self) -> float | None: ...
+
+
+EngineFactory = Callable[[EngineContext], Engine]

@@ -1,7 +1,9 @@
 """The front end every queue backend shares: each public ``LeaseQueue`` call, written once over an engine.
 
-A backend is a subclass that builds its ``Engine`` (``core/engine.py``: where its state lives and the few
-primitive changes) and calls ``_start``. Everything else a caller sees is here: argument checks and errors,
+``FrontEnd(store, ..., engine=factory)`` is every backend's one constructor: it checks the shared options and
+builds its ``Engine`` (``core/engine.py``: where the state lives and the few primitive changes) by calling
+``factory`` with an ``EngineContext``. A backend class is that call with its factory. Everything else a caller
+sees is here: argument checks and errors,
 the lock and ``Operation``, retains and the owed-call backlog with its retries, the reaper, backpressure
 and ``put_blocks_until_below``, callbacks, stats, tracing, and the lease machines: the front end fires the
 lease machine on the model each engine event names, so an engine that reports a transition the table does
@@ -15,7 +17,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from featurestream.common import errors
 from featurestream.common.checks import check_count, check_seconds
@@ -31,6 +33,8 @@ from featurestream.core.engine import (
     DedupRefused,
     Drained,
     Engine,
+    EngineContext,
+    EngineFactory,
     Event,
     Extended,
     Leased,
@@ -45,14 +49,29 @@ from featurestream.core.lease import DeadLetter, Lease, StaleLog, VisibilityTime
 from featurestream.core.machines import LEASE_MACHINE, fire
 from featurestream.core.operation import Operation
 from featurestream.core.reaper import start_reaper
-from featurestream.core.stats import STATS_FIELDS, QueueStats
+from featurestream.core.resume import TrainingLedger
+from featurestream.core.stats import DEFAULT_DEDUP_WINDOW, DEFAULT_MAX_DELIVERIES, STATS_FIELDS, QueueStats
 from featurestream.stores.base import FeatureStore, StoreHealth
 
-__all__ = ["FrontEnd", "QueueStats", "Signal", "Tracer"]
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+__all__ = ["FrontEnd", "NoStore", "QueueOptions", "QueueStats", "Signal", "Tracer"]
 
 logger = logging.getLogger(__name__)
 
 Tracer = Callable[[str, dict[str, object]], None]
+
+
+class QueueOptions(TypedDict, total=False):
+    """The keyword options every backend takes and hands to ``FrontEnd`` unchanged (``**options``)."""
+
+    max_deliveries: int
+    dedup_window: int
+    on_dead_letter: Callable[[DeadLetter], None] | None
+    reaper_interval: float | None
+    tracer: Tracer | None
+    keep_dead_letter_bytes: int
 
 
 class Signal:
@@ -85,30 +104,61 @@ class Signal:
             self._condition.notify_all()
 
 
+class NoStore(FeatureStore):
+    """The store of an operator's handle on queue ``queue`` (made by ``opened_by``): nothing to retain or read, so
+    every producing or consuming call fails; health and gc are empty."""
+
+    store_uri = "none://operator-handle"
+
+    def __init__(self, queue: str, opened_by: str) -> None:
+        self.queue = queue
+        self.opened_by = opened_by
+
+    def _refuse(self, *_: object, **__: object) -> Any:
+        raise RuntimeError(f"this is an operator's handle ({self.opened_by}): it has no feature store")
+
+    put = get = release = retain = unretain = scrub = _refuse  # type: ignore[assignment]
+
+    def gc(self) -> int:
+        return 0
+
+    def health(self) -> StoreHealth:
+        return StoreHealth(0, 0, 0, False, True)
+
+    def close(self) -> None:
+        pass
+
+
 class FrontEnd:
     """The shared half of every ``LeaseQueue`` backend; the contract is ``LeaseQueue``'s docstring."""
 
     _engine: Engine
+    # The reaper thread's name (in logs and thread dumps).
+    _reaper_name = "featurestream-reaper"
 
-    def _init_front_end(
+    def __init__(
         self,
         store: FeatureStore,
-        visibility_timeout: VisibilityTimeout | None,
-        high_watermark_bytes: int | None,
-        low_watermark_bytes: int | None,
-        on_pause: HealthCallback | None,
-        on_resume: HealthCallback | None,
+        visibility_timeout: VisibilityTimeout | None = None,
+        high_watermark_bytes: int | None = None,
+        low_watermark_bytes: int | None = None,
+        on_pause: HealthCallback | None = None,
+        on_resume: HealthCallback | None = None,
         *,
-        max_deliveries: int,
-        dedup_window: int,
-        on_dead_letter: Callable[[DeadLetter], None] | None,
-        tracer: Tracer | None,
-        keep_dead_letter_bytes: int,
-        reaper_interval: float | None,
+        engine: EngineFactory,
+        max_deliveries: int = DEFAULT_MAX_DELIVERIES,
+        dedup_window: int = DEFAULT_DEDUP_WINDOW,
+        on_dead_letter: Callable[[DeadLetter], None] | None = None,
+        reaper_interval: float | None = None,
+        tracer: Tracer | None = None,
+        keep_dead_letter_bytes: int = 0,
     ) -> None:
-        """Check the constructor's shared arguments (``TypeError`` / ``ValueError`` naming the first bad one) and
-        set up the shared state; the backend then builds its engine (reporting to ``_report``) and calls
-        ``_start``."""
+        """A queue over ``store`` whose state the engine ``engine(context)`` returns keeps (see ``LeaseQueue`` for
+        the options).
+
+        ``TypeError`` / ``ValueError`` naming the first bad argument, before ``engine`` is called; whatever the
+        factory raises (a server that refuses the settings ...) propagates, and no reaper thread was started.
+        """
         check_queue_arguments(
             store,
             visibility_timeout,
@@ -126,7 +176,6 @@ class FrontEnd:
         self.dedup_window = dedup_window
         self.keep_dead_letter_bytes = keep_dead_letter_bytes
         self._tracer = tracer
-        self._reaper_interval = reaper_interval
         self._lock = threading.Lock()
         # Wakes producers blocked on backpressure: a settle, a paid scrub, a close.
         self._not_full = Signal(self._lock)
@@ -137,13 +186,22 @@ class FrontEnd:
         self._stale_log = StaleLog(logger)
         self._reaper_stop = threading.Event()
         self._drained = False  # seen drained (by an event or a read): the reaper stops once nothing is owed
+        self._ledger: TrainingLedger | None = None
         self._op = Operation(self._lock, store, self._owed, self._pay_owed, self._store_fault)
-
-    def _start(self, engine: Engine, reaper_name: str) -> None:
-        """Adopt ``engine`` and start the reaper thread (when asked for) now that it can reap."""
-        self._engine = engine
-        if self._reaper_interval is not None:
-            start_reaper(self, FrontEnd._reaper_round, self._reaper_interval, self._reaper_stop, name=reaper_name)
+        self._engine = engine(
+            EngineContext(
+                self._report,
+                self._lock,
+                traced=tracer is not None,
+                visibility_timeout=self._vt,
+                max_deliveries=max_deliveries,
+                dedup_window=dedup_window,
+                keep_dead_letter_bytes=keep_dead_letter_bytes,
+                owes_scrub=self._owes_scrub,
+            )
+        )
+        if reaper_interval is not None:
+            start_reaper(self, FrontEnd._reaper_round, reaper_interval, self._reaper_stop, name=self._reaper_name)
 
     # -- producer side ----------------------------------------------------
     def put(self, ref: SampleRef) -> None:
@@ -354,6 +412,13 @@ class FrontEnd:
         """This producer's ``flowing`` or ``paused``."""
         return self._backpressure.state
 
+    def training_ledger(self) -> TrainingLedger:
+        """The queue's training ledger (``docs/resume.md``), kept where the queue's state is (``Engine``)."""
+        with self._lock:
+            if self._ledger is None:
+                self._ledger = self._engine.training_ledger(self._holds)
+            return self._ledger
+
     @property
     def store(self) -> FeatureStore:
         """The store this instance retains and scrubs in."""
@@ -434,7 +499,17 @@ class FrontEnd:
         check_ref_for(self._store, ref)
 
     def _require_store(self) -> None:
-        """Raise when this instance cannot produce or consume (a backend's handle without a store)."""
+        """Raise ``RuntimeError`` when this instance cannot produce or consume (an operator's handle)."""
+        if isinstance(self._store, NoStore):
+            raise RuntimeError(
+                f"this handle on queue {self._store.queue!r} is an operator's handle ({self._store.opened_by}): it "
+                "has no feature store, so it neither puts nor leases"
+            )
+
+    def _holds(self, sample_ids: Sequence[str]) -> set[str]:
+        """Which of ``sample_ids`` the queue holds (pending or leased); the training ledger asks."""
+        with self._op.reading():
+            return self._engine.held(sample_ids)
 
     def _check_resident(self, ref: SampleRef) -> None:
         """Refuse a ref whose bytes are gone (``NotResident``): a consumer's ``get`` would fail on it."""

@@ -5,8 +5,7 @@ from __future__ import annotations
 import collections
 import heapq
 import math
-import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from featurestream.common import errors
@@ -17,22 +16,24 @@ from featurestream.core.engine import (
     DeadLettered,
     DedupRefused,
     Drained,
+    EngineContext,
     Extended,
+    Holds,
     Leased,
     LeaseModel,
     Purged,
     Reclaimed,
     Refusal,
     Released,
-    Report,
     Requeued,
     Settled,
     Stale,
     Trace,
 )
 from featurestream.core.frontend import Signal
-from featurestream.core.lease import LOST_REASON, DeadLetter, Lease, VisibilityTimeout
+from featurestream.core.lease import LOST_REASON, DeadLetter, Lease
 from featurestream.core.machines import LIFECYCLE, LIFECYCLE_MACHINE, fire
+from featurestream.core.resume import MemoryLedger, TrainingLedger
 from featurestream.stores.base import StoreHealth
 
 __all__ = ["MemoryEngine"]
@@ -75,26 +76,16 @@ class MemoryEngine:
     admit_reaps = False
     max_batch = None
 
-    def __init__(
-        self,
-        report: Report,
-        lock: threading.Lock,
-        *,
-        traced: bool,
-        clock: Callable[[], float],
-        visibility_timeout: VisibilityTimeout,
-        max_deliveries: int,
-        dedup_window: int,
-        keep_dead_letter_bytes: int,
-    ) -> None:
-        self._report = report
+    def __init__(self, context: EngineContext, *, clock: Callable[[], float]) -> None:
+        lock = context.lock
+        self._report = context.report
         self._lock = lock
-        self._traced = traced
+        self._traced = context.traced
         self._clock = clock
-        self._vt = visibility_timeout
-        self._max_deliveries = max_deliveries
-        self._dedup_window = dedup_window
-        self._keep_cap = keep_dead_letter_bytes
+        self._vt = context.visibility_timeout
+        self._max_deliveries = context.max_deliveries
+        self._dedup_window = context.dedup_window
+        self._keep_cap = context.keep_dead_letter_bytes
         self._not_empty = Signal(lock)
         self._pending: collections.deque[_Record] = collections.deque()
         self._live: dict[int, _Record] = {}
@@ -145,9 +136,13 @@ class MemoryEngine:
     def abandon(self, sample_ids: list[str]) -> set[str]:
         return self.held(sample_ids)  # screen reaped already
 
-    def held(self, sample_ids: Iterable[str]) -> set[str]:
+    def held(self, sample_ids: Sequence[str]) -> set[str]:
         """Which of ``sample_ids`` the queue holds (pending or leased)."""
         return {sample_id for sample_id in sample_ids if sample_id in self._held}
+
+    def training_ledger(self, holds: Holds) -> TrainingLedger:
+        """A ledger in this process's memory, like the queue."""
+        return MemoryLedger(holds)
 
     def round(self, ref: SampleRef) -> bool:
         self._reap_due()

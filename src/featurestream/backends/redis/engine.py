@@ -20,6 +20,7 @@ from typing import Any
 import redis
 from featurestream.backends.redis import functions
 from featurestream.backends.redis.link import Link
+from featurestream.backends.redis.resume import RedisTrainingLedger
 from featurestream.backends.redis.wire import (
     dead_letter_from_json,
     event_state,
@@ -35,21 +36,22 @@ from featurestream.core.engine import (
     DeadLettered,
     DedupRefused,
     Drained,
+    EngineContext,
     Event,
     Extended,
+    Holds,
     Leased,
     LeaseModel,
     Purged,
     Reclaimed,
     Refusal,
     Released,
-    Report,
     Requeued,
     Settled,
     Stale,
     Trace,
 )
-from featurestream.core.lease import DeadLetter, Lease, VisibilityTimeout
+from featurestream.core.lease import DeadLetter, Lease
 from featurestream.core.machines import HELD
 from featurestream.stores.base import StoreHealth
 
@@ -117,20 +119,15 @@ class RedisEngine:
 
     def __init__(
         self,
-        report: Report,
+        context: EngineContext,
         link: Link,
         name: str,
         *,
-        traced: bool,
         clock: Callable[[], float] | None,
-        visibility_timeout: VisibilityTimeout,
-        max_deliveries: int,
-        dedup_window: int,
-        keep_dead_letter_bytes: int,
         store_uri: str | None,
-        owes_scrub: Callable[[str], bool],
     ) -> None:
-        self._report = report
+        traced = context.traced
+        self._report = context.report
         self._link = link
         self._name = name
         self._redis: redis.Redis = link.redis
@@ -139,18 +136,18 @@ class RedisEngine:
         self._traced = traced
         self._server_time = clock is None
         self._clock: Callable[[], float] = clock if clock is not None else time.monotonic
-        self._vt = visibility_timeout
-        self._vt_arg = repr(float(visibility_timeout.seconds))
-        self._dedup_window = dedup_window
-        self._keep_cap = keep_dead_letter_bytes
+        self._vt = context.visibility_timeout
+        self._vt_arg = repr(float(context.visibility_timeout.seconds))
+        self._dedup_window = context.dedup_window
+        self._keep_cap = context.keep_dead_letter_bytes
         self._store_uri = store_uri  # None: an operator's handle, whose store holds nothing to release
-        self._owes_scrub = owes_scrub
+        self._owes_scrub = context.owes_scrub
         # Put tokens and lease tokens: this instance's random prefix and a counter (unique, and unknown to
         # other processes; cheaper than fresh randomness per call).
         self._token_prefix = secrets.token_hex(8)
         self._token_counter = itertools.count()
         # The header's fixed middle and end (see _header; the feed cursor goes between them).
-        self._settings = f"\t{max_deliveries}\t{dedup_window}\t"
+        self._settings = f"\t{context.max_deliveries}\t{context.dedup_window}\t"
         self._trace_flag = "\t1" if traced else "\t"
         # A traced call's events carry their state as a fourth item (see functions).
         self._event_width = 4 if traced else 3
@@ -296,6 +293,10 @@ class RedisEngine:
             return set()
         found = self._retrying(self._redis.hmget, self._key["refs"], list(sample_ids))
         return {sample_id for sample_id, value in zip(sample_ids, found, strict=True) if value is not None}
+
+    def training_ledger(self, holds: Holds) -> RedisTrainingLedger:
+        """A ledger under this queue's key namespace, as durable as the queue."""
+        return RedisTrainingLedger(self._redis, self._link.prefix, self._retrying, holds)
 
     def round(self, ref: SampleRef) -> bool:
         """Like the in-process queue: reap, refuse once closed, and only then move the hysteresis."""

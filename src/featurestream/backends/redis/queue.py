@@ -45,8 +45,8 @@ at the start of this instance's later calls and by its reaper thread.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 try:
     import redis  # redis.exceptions is loaded by the package itself
@@ -58,14 +58,16 @@ except ImportError as exc:  # pragma: no cover - exercised only without the opti
 from featurestream.backends.redis import functions
 from featurestream.backends.redis.engine import RedisEngine, RedisLease, _text
 from featurestream.backends.redis.link import Link, first_contact
-from featurestream.backends.redis.resume import RedisTrainingLedger
 from featurestream.common import errors
 from featurestream.common.checks import check_seconds
 from featurestream.core.backpressure import HealthCallback
-from featurestream.core.frontend import FrontEnd, Tracer
-from featurestream.core.lease import DeadLetter, VisibilityTimeout
-from featurestream.core.stats import DEFAULT_DEDUP_WINDOW, DEFAULT_MAX_DELIVERIES
-from featurestream.stores.base import FeatureStore, StoreHealth
+from featurestream.core.engine import EngineContext
+from featurestream.core.frontend import FrontEnd, NoStore, QueueOptions
+from featurestream.core.lease import VisibilityTimeout
+from featurestream.stores.base import FeatureStore
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 __all__ = ["DEFAULT_REDIS_URL", "RedisEngine", "RedisLease", "RedisSampleRefQueue", "list_queues"]
 
@@ -111,6 +113,7 @@ class RedisSampleRefQueue(FrontEnd):
     # The server-side library this class calls (a test subclass may swap in a seeded defect).
     _library: functions.Library = functions.LIBRARY
     _engine: RedisEngine
+    _reaper_name = "featurestream-redis-reaper"
 
     def __init__(
         self,
@@ -121,17 +124,12 @@ class RedisSampleRefQueue(FrontEnd):
         on_pause: HealthCallback | None = None,
         on_resume: HealthCallback | None = None,
         *,
-        max_deliveries: int = DEFAULT_MAX_DELIVERIES,
-        dedup_window: int = DEFAULT_DEDUP_WINDOW,
-        on_dead_letter: Callable[[DeadLetter], None] | None = None,
         clock: Callable[[], float] | None = None,
-        reaper_interval: float | None = None,
-        tracer: Tracer | None = None,
         url: str | None = None,
         client: redis.Redis | None = None,
         name: str = "featurestream",
         reconnect_timeout: float = 30.0,
-        keep_dead_letter_bytes: int = 0,
+        **options: Unpack[QueueOptions],
     ) -> None:
         if clock is not None and not callable(clock):
             raise TypeError(f"clock must be a callable returning seconds or None, got {clock!r}")
@@ -141,47 +139,48 @@ class RedisSampleRefQueue(FrontEnd):
             raise ValueError("pass either url or client, not both")
         if client is not None and not isinstance(client, redis.Redis):
             raise TypeError(f"client must be a redis.Redis, got {type(client).__name__}")
-        self._init_front_end(
-            store, visibility_timeout, high_watermark_bytes, low_watermark_bytes, on_pause, on_resume,
-            max_deliveries=max_deliveries, dedup_window=dedup_window, on_dead_letter=on_dead_letter, tracer=tracer,
-            keep_dead_letter_bytes=keep_dead_letter_bytes, reaper_interval=reaper_interval,
-        )  # fmt: skip
-        self._owns_client = client is None
-        if client is None:
-            client = redis.Redis.from_url(url or os.environ.get("FEATURESTREAM_REDIS_URL", DEFAULT_REDIS_URL))
         self.name = name
-        self._link = Link(client, name, self._library, reconnect_timeout)
-        self._redis: redis.Redis = client
-        self._key = self._link.key
-        self._ledger: RedisTrainingLedger | None = None
-        handle_only = isinstance(store, _NoStore)
+        self._owns_client = client is None
+
+        def engine(context: EngineContext) -> RedisEngine:
+            # Connects only once every argument passed its check.
+            ready = client or redis.Redis.from_url(url or os.environ.get("FEATURESTREAM_REDIS_URL", DEFAULT_REDIS_URL))
+            return self._join(context, Link(ready, name, self._library, reconnect_timeout), store, clock)
+
+        watermarks = (high_watermark_bytes, low_watermark_bytes, on_pause, on_resume)
+        super().__init__(store, visibility_timeout, *watermarks, engine=engine, **options)
+
+    def _join(
+        self, context: EngineContext, link: Link, store: FeatureStore, clock: Callable[[], float] | None
+    ) -> RedisEngine:
+        """Create the queue on the server or join it (``ValueError`` / ``StoreMismatch`` when its layout, settings
+        or pinned store differ from this instance's); return its engine."""
+        self._link = link
+        self._redis: redis.Redis = link.redis
+        self._key = link.key
+        handle_only = isinstance(store, NoStore)
         store_uri = "" if handle_only else getattr(store, "store_uri", "")
-        engine = RedisEngine(
-            self._report, self._link, name, traced=tracer is not None, clock=clock, visibility_timeout=self._vt,
-            max_deliveries=max_deliveries, dedup_window=dedup_window, keep_dead_letter_bytes=keep_dead_letter_bytes,
-            store_uri=None if handle_only else store_uri,
-            owes_scrub=self._owes_scrub,
-        )  # fmt: skip
-        layout, *stored, pinned = engine.init(keep_dead_letter_bytes, store_uri)
+        engine = RedisEngine(context, link, self.name, clock=clock, store_uri=None if handle_only else store_uri)
+        layout, *stored, pinned = engine.init(context.keep_dead_letter_bytes, store_uri)
         if layout != functions.LAYOUT:
             raise ValueError(
-                f"queue {name!r} on Redis has key layout {layout!r}; this version reads layout {functions.LAYOUT!r} "
-                "(drain it with the featurestream version that created it, or use another name)"
+                f"queue {self.name!r} on Redis has key layout {layout!r}; this version reads layout "
+                f"{functions.LAYOUT!r} (drain it with the featurestream version that created it, or use another name)"
             )
         asked = {
-            "max_deliveries": max_deliveries,
-            "dedup_window": dedup_window,
-            "keep_dead_letter_bytes": keep_dead_letter_bytes,
+            "max_deliveries": context.max_deliveries,
+            "dedup_window": context.dedup_window,
+            "keep_dead_letter_bytes": context.keep_dead_letter_bytes,
         }
         found = dict(zip(asked, (int(value) for value in stored), strict=True))
         if found != asked:
             raise ValueError(
-                f"queue {name!r} on Redis was created with {_settings(found)}; this instance asks for "
+                f"queue {self.name!r} on Redis was created with {_settings(found)}; this instance asks for "
                 f"{_settings(asked)} (use the same settings everywhere, or another name)"
             )
         if store_uri and pinned != store_uri:
-            raise errors.StoreMismatch(name, pinned, store_uri)
-        self._start(engine, "featurestream-redis-reaper")
+            raise errors.StoreMismatch(self.name, pinned, store_uri)
+        return engine
 
     @classmethod
     def open(cls, url: str, name: str, *, reconnect_timeout: float = 30.0) -> RedisSampleRefQueue:
@@ -210,20 +209,9 @@ class RedisSampleRefQueue(FrontEnd):
             raise LookupError(f"no queue named {name!r} on this Redis server (no featurestream:{{{name}}}:meta)")
         max_deliveries, dedup_window, keep = (int(value) if value is not None else 0 for value in settings)
         return cls(
-            _NoStore(), url=url, name=name, reconnect_timeout=reconnect_timeout,
+            NoStore(name, "RedisSampleRefQueue.open"), url=url, name=name, reconnect_timeout=reconnect_timeout,
             max_deliveries=max_deliveries, dedup_window=dedup_window, keep_dead_letter_bytes=keep,
         )  # fmt: skip
-
-    def training_ledger(self) -> RedisTrainingLedger:
-        """The queue's training ledger (``docs/resume.md``): keys in this queue's namespace, as durable as it."""
-        with self._lock:
-            if self._ledger is None:
-                self._ledger = RedisTrainingLedger(self._redis, self._link.prefix, self._link.retrying, self._holds)
-            return self._ledger
-
-    def _holds(self, sample_ids: Sequence[str]) -> set[str]:
-        """Which of ``sample_ids`` the queue holds (pending or leased, put by any process)."""
-        return self._engine.held(sample_ids)
 
     def disconnect(self) -> None:
         """Stop this instance's reaper and close its connections (when it made them); the queue stays in Redis."""
@@ -231,13 +219,6 @@ class RedisSampleRefQueue(FrontEnd):
         self._link.close()
         if self._owns_client:
             self._redis.close()
-
-    def _require_store(self) -> None:
-        if isinstance(self._store, _NoStore):
-            raise RuntimeError(
-                f"this handle on queue {self.name!r} is an operator's handle (RedisSampleRefQueue.open): it has no "
-                "feature store, so it neither puts nor leases"
-            )
 
 
 def _check_name(name: object) -> None:
@@ -264,24 +245,3 @@ def list_queues(url: str, *, reconnect_timeout: float = 30.0) -> dict[str, str]:
         return {key[len(prefix) : -len(suffix)]: state for key, state in zip(keys, states, strict=True)}
     finally:
         client.close()
-
-
-class _NoStore(FeatureStore):
-    """The store of an operator's handle (``RedisSampleRefQueue.open``): nothing to retain or read, so every
-    producing or consuming call fails; health and gc are empty."""
-
-    store_uri = "none://operator-handle"
-
-    def _refuse(self, *_: object, **__: object) -> Any:
-        raise RuntimeError("this is an operator's handle (RedisSampleRefQueue.open): it has no feature store")
-
-    put = get = release = retain = unretain = scrub = _refuse  # type: ignore[assignment]
-
-    def gc(self) -> int:
-        return 0
-
-    def health(self) -> StoreHealth:
-        return StoreHealth(0, 0, 0, False, True)
-
-    def close(self) -> None:
-        pass
