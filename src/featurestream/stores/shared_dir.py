@@ -543,7 +543,12 @@ class SharedDirFeatureStore(LedgerFeatureStore):
         self._unlink(self._marker_path(ref))
 
     def _drop_released(self, ref: SampleRef) -> None:
-        if os.path.exists(self._marker_path(ref)):
+        marker = self._marker_path(ref)
+        with self._lock:
+            # A marker this instance failed to remove (its put was refused, its marker never written, something
+            # in the way) holds nothing: no queue retains the sample.
+            owed = marker in self._unlink_later
+        if not owed and os.path.exists(marker):
             return  # a queue (maybe in another process) holds it; its scrub will unlink the file
         self._unlink(self.data_path(ref), data=True)
         self._unpoint(ref)
