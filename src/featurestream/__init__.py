@@ -27,6 +27,14 @@ _EXPORTS: dict[str, str] = {
     "PromptSource": "featurestream.pipeline.async_pipeline",
     "Eagle3TargetBatch": "featurestream.pipeline.eagle3",
     "Eagle3TargetBackend": "featurestream.pipeline.eagle3",
+    "DFlashTargetBatch": "featurestream.pipeline.dflash",
+    "DFlashTargetBackend": "featurestream.pipeline.dflash",
+    "DSparkTargetBatch": "featurestream.pipeline.dspark",
+    "DSparkTargetBackend": "featurestream.pipeline.dspark",
+    "EagleTargetBatch": "featurestream.pipeline.eagle12",
+    "EagleTargetBackend": "featurestream.pipeline.eagle12",
+    "FeatureRule": "featurestream.pipeline.features",
+    "register_algorithm": "featurestream.pipeline.features",
     "FeatureDataLoader": "featurestream.pipeline.loader",
     "LoaderCloseTimeout": "featurestream.pipeline.loader",
     "FeatureProducer": "featurestream.pipeline.producer",
@@ -61,12 +69,19 @@ _OPTIONAL: dict[str, str] = {
 __all__ = [
     "AsyncFeaturePipeline",
     "CorruptSampleError",
+    "DFlashTargetBackend",
+    "DFlashTargetBatch",
+    "DSparkTargetBackend",
+    "DSparkTargetBatch",
     "DeadLetter",
     "Eagle3TargetBackend",
     "Eagle3TargetBatch",
+    "EagleTargetBackend",
+    "EagleTargetBatch",
     "FeatureAlgorithm",
     "FeatureDataLoader",
     "FeatureProducer",
+    "FeatureRule",
     "FeatureSpec",
     "FeatureStore",
     "Lease",
@@ -85,6 +100,7 @@ __all__ = [
     "TargetBackend",
     "VisibilityTimeout",
     "assert_no_tensors",
+    "register_algorithm",
     "render_queue",
 ]
 
@@ -95,7 +111,11 @@ if TYPE_CHECKING:
     from featurestream.core.protocol import LeaseQueue
     from featurestream.core.queue import LeaseLost, QueueStats, SampleRefQueue
     from featurestream.pipeline.async_pipeline import AsyncFeaturePipeline, PromptSource
+    from featurestream.pipeline.dflash import DFlashTargetBackend, DFlashTargetBatch
+    from featurestream.pipeline.dspark import DSparkTargetBackend, DSparkTargetBatch
     from featurestream.pipeline.eagle3 import Eagle3TargetBackend, Eagle3TargetBatch
+    from featurestream.pipeline.eagle12 import EagleTargetBackend, EagleTargetBatch
+    from featurestream.pipeline.features import FeatureRule, register_algorithm
     from featurestream.pipeline.loader import FeatureDataLoader, LoaderCloseTimeout
     from featurestream.pipeline.producer import FeatureProducer, TargetBackend
     from featurestream.stores.base import FeatureStore, SampleLostError, StoreHandle, StoreHealth

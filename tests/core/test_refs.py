@@ -18,6 +18,7 @@ SPECS = {
     "input_ids": FeatureSpec((1, 4), torch.long),
     "attention_mask": FeatureSpec((1, 4), torch.long),
     "loss_mask": FeatureSpec((1, 4), torch.long),
+    "logits": FeatureSpec((1, 4, 8), torch.float32),
 }
 
 
@@ -26,7 +27,7 @@ def make_ref(**overrides: object) -> SampleRef:
 
 
 def test_algorithm_values_and_field_order() -> None:
-    assert [a.value for a in FeatureAlgorithm] == ["eagle3", "dflash", "dspark"]
+    assert [a.value for a in FeatureAlgorithm] == ["eagle3", "dflash", "dspark", "eagle"]
     assert [f.name for f in dataclasses.fields(SampleRef)] == [
         "sample_id", "run_id", "store_uri", "feature_keys", "feature_specs", "algorithm",
         "schema_version", "num_tokens", "estimated_bytes", "target_model_version", "draft_weight_version",

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from collections.abc import Mapping
+import re
+import threading
+from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 from typing import Any, TypeVar
 
@@ -17,17 +19,26 @@ __all__ = [
     "FeatureAlgorithm",
     "FeatureSpec",
     "SampleRef",
+    "algorithm_name",
     "assert_no_tensors",
     "check_tensor_free",
+    "declare_algorithm",
+    "required_features",
+    "resolve_algorithm",
 ]
 
 
 class FeatureAlgorithm(str, enum.Enum):
-    """The speculative-decoding algorithm a sample's features supervise."""
+    """The built-in speculative-decoding algorithms a sample's features supervise.
+
+    A user's algorithm (registered with ``featurestream.pipeline.register_algorithm``) is named by a plain
+    ``str`` instead; ``resolve_algorithm`` maps a built-in name to its member and checks any other.
+    """
 
     EAGLE3 = "eagle3"
     DFLASH = "dflash"
     DSPARK = "dspark"
+    EAGLE = "eagle"  # EAGLE-1/2 (the reference's ``eagle.target_v12``)
 
 
 # The one definition of each algorithm's core (required) features, in the order batches list them. It lives in
@@ -38,8 +49,76 @@ REQUIRED_FEATURES: Mapping[FeatureAlgorithm, tuple[str, ...]] = MappingProxyType
         FeatureAlgorithm.EAGLE3: ("aux_hidden_states", "input_ids", "attention_mask", "loss_mask"),
         FeatureAlgorithm.DFLASH: ("hidden_states", "input_ids", "attention_mask", "loss_mask"),
         FeatureAlgorithm.DSPARK: ("target_hidden_states", "target_last_hidden_states", "input_ids", "loss_mask"),
+        FeatureAlgorithm.EAGLE: (
+            "input_hidden_states",
+            "target_hidden_states",
+            "target_logits",
+            "input_ids",
+            "attention_mask",
+            "loss_mask",
+        ),
     }
 )
+
+# A user algorithm's name: what crosses the wire, so it is kept to a small, unambiguous alphabet.
+_ALGORITHM_NAME = re.compile(r"[a-z][a-z0-9_]*(?:[.-][a-z0-9_]+)*")
+_ALGORITHM_NAME_LIMIT = 64
+# Core features of the user algorithms declared in this process (``declare_algorithm``), by name.
+_declared: dict[str, tuple[str, ...]] = {}
+_declared_lock = threading.Lock()
+
+
+def resolve_algorithm(value: object) -> FeatureAlgorithm | str:
+    """The built-in ``FeatureAlgorithm`` named ``value``, or ``value`` itself (a plain ``str``) when it is a
+    well-formed user algorithm name (lowercase ``[a-z][a-z0-9_]*``, dot- or dash-separated parts, at most 64
+    characters), whether or not this process declared it; ``ValueError`` naming ``value`` otherwise."""
+    if isinstance(value, FeatureAlgorithm):
+        return value
+    if isinstance(value, str):
+        try:
+            return FeatureAlgorithm(value)
+        except ValueError:
+            if len(value) <= _ALGORITHM_NAME_LIMIT and _ALGORITHM_NAME.fullmatch(value):
+                return str(value)  # a str subclass would carry its extra state onto the wire
+    raise ValueError(
+        f"{value!r} is not a FeatureAlgorithm ({[a.value for a in FeatureAlgorithm]}) nor a well-formed algorithm "
+        f"name (lowercase letters, digits and '_', parts joined by '.' or '-', at most {_ALGORITHM_NAME_LIMIT} chars)"
+    )
+
+
+def algorithm_name(algorithm: FeatureAlgorithm | str) -> str:
+    """The wire name of an algorithm: a built-in member's value, a user algorithm's name."""
+    return algorithm.value if isinstance(algorithm, FeatureAlgorithm) else str(algorithm)
+
+
+def declare_algorithm(name: str, required: Iterable[str]) -> str:
+    """Declare a user algorithm's core features (what every ``SampleRef`` of it must name); returns the name.
+
+    ``ValueError`` for a malformed name, a built-in name (``FeatureAlgorithm``), an empty core set, or a
+    name already declared with another core set; declaring the same set again is a no-op.
+    """
+    resolved = resolve_algorithm(name)
+    if isinstance(resolved, FeatureAlgorithm):
+        raise ValueError(f"algorithm name {name!r} collides with the built-in {resolved}; choose another name")
+    features = tuple(required)
+    if not features or not all(isinstance(feature, str) and feature for feature in features):
+        raise ValueError(f"algorithm {name!r} needs a non-empty tuple of feature names, got {features!r}")
+    with _declared_lock:
+        current = _declared.setdefault(resolved, features)
+    if current != features:
+        raise ValueError(
+            f"algorithm {name!r} is already declared with core features {list(current)}, not {list(features)}"
+        )
+    return resolved
+
+
+def required_features(algorithm: FeatureAlgorithm | str) -> tuple[str, ...] | None:
+    """The core features every sample of ``algorithm`` names; ``None`` for a user algorithm not declared here."""
+    if isinstance(algorithm, FeatureAlgorithm):
+        return REQUIRED_FEATURES[algorithm]
+    with _declared_lock:
+        return _declared.get(algorithm)
+
 
 _V = TypeVar("_V")
 
@@ -196,7 +275,7 @@ class SampleRef:
     store_uri: str
     feature_keys: Mapping[str, str]
     feature_specs: Mapping[str, FeatureSpec]
-    algorithm: FeatureAlgorithm
+    algorithm: FeatureAlgorithm | str
     schema_version: int
     num_tokens: int
     estimated_bytes: int
@@ -215,9 +294,9 @@ class SampleRef:
                 _refuse_tensor(value, f"ref.{name}")
                 raise ValueError(f"SampleRef.{name} must be a str, got {value!r}")
         try:
-            algorithm = FeatureAlgorithm(self.algorithm)
-        except ValueError:
-            raise ValueError(f"SampleRef.algorithm {self.algorithm!r} is not a FeatureAlgorithm") from None
+            algorithm = resolve_algorithm(self.algorithm)
+        except ValueError as exc:
+            raise ValueError(f"SampleRef.algorithm: {exc}") from None
         keys = _str_mapping(self.feature_keys, "feature_keys", str)
         specs = _str_mapping(self.feature_specs, "feature_specs", FeatureSpec)
         if set(keys) != set(specs):
@@ -225,11 +304,14 @@ class SampleRef:
                 f"SampleRef feature_keys {sorted(keys)} and feature_specs {sorted(specs)} must name the same "
                 "feature set"
             )
-        missing = [name for name in REQUIRED_FEATURES[algorithm] if name not in keys]
+        # A user algorithm this process has not declared is checked by the consumer that knows it.
+        required = required_features(algorithm) or ()
+        missing = [name for name in required if name not in keys]
         if missing:
+            name = algorithm_name(algorithm)
             raise ValueError(
-                f"SampleRef for {algorithm.value} is missing required features {missing} (every {algorithm.value} "
-                f"sample carries {list(REQUIRED_FEATURES[algorithm])})"
+                f"SampleRef for {name} is missing required features {missing} (every {name} sample carries "
+                f"{list(required)})"
             )
         _require_count("schema_version", self.schema_version)
         _require_count("num_tokens", self.num_tokens)

@@ -15,12 +15,12 @@ from typing import Any
 
 import torch
 
-from featurestream.common.refs import FeatureAlgorithm
+from featurestream.common.refs import FeatureAlgorithm, algorithm_name
 from featurestream.core.lease import Lease
 from featurestream.core.protocol import LeaseQueue
 from featurestream.pipeline.batching import acquire_many, concat_samples, fail_many
 from featurestream.pipeline.prefetch import LeaseBook, Pulled
-from featurestream.pipeline.schemas import AlgorithmSchema, make_batch
+from featurestream.pipeline.schemas import AlgorithmSchema, make_batch, registered_schemas, unregistered_message
 from featurestream.stores.base import FeatureStore, SampleLostError, StoreHandle
 
 __all__ = ["Collate", "PullSpec", "Puller", "stream_ended"]
@@ -67,8 +67,10 @@ def stream_ended(spec: PullSpec, own: int) -> bool:
     return spec.end_when_nothing_pending or queue.outstanding_count() <= own
 
 
-def _algorithm_name(algorithm: FeatureAlgorithm) -> str:
-    return f"{type(algorithm).__name__}.{algorithm.name}"
+def _algorithm_name(algorithm: FeatureAlgorithm | str) -> str:
+    if isinstance(algorithm, FeatureAlgorithm):
+        return f"{type(algorithm).__name__}.{algorithm.name}"
+    return repr(algorithm)  # a user algorithm's name
 
 
 class Puller:
@@ -145,13 +147,15 @@ class Puller:
     def _materialise(self, lease: Lease) -> tuple[Lease, StoreHandle, dict[str, torch.Tensor]] | None:
         """Check and read one leased sample; settle it and raise as the loader contract says; ``None`` if closed."""
         spec, ref = self._spec, lease.ref
-        if ref.algorithm is not spec.schema.algorithm:
+        if ref.algorithm != spec.schema.algorithm:
             self.book.forget(lease)
             spec.queue.fail(lease)
+            # A user algorithm this process never registered: say how to, the likeliest fix.
+            unknown = "" if ref.algorithm in registered_schemas() else f"; {unregistered_message(ref.algorithm)}"
             raise ValueError(
                 f"FeatureDataLoader is bound to algorithm={_algorithm_name(spec.schema.algorithm)}, but sample "
-                f"{ref.sample_id!r} is {_algorithm_name(ref.algorithm)} ({ref.algorithm.value}); "
-                "its lease was failed so a matching consumer can take it"
+                f"{ref.sample_id!r} is {_algorithm_name(ref.algorithm)} ({algorithm_name(ref.algorithm)}); "
+                f"its lease was failed so a matching consumer can take it{unknown}"
             )
         try:
             spec.schema.validate_ref(ref)

@@ -9,18 +9,14 @@ backend base class lets ``FeatureProducer`` infer the algorithm.
 ``schema_for(algorithm)`` returns the registered schema (the built-in ones are
 imported on first use); ``register(schema)`` adds one.
 
-Adding an algorithm (DFlash, say) is adding one schema module:
-
-1. write ``featurestream/pipeline/dflash.py`` with its feature tuples (the core
-   set is ``featurestream.common.refs.REQUIRED_FEATURES[FeatureAlgorithm.DFLASH]``,
-   defined there once), its ``validate_ref``, its tensor packer, its batch
-   class (a ``from_tensors`` classmethod and ``to_trainer_inputs()``) and its
-   backend base class;
-2. at the end of that module, ``register(AlgorithmSchema(FeatureAlgorithm.DFLASH, ...))``;
-3. name the module in ``_BUILTIN_SCHEMAS`` below, so ``schema_for`` finds it
-   without the caller importing it first.
-
-The producer, the loader and the stores then handle DFlash samples unchanged.
+Built-in algorithms are ``FeatureAlgorithm`` members, each with a schema module
+named in ``_BUILTIN_SCHEMAS`` (``eagle3``, ``dflash``, ``dspark``, ``eagle12``):
+the module registers its schema when imported. A user algorithm (MSD, ViSpec,
+one's own) is registered from its own package with
+``featurestream.pipeline.register_algorithm``: a name (a plain ``str``, which
+travels on the wire), a batch class whose ``FEATURES`` give each feature's
+dtype and shape rules, optionally a backend base class. A name that collides
+with a built-in one is refused; so is a second schema for a name.
 """
 
 from __future__ import annotations
@@ -35,14 +31,26 @@ from typing import Any
 
 import torch
 
-from featurestream.common.refs import REQUIRED_FEATURES, FeatureAlgorithm, SampleRef
+from featurestream.common.refs import (
+    REQUIRED_FEATURES,
+    FeatureAlgorithm,
+    SampleRef,
+    algorithm_name,
+    declare_algorithm,
+    resolve_algorithm,
+)
 
 __all__ = ["AlgorithmSchema", "make_batch", "register", "registered_schemas", "schema_for"]
 
 # Schemas shipped with featurestream: imported on first lookup (each module registers its schema when imported).
-_BUILTIN_SCHEMAS: Mapping[FeatureAlgorithm, str] = {FeatureAlgorithm.EAGLE3: "featurestream.pipeline.eagle3"}
+_BUILTIN_SCHEMAS: Mapping[FeatureAlgorithm, str] = {
+    FeatureAlgorithm.EAGLE3: "featurestream.pipeline.eagle3",
+    FeatureAlgorithm.DFLASH: "featurestream.pipeline.dflash",
+    FeatureAlgorithm.DSPARK: "featurestream.pipeline.dspark",
+    FeatureAlgorithm.EAGLE: "featurestream.pipeline.eagle12",
+}
 
-_registry: dict[FeatureAlgorithm, AlgorithmSchema] = {}
+_registry: dict[FeatureAlgorithm | str, AlgorithmSchema] = {}
 _registry_lock = threading.Lock()
 
 
@@ -50,8 +58,12 @@ _registry_lock = threading.Lock()
 class AlgorithmSchema:
     """One algorithm's feature schema; every callable field is a plain function (not a method).
 
+    - ``algorithm``: a ``FeatureAlgorithm`` (built-in) or a user algorithm's
+      name (``featurestream.common.refs.resolve_algorithm`` checks it);
     - ``required_features``: the core features every sample has, in batch
-      order (must be ``REQUIRED_FEATURES[algorithm]``, the control plane's set);
+      order (for a built-in algorithm ``REQUIRED_FEATURES[algorithm]``, the
+      control plane's set; a user algorithm's are declared to the control
+      plane when its schema is registered);
     - ``optional_features``: every other feature a sample may carry, in batch order;
     - ``validate_ref(ref)``: ``ValueError`` unless ``ref`` is a valid sample
       of this schema (called before materialising);
@@ -76,7 +88,7 @@ class AlgorithmSchema:
       that class (see ``docs/compatibility.md``).
     """
 
-    algorithm: FeatureAlgorithm
+    algorithm: FeatureAlgorithm | str
     schema_version: int
     required_features: tuple[str, ...]
     optional_features: tuple[str, ...]
@@ -90,12 +102,14 @@ class AlgorithmSchema:
     reference_batch_type: str | None = None
 
     def __post_init__(self) -> None:
-        algorithm = FeatureAlgorithm(self.algorithm)
+        algorithm = resolve_algorithm(self.algorithm)
         object.__setattr__(self, "algorithm", algorithm)
         if isinstance(self.schema_version, bool) or not isinstance(self.schema_version, int) or self.schema_version < 0:
             raise ValueError(f"schema_version must be a non-negative int, got {self.schema_version!r}")
         required, optional = tuple(self.required_features), tuple(self.optional_features)
-        if set(required) != set(REQUIRED_FEATURES[algorithm]):
+        if not required:
+            raise ValueError(f"{algorithm!r} needs at least one required feature")
+        if isinstance(algorithm, FeatureAlgorithm) and set(required) != set(REQUIRED_FEATURES[algorithm]):
             raise ValueError(
                 f"{algorithm!r} requires exactly {list(REQUIRED_FEATURES[algorithm])} (featurestream.common.refs."
                 f"REQUIRED_FEATURES), but the schema's required_features are {list(required)}"
@@ -196,38 +210,52 @@ def make_batch(tensors: Mapping[str, torch.Tensor], batch_type: type) -> Any:
 
 
 def register(schema: AlgorithmSchema) -> AlgorithmSchema:
-    """Make ``schema`` the one for its algorithm; ``ValueError`` if another is registered for it already.
+    """Make ``schema`` the one for its algorithm; ``ValueError`` if another is registered for it already
+    (a user schema for a built-in algorithm included: the built-in one is loaded first).
 
-    Registering the same schema object again is a no-op (a module imported twice).
+    Registering the same schema object again is a no-op (a module imported twice). A user algorithm's core
+    features are declared to the control plane (``declare_algorithm``), so every ``SampleRef`` of it is checked.
     """
     if not isinstance(schema, AlgorithmSchema):
         raise TypeError(f"register expects an AlgorithmSchema, got {type(schema).__name__}")
+    builtin = _BUILTIN_SCHEMAS.get(schema.algorithm) if isinstance(schema.algorithm, FeatureAlgorithm) else None
+    if builtin is not None:
+        importlib.import_module(builtin)  # while that module registers its own schema this returns at once
     with _registry_lock:
         current = _registry.get(schema.algorithm)
         if current is not None and current is not schema:
-            raise ValueError(f"a schema for {schema.algorithm!r} is already registered; there is one per algorithm")
+            what = "the built-in" if builtin is not None else "a"
+            raise ValueError(
+                f"{what} schema for {schema.algorithm!r} is already registered; there is one per algorithm "
+                "(register yours under another name)"
+            )
+        if not isinstance(schema.algorithm, FeatureAlgorithm):
+            declare_algorithm(schema.algorithm, schema.required_features)
         _registry[schema.algorithm] = schema
     return schema
 
 
+def unregistered_message(algorithm: FeatureAlgorithm | str) -> str:
+    """Why ``algorithm`` has no schema in this process, and how it gets one."""
+    registered = ", ".join(sorted(algorithm_name(name) for name in registered_schemas())) or "none"
+    return (
+        f"no feature schema is registered for algorithm {algorithm_name(algorithm)!r} in this process "
+        f"(registered: {registered}); register it before consuming its samples: import the module that calls "
+        "featurestream.pipeline.register_algorithm(...) for it (see featurestream.pipeline.schemas)"
+    )
+
+
 def schema_for(algorithm: FeatureAlgorithm | str) -> AlgorithmSchema:
-    """The registered schema of ``algorithm``; ``ValueError`` naming it and the registered ones if there is none."""
-    try:
-        resolved = FeatureAlgorithm(algorithm)
-    except ValueError:
-        raise ValueError(
-            f"{algorithm!r} is not a FeatureAlgorithm (one of {[a.value for a in FeatureAlgorithm]})"
-        ) from None
+    """The registered schema of ``algorithm``; ``ValueError`` naming it, the registered ones and how to register
+    when there is none."""
+    resolved = resolve_algorithm(algorithm)
     schemas = registered_schemas()
     if resolved not in schemas:
-        raise ValueError(
-            f"no feature schema is registered for {resolved}; registered: {', '.join(map(str, schemas)) or 'none'} "
-            "(an algorithm gets one by registering an AlgorithmSchema, see featurestream.pipeline.schemas)"
-        )
+        raise ValueError(unregistered_message(resolved))
     return schemas[resolved]
 
 
-def registered_schemas() -> dict[FeatureAlgorithm, AlgorithmSchema]:
+def registered_schemas() -> dict[FeatureAlgorithm | str, AlgorithmSchema]:
     """Every registered schema by algorithm, the built-in ones included (imported here if not yet)."""
     for module in _BUILTIN_SCHEMAS.values():
         importlib.import_module(module)  # registers on first import; a no-op afterwards

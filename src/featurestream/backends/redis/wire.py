@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from featurestream.common.refs import FeatureAlgorithm, FeatureSpec, SampleRef
+from featurestream.common.refs import FeatureAlgorithm, FeatureSpec, SampleRef, algorithm_name, resolve_algorithm
 from featurestream.core.lease import DeadLetter
 
 __all__ = [
@@ -117,7 +117,7 @@ def ref_to_json(ref: SampleRef) -> str:
     # SampleRef's constructor guarantees the ints are non-negative ints (never bools) and the rest strs.
     return (
         f'{{"v":{WIRE_VERSION},"sample_id":{_STRING(ref.sample_id)},"run_id":{_STRING(ref.run_id)},'
-        f'"store_uri":{_STRING(ref.store_uri)},"algorithm":{_STRING(ref.algorithm.value)},'
+        f'"store_uri":{_STRING(ref.store_uri)},"algorithm":{_STRING(algorithm_name(ref.algorithm))},'
         f'"schema_version":{ref.schema_version:d},"num_tokens":{ref.num_tokens:d},'
         f'"estimated_bytes":{ref.estimated_bytes:d},"target_model_version":{_STRING(ref.target_model_version)},'
         f'"draft_weight_version":{_STRING(ref.draft_weight_version)},"features":[{features}]}}'
@@ -292,11 +292,11 @@ def _ref_from_canonical(obj: Any) -> SampleRef:
         # a cached spec under an equal key of other types (1.0, True) re-encodes to other text: no match
         specs[feature["name"]] = spec if spec is not None else _spec(feature["dtype"], shape, "ref")
     keys = {feature["name"]: feature["key"] for feature in features}
-    return _build_ref(obj, keys, specs, FeatureAlgorithm(obj["algorithm"]))
+    return _build_ref(obj, keys, specs, resolve_algorithm(obj["algorithm"]))
 
 
 def _build_ref(
-    obj: dict[str, Any], keys: dict[str, str], specs: dict[str, FeatureSpec], algorithm: FeatureAlgorithm
+    obj: dict[str, Any], keys: dict[str, str], specs: dict[str, FeatureSpec], algorithm: FeatureAlgorithm | str
 ) -> SampleRef:
     """``SampleRef`` from a decoded object's scalar fields and its features (the constructor validates it)."""
     return SampleRef(
@@ -333,8 +333,10 @@ def _ref_from_obj(obj: object, what: str) -> SampleRef:
         keys[name] = feature["key"]
         specs[name] = _spec(feature["dtype"], feature["shape"], where)
     try:
-        algorithm = FeatureAlgorithm(obj["algorithm"])
-    except ValueError:
-        raise ValueError(f"{what} has unknown algorithm {obj['algorithm']!r}") from None
+        # A built-in algorithm, or a well-formed name of a user's: a consumer that has not registered it fails
+        # its lease back with a message saying how to (featurestream.pipeline.register_algorithm).
+        algorithm = resolve_algorithm(obj["algorithm"])
+    except ValueError as exc:
+        raise ValueError(f"{what} has a malformed algorithm: {exc}") from None
     # Every value is a checked primitive, and SampleRef's constructor validates the rest (no tensor can get in).
     return _build_ref(obj, keys, specs, algorithm)
