@@ -98,7 +98,9 @@ def test_the_eagle3_schema_is_registered_and_its_core_set_is_the_control_planes(
 
 
 def test_schema_for_an_unregistered_or_unknown_algorithm_names_it_and_the_registered_ones() -> None:
-    with pytest.raises(ValueError, match=r"registered for algorithm 'medusa'.*registered: .*eagle3.*register_algorithm"):
+    with pytest.raises(
+        ValueError, match=r"registered for algorithm 'medusa'.*registered: .*eagle3.*register_algorithm"
+    ):
         schemas.schema_for("medusa")
     with pytest.raises(ValueError, match=r"'Medusa!' is not a FeatureAlgorithm"):
         schemas.schema_for("Medusa!")

@@ -109,7 +109,9 @@ class TestProducer:
             FeatureProducer(object(), LocalFeatureStore(), run_id="r")  # type: ignore[arg-type]
         with pytest.raises(TypeError, match=r"generate_batch"):
             FeatureProducer(object(), LocalFeatureStore(), run_id="r", algorithm=FeatureAlgorithm.EAGLE3)  # type: ignore[arg-type]
-        with pytest.raises(ValueError, match=r"no feature schema is registered for algorithm 'msd'.*register_algorithm"):
+        with pytest.raises(
+            ValueError, match=r"no feature schema is registered for algorithm 'msd'.*register_algorithm"
+        ):
             FeatureProducer(RecordingTarget(), LocalFeatureStore(), run_id="r", algorithm="msd")
         with pytest.raises(ValueError, match=r"run_id"):
             FeatureProducer(RecordingTarget(), LocalFeatureStore(), run_id="")
