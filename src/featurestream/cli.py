@@ -7,6 +7,8 @@ import importlib
 import sys
 from collections.abc import Sequence
 
+DESCRIPTION = "featurestream command line: one subcommand per module, imported on use."  # plain text: users read it
+
 # Each module exposes ``configure(parser)`` and ``run(args) -> int``.
 COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("featurestream.tools.demo", "stream samples end to end and print a summary"),
@@ -18,7 +20,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="featurestream", description=__doc__)
+    parser = argparse.ArgumentParser(prog="featurestream", description=DESCRIPTION)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     modules = {}
     wanted = (list(argv) if argv is not None else sys.argv[1:])[:1]
