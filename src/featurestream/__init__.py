@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 __version__ = "0.1.0"
 
 _EXPORTS: dict[str, str] = {
+    "FeatureStreamError": "featurestream.common.errors",
     "AsyncFeaturePipeline": "featurestream.pipeline.async_pipeline",
     "PromptSource": "featurestream.pipeline.async_pipeline",
     "Eagle3TargetBatch": "featurestream.pipeline.eagle3",
@@ -42,8 +43,25 @@ _EXPORTS: dict[str, str] = {
     "DeadLetter": "featurestream.core.lease",
     "Lease": "featurestream.core.lease",
     "VisibilityTimeout": "featurestream.core.lease",
-    "LeaseLost": "featurestream.core.queue",
     "QueueStats": "featurestream.core.queue",
+    "DeadLetterNotKept": "featurestream.common.errors",
+    "DeadLetterQueued": "featurestream.common.errors",
+    "DuplicateSample": "featurestream.common.errors",
+    "IllegalTransition": "featurestream.common.errors",
+    "KeptDeadLetter": "featurestream.common.errors",
+    "LeaseLost": "featurestream.common.errors",
+    "NotALease": "featurestream.common.errors",
+    "NotDeadLetter": "featurestream.common.errors",
+    "NotResident": "featurestream.common.errors",
+    "PutAborted": "featurestream.common.errors",
+    "QueueClosed": "featurestream.common.errors",
+    "QueueDrained": "featurestream.common.errors",
+    "RepeatedInBatch": "featurestream.common.errors",
+    "ScrubOwed": "featurestream.common.errors",
+    "SettledSample": "featurestream.common.errors",
+    "StoreMismatch": "featurestream.common.errors",
+    "TensorInRef": "featurestream.common.errors",
+    "StaleTrainer": "featurestream.core.resume",
     "SampleRefQueue": "featurestream.core.queue",
     "LeaseQueue": "featurestream.core.protocol",
     "FeatureAlgorithm": "featurestream.common.refs",
@@ -59,11 +77,18 @@ _EXPORTS: dict[str, str] = {
     "SharedDirFeatureStore": "featurestream.stores.shared_dir",
     "render_queue": "featurestream.tools.diagrams",
 }
-# redis-py and Mooncake are optional: RedisSampleRefQueue and MooncakeFeatureStore load
-# on first use and stay out of __all__, so ``from featurestream import *`` needs neither.
+# redis-py and Mooncake are optional: RedisSampleRefQueue, MooncakeFeatureStore and the Redis connection errors
+# load on first use and stay out of __all__, so ``from featurestream import *`` needs neither.
 _OPTIONAL: dict[str, str] = {
     "RedisSampleRefQueue": "featurestream.backends.redis.queue",
     "MooncakeFeatureStore": "featurestream.stores.mooncake",
+    "RedisUnreachable": "featurestream.backends.redis.link",
+    "NotRedisServer": "featurestream.backends.redis.link",
+    "NotPrimary": "featurestream.backends.redis.link",
+    "ReplicasMissing": "featurestream.backends.redis.link",
+    "NotReplicated": "featurestream.backends.redis.link",
+    "PrimaryLost": "featurestream.backends.redis.link",
+    "SentinelServiceError": "featurestream.backends.redis.sentinel",
 }
 
 __all__ = [
@@ -74,6 +99,9 @@ __all__ = [
     "DSparkTargetBackend",
     "DSparkTargetBatch",
     "DeadLetter",
+    "DeadLetterNotKept",
+    "DeadLetterQueued",
+    "DuplicateSample",
     "Eagle3TargetBackend",
     "Eagle3TargetBatch",
     "EagleTargetBackend",
@@ -84,20 +112,35 @@ __all__ = [
     "FeatureRule",
     "FeatureSpec",
     "FeatureStore",
+    "FeatureStreamError",
+    "IllegalTransition",
+    "KeptDeadLetter",
     "Lease",
     "LeaseLost",
     "LeaseQueue",
     "LoaderCloseTimeout",
     "LocalFeatureStore",
+    "NotALease",
+    "NotDeadLetter",
+    "NotResident",
     "PromptSource",
+    "PutAborted",
+    "QueueClosed",
+    "QueueDrained",
     "QueueStats",
+    "RepeatedInBatch",
     "SampleLostError",
     "SampleRef",
     "SampleRefQueue",
+    "ScrubOwed",
+    "SettledSample",
     "SharedDirFeatureStore",
+    "StaleTrainer",
     "StoreHandle",
     "StoreHealth",
+    "StoreMismatch",
     "TargetBackend",
+    "TensorInRef",
     "VisibilityTimeout",
     "assert_no_tensors",
     "register_algorithm",
@@ -105,11 +148,39 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
+    from featurestream.backends.redis.link import NotPrimary as NotPrimary
+    from featurestream.backends.redis.link import NotRedisServer as NotRedisServer
+    from featurestream.backends.redis.link import NotReplicated as NotReplicated
+    from featurestream.backends.redis.link import PrimaryLost as PrimaryLost
+    from featurestream.backends.redis.link import RedisUnreachable as RedisUnreachable
+    from featurestream.backends.redis.link import ReplicasMissing as ReplicasMissing
     from featurestream.backends.redis.queue import RedisSampleRefQueue as RedisSampleRefQueue
+    from featurestream.backends.redis.sentinel import SentinelServiceError as SentinelServiceError
+    from featurestream.common.errors import (
+        DeadLetterNotKept,
+        DeadLetterQueued,
+        DuplicateSample,
+        FeatureStreamError,
+        IllegalTransition,
+        KeptDeadLetter,
+        LeaseLost,
+        NotALease,
+        NotDeadLetter,
+        NotResident,
+        PutAborted,
+        QueueClosed,
+        QueueDrained,
+        RepeatedInBatch,
+        ScrubOwed,
+        SettledSample,
+        StoreMismatch,
+        TensorInRef,
+    )
     from featurestream.common.refs import FeatureAlgorithm, FeatureSpec, SampleRef, assert_no_tensors
     from featurestream.core.lease import DeadLetter, Lease, VisibilityTimeout
     from featurestream.core.protocol import LeaseQueue
-    from featurestream.core.queue import LeaseLost, QueueStats, SampleRefQueue
+    from featurestream.core.queue import QueueStats, SampleRefQueue
+    from featurestream.core.resume import StaleTrainer
     from featurestream.pipeline.async_pipeline import AsyncFeaturePipeline, PromptSource
     from featurestream.pipeline.dflash import DFlashTargetBackend, DFlashTargetBatch
     from featurestream.pipeline.dspark import DSparkTargetBackend, DSparkTargetBatch

@@ -1,7 +1,9 @@
 """The errors every queue backend raises, each defined once with its message built once.
 
-Each subclasses the builtin a caller already catches (``RuntimeError``, ``ValueError``, ``LookupError``), so
-code written against those keeps working; code that needs to tell them apart catches the type, never the text.
+Each subclasses ``FeatureStreamError`` (catch it for anything featurestream refuses on purpose) and the builtin a
+caller already catches (``RuntimeError``, ``ValueError``, ``LookupError``), so code written against those keeps
+working; code that needs to tell them apart catches the type, never the text. Every one is exported from the
+package root (``from featurestream import QueueClosed``).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ __all__ = [
     "DeadLetterNotKept",
     "DeadLetterQueued",
     "DuplicateSample",
+    "FeatureStreamError",
     "IllegalTransition",
     "KeptDeadLetter",
     "LeaseLost",
@@ -30,7 +33,16 @@ __all__ = [
 ]
 
 
-class _Built:
+class FeatureStreamError(Exception):
+    """The base of every error featurestream raises on purpose: a refused call, a lost or corrupt sample.
+
+    Never raised itself: each concrete type also subclasses the builtin recipes catch (``LeaseLost`` is a
+    ``RuntimeError``, ``SampleLostError`` a ``KeyError`` ...). ``IllegalTransition`` is deliberately not one: it
+    reports a defect of the queue, which no ``except FeatureStreamError`` around a queue call may hide.
+    """
+
+
+class _Pickled:
     """Pickles as what was raised: the constructors take the facts, not the message ``args`` holds."""
 
     def __reduce__(self) -> tuple[object, ...]:
@@ -42,6 +54,10 @@ def _rebuild(cls: type[BaseException], args: tuple[object, ...], state: dict[str
     error.args = args
     vars(error).update(state)
     return error
+
+
+class _Built(_Pickled, FeatureStreamError):
+    """A featurestream error that pickles as raised."""
 
 
 class _SampleError(_Built):
@@ -200,7 +216,7 @@ class QueueDrained(_Built, ValueError):
         super().__init__(f"{which} is drained: nothing can be requeued into it")
 
 
-class IllegalTransition(_Built, AssertionError):
+class IllegalTransition(_Pickled, AssertionError):
     """A state machine was asked for a transition its table does not allow: a coordinator defect, never user error.
 
     An ``AssertionError`` so that no recipe catching ``RuntimeError`` / ``ValueError`` hides it.

@@ -21,6 +21,7 @@ import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from featurestream.common.checks import check_count
+from featurestream.common.errors import FeatureStreamError
 
 __all__ = [
     "LedgerProgress",
@@ -67,7 +68,7 @@ def parse_sample_id(sample_id: str) -> tuple[str, int] | None:
     return key, int(tail)
 
 
-class StaleTrainer(RuntimeError):
+class StaleTrainer(FeatureStreamError, RuntimeError):
     """A commit from an incarnation of a rank that a later restore superseded."""
 
 

@@ -1,4 +1,11 @@
-"""An EAGLE-3 target backend for any Hugging Face causal LM (optional extra ``featurestream[hf]``).
+"""Target backends for any Hugging Face causal LM (optional extra ``featurestream[hf]``).
+
+This module is ``featurestream.hf``: ``HFEagle3TargetModel`` (below),
+``HFDFlashTargetModel`` (``pipeline/hf_dflash.py``), ``HFDSparkTargetModel``
+(``pipeline/hf_dspark.py``) and ``HFEagleTargetModel`` (EAGLE-1/2,
+``pipeline/hf_eagle12.py``), each under the reference's name and signature and
+each returning, for the same model and inputs, the reference wrapper's tensors
+bit for bit. All share the forward-hook capture of ``pipeline/hf_capture.py``.
 
 ``HFEagle3TargetModel(model)`` wraps an ``AutoModelForCausalLM``-style model
 (Llama, Qwen2/3, Mistral, Gemma, ...) so that ``FeatureProducer`` can drive
@@ -52,8 +59,18 @@ except ImportError as exc:
 
 from featurestream.pipeline.eagle3 import Eagle3ForwardBackend, ForwardInputs
 from featurestream.pipeline.hf_capture import HFCaptureModel, Tap, check_layer_ids, find_decoder_layers
+from featurestream.pipeline.hf_dflash import HFDFlashTargetModel
+from featurestream.pipeline.hf_dspark import HFDSparkTargetModel
+from featurestream.pipeline.hf_eagle12 import HFEagleTargetModel
 
-__all__ = ["HFEagle3TargetModel", "default_aux_layer_ids", "find_decoder_layers"]
+__all__ = [
+    "HFDFlashTargetModel",
+    "HFDSparkTargetModel",
+    "HFEagle3TargetModel",
+    "HFEagleTargetModel",
+    "default_aux_layer_ids",
+    "find_decoder_layers",
+]
 
 
 def default_aux_layer_ids(num_layers: int) -> tuple[int, int, int]:

@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from featurestream.common.errors import FeatureStreamError
 from featurestream.core.lease import Lease
 from featurestream.core.protocol import LeaseQueue
 from featurestream.core.queue import LeaseLost
@@ -28,7 +29,7 @@ from featurestream.stores.base import FeatureStore, StoreHandle
 __all__ = ["LeaseBook", "LoaderCloseTimeout", "Prefetcher", "Pulled", "Stuck", "give_back"]
 
 
-class LoaderCloseTimeout(TimeoutError):
+class LoaderCloseTimeout(FeatureStreamError, TimeoutError):
     """``FeatureDataLoader.close`` gave up waiting for its prefetch thread, blocked in a queue or store call.
 
     Raised after everything else was closed. ``leases`` are the leases the

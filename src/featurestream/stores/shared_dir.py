@@ -77,6 +77,7 @@ from typing import Unpack
 import torch
 
 from featurestream.common.checks import check_seconds
+from featurestream.common.errors import FeatureStreamError
 from featurestream.common.refs import SampleRef
 from featurestream.stores.deleter import BackgroundDeleter, remove_reporting
 from featurestream.stores.ledger import (
@@ -146,7 +147,7 @@ def _alive(pid: int) -> bool:
         return True
 
 
-class CorruptSampleError(RuntimeError):
+class CorruptSampleError(FeatureStreamError, RuntimeError):
     """A sample file exists but cannot be decoded (truncated, garbled, or not what its ref describes)."""
 
 

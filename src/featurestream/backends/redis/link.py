@@ -36,6 +36,7 @@ from typing import Any
 
 import redis
 from featurestream.backends.redis import functions, sentinel
+from featurestream.common.errors import FeatureStreamError
 
 try:
     import hiredis
@@ -71,28 +72,28 @@ FIRST_CONTACT_TIMEOUT = 3.0
 REPLICATION_WAIT = 1.0
 
 
-class RedisUnreachable(redis.ConnectionError):
+class RedisUnreachable(FeatureStreamError, redis.ConnectionError):
     """A queue's first connection found no server answering: nothing was created."""
 
 
-class NotRedisServer(redis.ConnectionError):
+class NotRedisServer(FeatureStreamError, redis.ConnectionError):
     """The server at the URL answered, but not in the Redis protocol (an HTTP server, another service's port)."""
 
 
-class NotPrimary(redis.ReadOnlyError):
+class NotPrimary(FeatureStreamError, redis.ReadOnlyError):
     """The server at the URL is a read-only replica: a queue changes state, so it needs the primary."""
 
 
-class ReplicasMissing(ValueError):
+class ReplicasMissing(FeatureStreamError, ValueError):
     """``min_replicas`` asks for more replicas than the primary has connected."""
 
 
-class NotReplicated(redis.ConnectionError):
+class NotReplicated(FeatureStreamError, redis.ConnectionError):
     """A call's effect did not reach ``min_replicas`` replicas within ``reconnect_timeout``: like a lost reply,
     the caller cannot tell whether it stands."""
 
 
-class PrimaryLost(redis.ConnectionError):
+class PrimaryLost(FeatureStreamError, redis.ConnectionError):
     """Through Sentinel: no primary answered within ``reconnect_timeout``; names the service and the sentinels."""
 
 

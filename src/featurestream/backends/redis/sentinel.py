@@ -17,6 +17,8 @@ from typing import Any
 
 import redis.sentinel
 
+from featurestream.common.errors import FeatureStreamError
+
 __all__ = ["SentinelServiceError", "connect", "describe", "parse_address", "sentinel_addresses", "where"]
 
 Address = tuple[str, int]
@@ -33,7 +35,7 @@ _KEEPALIVE = {
 }
 
 
-class SentinelServiceError(redis.ConnectionError):
+class SentinelServiceError(FeatureStreamError, redis.ConnectionError):
     """The sentinels know no such service, none of them answers, or they report its primary down."""
 
 
