@@ -631,10 +631,22 @@ class FrontEnd:
 
     def _reaper_round(self) -> bool:
         """One round of the reaper thread; ``False`` once it has nothing left to do (drained, nothing owed)."""
+        self._reclaim_orphans()
         if self.lifecycle_state == "drained" and not self._owed:
             return False
         self.reclaim_expired()
         return True
+
+    def _reclaim_orphans(self, *, force: bool = False) -> int:
+        """Have the store free dead writers' bytes this queue does not hold (``FeatureStore.reclaim_orphans``)."""
+        return self._store.reclaim_orphans(self._holds, force=force)
+
+    def _holds(self, sample_ids: Sequence[str]) -> set[str]:
+        """Which of ``sample_ids`` this queue holds: pending, leased, or dead letters (whose bytes may be kept)."""
+        with self._lock:
+            held = self._engine.held(sample_ids)
+            dead = {letter.ref.sample_id for letter in self._engine.dead_letters(None)}
+        return held | (dead & set(sample_ids))
 
     def _trace_state(self, action: str, **fields: object) -> None:
         """Trace an event the front end makes itself (a store fault, a paid scrub, a pause or resume) with the

@@ -6,13 +6,12 @@ import abc
 import dataclasses
 import inspect
 import itertools
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
 import torch
 
-from featurestream.common.errors import FeatureStreamError
 from featurestream.common.refs import FeatureAlgorithm, SampleRef
 
 __all__ = ["REF_FIELD_DEFAULTS", "FeatureStore", "SampleLostError", "StoreHandle", "StoreHealth", "new_handle_id"]
@@ -26,7 +25,7 @@ def new_handle_id() -> int:
     return next(_handle_ids)
 
 
-class SampleLostError(FeatureStreamError, KeyError):
+class SampleLostError(KeyError):
     """A sample a ref names is gone from a store that never freed it on purpose (its bytes were lost).
 
     Its owner process died, the store evicted it, or the store's server
@@ -141,6 +140,16 @@ class FeatureStore(abc.ABC):
 
     def scrub(self, ref: SampleRef) -> None:  # noqa: B027 - optional hook, no-op by design
         """The queue is done with ``ref`` (acked or dead): free it whatever handles are out."""
+
+    def reclaim_orphans(self, held: Callable[[Sequence[str]], set[str]] | None = None, *, force: bool = False) -> int:
+        """Free bytes whose writer died before any queue took them; return how many samples were freed.
+
+        ``held(sample_ids)`` is a queue's answer to which of those ids it holds (pending, leased or as a dead
+        letter): a store asks it before freeing a sample that carries a queued marker. ``force``: sweep now,
+        whatever the store's own interval. Stores whose bytes die with their writer (in-process ones) have
+        nothing to reclaim: the default frees nothing.
+        """
+        return 0
 
     def is_resident(self, sample_id: str) -> bool:
         """Whether ``sample_id``'s bytes are held; stores that can tell override this."""

@@ -180,7 +180,7 @@ class LedgerFeatureStore(FeatureStore):
         if not isinstance(tensors, Mapping) or not tensors:
             raise ValueError(f"sample {sample_id!r}: tensors must be a non-empty mapping of name -> tensor")
         specs = feature_specs(tensors)
-        incarnation = uuid.uuid4().hex  # tells this put's bytes apart from any other put of the same id
+        incarnation = self._mint_incarnation()  # tells this put's bytes apart from any other put of the same id
         ref = SampleRef(
             sample_id=sample_id,
             store_uri=self.store_uri,
@@ -299,6 +299,10 @@ class LedgerFeatureStore(FeatureStore):
     def _check_sample_id(self, sample_id: object) -> None:
         if not isinstance(sample_id, str) or not sample_id:
             raise ValueError(f"sample_id must be a non-empty str, got {sample_id!r}")
+
+    def _mint_incarnation(self) -> str:
+        """A fresh incarnation: 32 hex digits no other put ever gets (random; a store may make it name its writer)."""
+        return uuid.uuid4().hex
 
     def _feature_key(self, sample_id: str, name: str, incarnation: str) -> str:
         """Where feature ``name`` of this put of ``sample_id`` lives; naming the put, it matches no other put's ref."""
