@@ -199,7 +199,7 @@ def test_the_last_short_batch_of_the_epoch_is_handed_out(tmp_path: Path, prefetc
 def test_a_sample_whose_lease_expired_while_its_batch_filled_is_not_in_the_batch_twice() -> None:
     """prefetch=0 (no heartbeat) and a slow producer: the first sample of a batch of two expires while the
     puller waits for the second, and the puller leases it again; the batch must still hold it once."""
-    from featurestream.pipeline.async_pipeline import _prompt_kwargs
+    from featurestream.pipeline.async_pipeline import prompt_kwargs
 
     queue, store = _queue(visibility=0.1)
     ledger = queue.training_ledger()
@@ -209,7 +209,7 @@ def test_a_sample_whose_lease_expired_while_its_batch_filled_is_not_in_the_batch
     two = prompts(2)
 
     def put(index: int) -> None:
-        queue.put(producer.produce(**_prompt_kwargs(two[index]), sample_id=sample_id_for("r", str(index), 1)))
+        queue.put(producer.produce(**prompt_kwargs(two[index]), sample_id=sample_id_for("r", str(index), 1)))
 
     put(0)
     loader = FeatureDataLoader(queue, store, batch_size=2, prefetch=0)

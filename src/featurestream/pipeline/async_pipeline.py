@@ -14,7 +14,7 @@ from featurestream.common.checks import check_seconds
 from featurestream.core.protocol import LeaseQueue
 from featurestream.pipeline.producer import FeatureProducer
 
-__all__ = ["AsyncFeaturePipeline", "Prompt", "PromptSource"]
+__all__ = ["AsyncFeaturePipeline", "Prompt", "PromptSource", "prompt_kwargs"]
 
 logger = logging.getLogger(__name__)
 
@@ -37,7 +37,7 @@ class PromptSource(Protocol):
 _PROMPT_FIELDS = ("input_ids", "attention_mask", "loss_mask", "position_ids", "seq_lens", "doc_remaining")
 
 
-def _prompt_kwargs(prompt: Prompt) -> dict[str, torch.Tensor]:
+def prompt_kwargs(prompt: Prompt) -> dict[str, torch.Tensor]:
     """``produce`` keywords for a bare ``input_ids`` tensor or a 3- or 6-tuple of long tensors."""
     if isinstance(prompt, torch.Tensor):
         ones = torch.ones_like(prompt)
@@ -154,7 +154,7 @@ class AsyncFeaturePipeline:
     def _run(self) -> None:
         try:
             for prompt in self._prompts():
-                ref = self.producer.produce(**_prompt_kwargs(prompt))
+                ref = self.producer.produce(**prompt_kwargs(prompt))
                 try:
                     self.queue.put_blocks_until_below(ref, abort_when=self.stop_requested)
                 except BaseException as exc:

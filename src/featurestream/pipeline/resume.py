@@ -23,7 +23,7 @@ from featurestream.common.errors import DuplicateSample, PutAborted, QueueClosed
 from featurestream.core.lease import Lease
 from featurestream.core.protocol import LeaseQueue
 from featurestream.core.resume import Restore, TrainingLedger, check_key, parse_sample_id, sample_id_for
-from featurestream.pipeline.async_pipeline import Prompt, _prompt_kwargs
+from featurestream.pipeline.async_pipeline import Prompt, prompt_kwargs
 from featurestream.pipeline.batching import ack_many
 from featurestream.pipeline.producer import FeatureProducer
 
@@ -147,7 +147,7 @@ class ResumableProducer:
     def _produce(self, key: str, generation: int, stop: Callable[[], bool]) -> bool:
         prompt = self._prompts[key] if isinstance(self._prompts, Mapping) else self._prompts[int(key)]
         sample_id = sample_id_for(self.producer.run_id, key, generation)
-        ref = self.producer.produce(**_prompt_kwargs(prompt), sample_id=sample_id)
+        ref = self.producer.produce(**prompt_kwargs(prompt), sample_id=sample_id)
         try:
             self.queue.put_blocks_until_below(ref, abort_when=lambda: stop() or self.queue.is_closed)
         except (QueueClosed, PutAborted):  # this sample is never enqueued

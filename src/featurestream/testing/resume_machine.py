@@ -27,7 +27,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from featurestream.core.lease import Lease
 from featurestream.core.protocol import LeaseQueue
 from featurestream.core.resume import parse_sample_id, sample_id_for
-from featurestream.pipeline.async_pipeline import _prompt_kwargs
+from featurestream.pipeline.async_pipeline import prompt_kwargs
 from featurestream.pipeline.producer import FeatureProducer
 from featurestream.pipeline.resume import TrainerResume, ledger_of
 from featurestream.stores.base import FeatureStore
@@ -145,7 +145,7 @@ class _ResumeMachine(RuleBasedStateMachine):
 
     def put_key(self, key: str) -> None:
         sample_id = sample_id_for("machine", key, self.inflight.pop(key))
-        self.queue.put(self.producer.produce(**_prompt_kwargs(self.prompts[key]), sample_id=sample_id))
+        self.queue.put(self.producer.produce(**prompt_kwargs(self.prompts[key]), sample_id=sample_id))
 
     @precondition(lambda self: self.producing and self.crashes < MAX_CRASHES)
     @rule()
