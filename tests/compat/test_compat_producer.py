@@ -3,18 +3,19 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import inspect
 from typing import Any
 
 import pytest
 import torch
 
-from featurestream.eagle3 import Eagle3TargetBatch
 from featurestream.producer import FeatureProducer
 from featurestream.refs import FeatureAlgorithm, FeatureSpec, SampleRef
 from featurestream.stores.local import LocalFeatureStore
 
-from .recipe import EchoTarget, packing, prompt
+from .conftest import PREFIX
+from .recipe import VOCAB, EchoTarget, packing, prompt
 
 
 def test_signature() -> None:
@@ -107,18 +108,15 @@ def test_partial_packing_is_rejected_before_the_forward() -> None:
     assert target.calls == []
 
 
-def test_a_batch_without_logits_is_refused() -> None:
-    class DraftVocabTarget(EchoTarget):
-        def generate_batch(self, **inputs: Any) -> Eagle3TargetBatch:  # type: ignore[override]
+def test_a_batch_without_supervision_is_refused() -> None:
+    class UnsupervisedTarget(EchoTarget):
+        def generate_batch(self, **inputs: Any) -> dict[str, Any]:  # type: ignore[override]
             batch = super().generate_batch(**inputs)
-            assert batch.logits is not None
-            return dataclasses.replace(
-                batch, logits=None, target_probs=batch.logits.softmax(-1), position_mask=batch.loss_mask
-            )
+            return {name: getattr(batch, name) for name in batch.keys() if name != "logits"}
 
     store = LocalFeatureStore()
-    with pytest.raises(ValueError):
-        FeatureProducer(DraftVocabTarget(), store, run_id="r").produce(**prompt())
+    with pytest.raises(ValueError, match="no supervision encoding"):
+        FeatureProducer(UnsupervisedTarget(), store, run_id="r").produce(**prompt())
     assert store.health().sample_count == 0
 
 
@@ -139,3 +137,67 @@ def test_a_spec_mismatch_after_the_put_evicts_the_sample() -> None:
     with pytest.raises(RuntimeError):
         FeatureProducer(EchoTarget(), store, run_id="r").produce(**prompt())
     assert store.health().sample_count == 0 and not store.is_resident("sample-r-1")
+
+
+# -- the reference's DFlash and DSpark wrappers, unchanged -------------------------------------------------------
+
+
+def reference_wrapper(reference: Any, algorithm: FeatureAlgorithm) -> Any:
+    """The reference's ``HFDFlashTargetModel`` / ``HFDSparkTargetModel`` over a tiny random Llama (no download)."""
+    pytest.importorskip("transformers", reason="the reference's HF wrappers need transformers")
+    from featurestream.tools.models import TinyConfig, tiny_hf_causal_lm
+
+    model = tiny_hf_causal_lm("llama", TinyConfig(vocab_size=VOCAB, hidden_size=32, num_heads=4), num_layers=4)
+    if algorithm is FeatureAlgorithm.DFLASH:
+        return importlib.import_module(f"{PREFIX}.dflash.target").HFDFlashTargetModel(model, [1, 3])
+    return importlib.import_module(f"{PREFIX}.dspark.target").HFDSparkTargetModel(model, [-1, 2])
+
+
+@pytest.mark.parametrize("algorithm", [FeatureAlgorithm.DFLASH, FeatureAlgorithm.DSPARK])
+def test_the_references_dflash_and_dspark_wrappers_are_inferred_and_stream_bit_for_bit(
+    reference: Any, algorithm: FeatureAlgorithm
+) -> None:
+    from featurestream.loader import FeatureDataLoader
+    from featurestream.queue import SampleRefQueue
+
+    wrapper = reference_wrapper(reference, algorithm)
+    store = LocalFeatureStore()
+    queue = SampleRefQueue(store)
+    producer = FeatureProducer(wrapper, store, run_id="r")
+    # The reference's producer attributes, with its meaning: the backend, the store and the algorithm.
+    assert producer._target is wrapper and producer._store is store and producer._algorithm is algorithm
+    inputs = prompt(0)
+    expected = wrapper.generate_batch(**inputs)
+    queue.put(producer.produce(**inputs))
+    queue.close()
+    with FeatureDataLoader(queue, store, algorithm=algorithm, prefetch=0) as loader:
+        (batch,) = list(loader)
+    assert isinstance(batch, type(expected)), "the reference's batch class, since its module is imported"
+    for field in dataclasses.fields(expected):
+        mine, theirs = getattr(batch, field.name), getattr(expected, field.name)
+        assert (mine is None) == (theirs is None) and (mine is None or torch.equal(mine, theirs)), field.name
+
+
+def test_an_explicit_algorithm_contradicting_the_references_wrapper_is_refused_naming_both(reference: Any) -> None:
+    store = LocalFeatureStore()
+    producer = FeatureProducer(
+        reference_wrapper(reference, FeatureAlgorithm.DSPARK), store, run_id="r", algorithm=FeatureAlgorithm.DFLASH
+    )
+    with pytest.raises(
+        ValueError, match=r"stores 'dflash' samples \(algorithm=.*returned a DSparkTargetBatch, a 'dspark'"
+    ):
+        producer.produce(**prompt(0))
+    assert store.health().sample_count == 0
+
+
+def test_a_store_misdescribing_the_tensors_is_reported_in_the_references_phrase() -> None:
+    class Misdescribing(LocalFeatureStore):
+        def put(self, sample_id: str, tensors: Any, **kwargs: Any) -> SampleRef:
+            ref = super().put(sample_id, tensors, **kwargs)
+            specs = {**ref.feature_specs, "logits": FeatureSpec((1,), torch.float16)}
+            return dataclasses.replace(ref, feature_specs=specs)
+
+    store = Misdescribing()
+    with pytest.raises(RuntimeError, match=r"feature_specs does not match"):
+        FeatureProducer(EchoTarget(), store, run_id="r").produce(**prompt(0))
+    assert store.health().sample_count == 0

@@ -5,13 +5,14 @@ from __future__ import annotations
 import inspect
 import itertools
 import threading
+import typing
 from collections.abc import Callable
 from types import TracebackType
 from typing import Any, Protocol
 
 import torch
 
-from featurestream.common.refs import FeatureAlgorithm, FeatureSpec, SampleRef
+from featurestream.common.refs import FeatureAlgorithm, FeatureSpec, SampleRef, algorithm_name
 from featurestream.pipeline.schemas import AlgorithmSchema, registered_schemas, schema_for
 from featurestream.stores.base import FeatureStore
 
@@ -28,8 +29,10 @@ class TargetBackend(Protocol):
     ``aux_hidden_states, input_ids, attention_mask, loss_mask, logits``.
     The algorithm is inferred from the backend's base class (for EAGLE-3,
     ``featurestream.eagle3.Eagle3TargetBackend`` or the reference package's
-    ``Eagle3TargetBackend``); any other backend needs
-    ``FeatureProducer(..., algorithm=...)``.
+    ``Eagle3TargetBackend``), else from the batch class ``generate_batch``
+    is annotated to return (featurestream's or the reference's: the
+    reference's ``HFDFlashTargetModel`` returns a ``DFlashTargetBatch``);
+    any other backend needs ``FeatureProducer(..., algorithm=...)``.
     """
 
     def generate_batch(self, **inputs: torch.Tensor | None) -> object: ...
@@ -40,8 +43,14 @@ class FeatureProducer:
 
     The algorithm's ``AlgorithmSchema`` (``featurestream.pipeline.schemas``)
     decides what is stored: with ``algorithm=None`` it is inferred from the
-    backend's class (an ``Eagle3TargetBackend`` is EAGLE-3), else
-    ``ValueError`` (``cannot infer FeatureAlgorithm``).
+    backend's class (an ``Eagle3TargetBackend`` is EAGLE-3) or from the
+    batch class its ``generate_batch`` is annotated to return, else
+    ``ValueError`` (``cannot infer FeatureAlgorithm``). A user algorithm
+    (``register_algorithm``) is named by its ``str``.
+
+    The reference's attributes keep their meaning: ``_target`` (the
+    backend), ``_store`` and ``_algorithm``; ``target_backend``, ``store``
+    and ``algorithm`` read the same.
 
     ``produce`` returns the ``SampleRef`` to enqueue; a ref that will never be
     enqueued must be handed to ``discard``. Sample ids are
@@ -67,7 +76,7 @@ class FeatureProducer:
         store: FeatureStore,
         *,
         run_id: str,
-        algorithm: FeatureAlgorithm | None = None,
+        algorithm: FeatureAlgorithm | str | None = None,
         target_model_version: str = "0",
         draft_weight_version: str = "0",
         sample_id_factory: Callable[[int], str] | None = None,
@@ -84,11 +93,12 @@ class FeatureProducer:
             raise TypeError(f"store must be a FeatureStore, got {type(store).__name__}")
         if sample_id_factory is not None and not callable(sample_id_factory):
             raise TypeError(f"sample_id_factory must be callable as factory(n) -> str, got {sample_id_factory!r}")
-        self.target_backend = target_backend
-        self.store = store
+        self._target = target_backend
+        self._store = store
         self.run_id = run_id
         self.schema: AlgorithmSchema = schema
-        self.algorithm = schema.algorithm
+        self._algorithm = schema.algorithm
+        self._algorithm_given = algorithm is not None
         self.target_model_version = target_model_version
         self.draft_weight_version = draft_weight_version
         self._sample_id_factory = sample_id_factory
@@ -97,6 +107,21 @@ class FeatureProducer:
         self._closed = False
         # Decided once: the keyword is an allowance a store declares, and reference-contract stores lack it.
         self._take_ownership = _accepts_keyword(store.put, "take_ownership")
+
+    @property
+    def target_backend(self) -> TargetBackend:
+        """The target backend this producer drives (the reference's ``_target``)."""
+        return self._target
+
+    @property
+    def store(self) -> FeatureStore:
+        """The store every ``produce`` puts into (the reference's ``_store``)."""
+        return self._store
+
+    @property
+    def algorithm(self) -> FeatureAlgorithm | str:
+        """The algorithm of every sample this producer stores (the reference's ``_algorithm``)."""
+        return self._algorithm
 
     # -- the backend's extras -----------------------------------------------------
     def set_vocab_mapping(self, selected_token_ids: torch.Tensor, selected_token_mask: torch.Tensor) -> None:
@@ -145,7 +170,13 @@ class FeatureProducer:
         self.schema.check_inputs(inputs)
         with torch.no_grad():
             batch = self.target_backend.generate_batch(**inputs)
-        tensors = self.schema.produced_tensors(batch)
+        where = f"sample {sample_id!r}" if sample_id is not None else f"run {self.run_id!r}'s next sample"
+        if not self.schema.is_batch_type(type(batch)):
+            self._check_not_another_algorithms(batch, where)
+        try:
+            tensors = self.schema.produced_tensors(batch)
+        except (TypeError, ValueError) as exc:
+            raise type(exc)(f"{where}: {exc}; nothing was stored") from None
         if self._take_ownership:
             for name, tensor in tensors.items():
                 if any(_shares_memory(tensor, given) for given in inputs.values() if given is not None):
@@ -165,8 +196,8 @@ class FeatureProducer:
         )
         if dict(ref.feature_specs) != measured:
             mismatch = (
-                f"sample {ref.sample_id!r}: the store's ref describes {_describe(ref.feature_specs)}, but the "
-                f"tensors put were {_describe(measured)}"
+                f"sample {ref.sample_id!r}: SampleRef.feature_specs does not match what the producer measured: the "
+                f"store's ref describes {_describe(ref.feature_specs)}, but the tensors put were {_describe(measured)}"
             )
             try:
                 self.discard(ref)
@@ -174,6 +205,18 @@ class FeatureProducer:
                 raise RuntimeError(f"{mismatch}; evicting it from {ref.store_uri} failed too: {exc!r}") from exc
             raise RuntimeError(f"{mismatch}; the sample was evicted from {ref.store_uri}")
         return ref
+
+    def _check_not_another_algorithms(self, batch: object, where: str) -> None:
+        """``ValueError`` naming both algorithms when ``batch`` is another algorithm's batch class."""
+        for schema in registered_schemas().values():
+            if schema is not self.schema and schema.is_batch_type(type(batch)):
+                chosen = "algorithm=" if self._algorithm_given else "inferred from the backend: "
+                raise ValueError(
+                    f"{where}: FeatureProducer stores {algorithm_name(self.algorithm)!r} samples ({chosen}"
+                    f"{self.algorithm!r}), but {type(self.target_backend).__name__}.generate_batch returned a "
+                    f"{type(batch).__qualname__}, a {algorithm_name(schema.algorithm)!r} batch; nothing was stored "
+                    f"(pass algorithm={algorithm_name(schema.algorithm)!r} or use a matching backend)"
+                )
 
     def discard(self, ref: SampleRef) -> None:
         """Evict a produced sample that will never be enqueued (so it is not orphaned in the store).
@@ -210,10 +253,15 @@ class FeatureProducer:
 
 
 def _infer_schema(backend: object) -> AlgorithmSchema:
-    """The schema whose backend base class ``backend`` is an instance of; ``ValueError`` when none is."""
+    """The schema whose backend base class ``backend`` is an instance of, else the one whose batch class its
+    ``generate_batch`` is annotated to return; ``ValueError`` when neither says."""
     schemas = registered_schemas().values()
     for schema in schemas:
         if schema.is_backend(backend):
+            return schema
+    returned = _returned_class(backend)
+    for schema in schemas:
+        if schema.is_batch_type(returned):
             return schema
     bases = ", ".join(
         f"{name} for {s.algorithm}"
@@ -226,8 +274,20 @@ def _infer_schema(backend: object) -> AlgorithmSchema:
     )
     raise ValueError(
         f"cannot infer FeatureAlgorithm for target_backend of type {type(backend).__name__}: it subclasses none "
-        f"of the algorithms' backend base classes ({bases}); subclass one, or pass algorithm= explicitly"
+        f"of the algorithms' backend base classes ({bases}) and its generate_batch is not annotated to return an "
+        "algorithm's batch class; subclass one, or pass algorithm= explicitly"
     )
+
+
+def _returned_class(backend: object) -> object:
+    """The class ``backend.generate_batch`` is annotated to return (resolved in its module), or ``None``."""
+    method = getattr(backend, "generate_batch", None)
+    if method is None:
+        return None
+    try:
+        return typing.get_type_hints(method).get("return")
+    except Exception:  # an annotation that does not resolve says nothing about the algorithm
+        return None
 
 
 def _accepts_keyword(function: Callable[..., object], name: str) -> bool:

@@ -149,6 +149,16 @@ class AlgorithmSchema:
         reference = _imported_class(self.reference_backend_type)
         return reference is not None and isinstance(backend, reference)
 
+    def is_batch_type(self, cls: object) -> bool:
+        """Whether ``cls`` is this algorithm's batch class: a subclass of ``batch_type``, or of
+        ``reference_batch_type`` when that class's module is imported."""
+        if not isinstance(cls, type):
+            return False
+        if issubclass(cls, self.batch_type):
+            return True
+        reference = _imported_class(self.reference_batch_type)
+        return reference is not None and issubclass(cls, reference)
+
     def default_batch_type(self) -> type:
         """The class a loader builds batches as when it is given none.
 
