@@ -170,7 +170,7 @@ def make_store(args: argparse.Namespace, directory: str | None, sample_bytes: in
     return LocalFeatureStore(**caps)
 
 
-class _Telemetry:
+class Telemetry:
     """The queue's tracer: when each sample was put and first leased, and how often it was acked."""
 
     def __init__(self) -> None:
@@ -190,7 +190,7 @@ class _Telemetry:
 
 
 @dataclasses.dataclass
-class _Trainer:
+class Trainer:
     """The draft head, its optimizer, and what the consumers did."""
 
     draft: TinyEagle3Draft
@@ -215,15 +215,18 @@ class _Trainer:
         return float(loss.detach())
 
 
-def _consume(
+def consume(
     worker: int,
     queue: SampleRefQueue,
     store: FeatureStore,
-    trainer: _Trainer,
-    telemetry: _Telemetry,
+    trainer: Trainer,
+    telemetry: Telemetry,
     args: argparse.Namespace,
     errors: list[BaseException],
 ) -> None:
+    """Consumer thread ``worker``: train on ``queue``'s samples through a ``FeatureDataLoader`` until it is drained,
+    failing (``args.fail_rate``) and crashing (``args.crash_every``) as asked and counting it all in ``trainer``;
+    an error is appended to ``errors`` and closes the queue (so the other consumers and the producer stop)."""
     rng = random.Random(args.seed * 1000 + worker)
     try:
         while True:
@@ -269,7 +272,7 @@ def _consume(
         queue.close()
 
 
-def _progress(done: int, total: int, trainer: _Trainer, queue: SampleRefQueue) -> str:
+def _progress(done: int, total: int, trainer: Trainer, queue: SampleRefQueue) -> str:
     width = 30
     filled = width * done // max(total, 1)
     stats = queue.stats()
@@ -322,10 +325,10 @@ def run(args: argparse.Namespace) -> int:
         return run_across_processes(args, target, target_description, config, sample_bytes, run_id)
     try:
         store = make_store(args, directory, sample_bytes)
-        telemetry = _Telemetry()
+        telemetry = Telemetry()
         queue = make_queue(store, args, telemetry)
         draft = TinyEagle3Draft(config, seed=args.seed + 1)
-        trainer = _Trainer(draft, torch.optim.AdamW(draft.parameters(), lr=3e-3))
+        trainer = Trainer(draft, torch.optim.AdamW(draft.parameters(), lr=3e-3))
         if args.metrics_every and not args.no_progress:
             # The Redis queue's name is what `featurestream status --name` needs: print it with the metrics.
             label = getattr(queue, "name", "in-process")
@@ -340,7 +343,7 @@ def run(args: argparse.Namespace) -> int:
         errors: list[BaseException] = []
         consumers = [
             threading.Thread(
-                target=_consume, args=(i, queue, store, trainer, telemetry, args, errors), name=f"consumer-{i}"
+                target=consume, args=(i, queue, store, trainer, telemetry, args, errors), name=f"consumer-{i}"
             )
             for i in range(args.consumers)
         ]
@@ -370,9 +373,7 @@ def run(args: argparse.Namespace) -> int:
         if args.render:
             render_queue(queue, args.render)
         store.close()
-        return _summary(
-            args, store, queue, trainer, telemetry, elapsed, errors, residual, leftovers, target_description
-        )
+        return summary(args, store, queue, trainer, telemetry, elapsed, errors, residual, leftovers, target_description)
     finally:
         if temp_dir is not None:
             shutil.rmtree(temp_dir, ignore_errors=True)
@@ -391,18 +392,20 @@ def _queue_description(queue: object, args: argparse.Namespace) -> str:
     return f"RedisSampleRefQueue {getattr(queue, 'name', '?')!r} at {args.redis} (featurestream status --name)"
 
 
-def _summary(
+def summary(
     args: argparse.Namespace,
     store: FeatureStore,
     queue: SampleRefQueue,
-    trainer: _Trainer,
-    telemetry: _Telemetry,
+    trainer: Trainer,
+    telemetry: Telemetry,
     elapsed: float,
     errors: list[BaseException],
     residual: Any,
     leftovers: list[str],
     target_description: str = "",
 ) -> int:
+    """Print what the run did and the promises it checks (exactly-once, nothing lost or left resident, learning);
+    return the demo's exit status: 0 when every check holds."""
     stats = queue.stats()
     put_ids = set(telemetry.put_at)
     latencies = [telemetry.first_lease_at[s] - telemetry.put_at[s] for s in put_ids if s in telemetry.first_lease_at]

@@ -30,12 +30,12 @@ from featurestream.tools.demo import (
     BATCH_SIZE,
     MAX_DELIVERIES,
     SEQ_LEN,
-    _consume,
-    _summary,
-    _Telemetry,
-    _Trainer,
+    Telemetry,
+    Trainer,
+    consume,
     make_queue,
     store_caps,
+    summary,
 )
 from featurestream.tools.models import TinyConfig, TinyEagle3Draft, prompt_batches
 
@@ -66,7 +66,7 @@ def run_across_processes(
     with MooncakeMaster() as master:
         segment = max(_SEGMENT_BYTES, 2 * caps["max_bytes"])
         store = MooncakeFeatureStore(**master.store_kwargs(namespace=run_id, global_segment_size=segment), **caps)
-        telemetry = _Telemetry()
+        telemetry = Telemetry()
         queue = make_queue(store, args, telemetry)
         producer = FeatureProducer(
             target, store, run_id=run_id, target_model_version=f"{getattr(args, 'target', 'tiny')}-seed{args.seed}"
@@ -95,7 +95,7 @@ def run_across_processes(
         store.close(force=True)  # only after a failed run can a sample still be queued here
         queue.disconnect()
         print(f"  (trainer: a separate process, pid {trainer_process.pid}; tensors via {store.store_uri})")
-        return _summary(args, store, queue, trainer, telemetry, elapsed, errors, residual, [], target_description)
+        return summary(args, store, queue, trainer, telemetry, elapsed, errors, residual, [], target_description)
 
 
 def _wait_for_report(process: Any, results: Any, queue: Any, args: argparse.Namespace) -> dict[str, Any]:
@@ -127,11 +127,11 @@ def _progress_line(queue: Any, args: argparse.Namespace) -> str:
 
 
 def _merge(
-    report: dict[str, Any], telemetry: _Telemetry, config: TinyConfig, args: argparse.Namespace
-) -> tuple[_Trainer, _Telemetry]:
+    report: dict[str, Any], telemetry: Telemetry, config: TinyConfig, args: argparse.Namespace
+) -> tuple[Trainer, Telemetry]:
     """The demo process's view of what the trainer process did (its acks, leases and training steps)."""
     draft = TinyEagle3Draft(config, seed=args.seed + 1)
-    trainer = _Trainer(draft, torch.optim.AdamW(draft.parameters(), lr=3e-3))
+    trainer = Trainer(draft, torch.optim.AdamW(draft.parameters(), lr=3e-3))
     trainer.losses = list(report.get("losses", []))
     trainer.trained = Counter(report.get("trained", {}))
     trainer.sample_bytes = dict(report.get("sample_bytes", {}))
@@ -157,7 +157,7 @@ def _train(
     torch.set_num_threads(1)
     errors: list[BaseException] = []
     store = MooncakeFeatureStore(**store_kwargs, **caps)
-    telemetry = _Telemetry()
+    telemetry = Telemetry()
     queue = RedisSampleRefQueue(
         store,
         VisibilityTimeout(args.visibility_timeout),
@@ -167,9 +167,9 @@ def _train(
         name=queue_name,
     )
     draft = TinyEagle3Draft(config, seed=args.seed + 1)
-    trainer = _Trainer(draft, torch.optim.AdamW(draft.parameters(), lr=3e-3))
+    trainer = Trainer(draft, torch.optim.AdamW(draft.parameters(), lr=3e-3))
     threads = [
-        threading.Thread(target=_consume, args=(i, queue, store, trainer, telemetry, args, errors))
+        threading.Thread(target=consume, args=(i, queue, store, trainer, telemetry, args, errors))
         for i in range(args.consumers)
     ]
     for thread in threads:
