@@ -1,4 +1,5 @@
-"""Import layering: the queue core never reaches the tools, and the testing kit's mixins never import their host."""
+"""Import layering: layers point down (the queue core never reaches the tools, the data plane never the control plane),
+no module takes another package's private names, and the testing kit's mixins never import their host."""
 
 from __future__ import annotations
 
@@ -11,6 +12,28 @@ import featurestream
 from featurestream import LocalFeatureStore, SampleRefQueue
 
 PACKAGE = pathlib.Path(featurestream.__file__).parent
+
+
+def package_of(path: pathlib.Path) -> str:
+    """``featurestream.<first folder>`` for a module in a subpackage, the module itself for a top-level one."""
+    parts = path.relative_to(PACKAGE).with_suffix("").parts
+    return "featurestream." + parts[0]
+
+
+def private_imports(source: str, own: str) -> list[str]:
+    """``module.name`` for every ``from featurestream... import _name`` in ``source`` whose module lies in another
+    package than ``own`` (dunder names are no private names)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("featurestream."):
+            if node.module == own or node.module.startswith(own + "."):
+                continue
+            found += [
+                f"{node.module}.{alias.name}"
+                for alias in node.names
+                if alias.name.startswith("_") and not alias.name.startswith("__")
+            ]
+    return found
 
 
 def imported(path: pathlib.Path) -> set[str]:
@@ -31,6 +54,29 @@ def test_the_queue_layers_import_nothing_from_the_tools(layer: str) -> None:
         for path in (PACKAGE / layer).rglob("*.py")
     }
     assert not {path: names for path, names in offenders.items() if names}
+
+
+def test_the_data_plane_imports_nothing_from_the_control_plane() -> None:
+    offenders = {
+        str(path.relative_to(PACKAGE)): sorted(n for n in imported(path) if n.startswith("featurestream.core"))
+        for path in (PACKAGE / "stores").rglob("*.py")
+    }
+    assert not {path: names for path, names in offenders.items() if names}
+
+
+def test_no_module_imports_a_private_name_of_another_package() -> None:
+    offenders = {
+        str(path.relative_to(PACKAGE)): private_imports(path.read_text(), package_of(path))
+        for path in PACKAGE.rglob("*.py")
+    }
+    assert not {path: names for path, names in offenders.items() if names}
+
+
+def test_the_private_name_check_sees_a_cross_package_import_and_allows_its_own_package() -> None:
+    # The check above passes on an empty result, so show it would see an offender.
+    source = "from featurestream.pipeline.batching import _cap\nfrom featurestream.testing.x import _y, __all__\n"
+    assert package_of(PACKAGE / "testing" / "machine.py") == "featurestream.testing"
+    assert private_imports(source, "featurestream.testing") == ["featurestream.pipeline.batching._cap"]
 
 
 def test_queues_have_no_render_method_and_the_root_exports_render_queue() -> None:
