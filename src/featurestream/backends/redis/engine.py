@@ -575,7 +575,15 @@ class RedisEngine:
             return
         width = self._event_width
         for index in range(0, len(reply_events), width):
-            kind, first, second = (_text(v) for v in reply_events[index : index + 3])
+            kind = _text(reply_events[index])
+            if kind == "malformed":  # its raw bytes, maybe not text; the server moved the entry aside: logged once
+                logger.warning(
+                    "queue %r: pending entry %r is not '<n><TAB><sample id>'; moved aside to %s (reason "
+                    "'malformed', its raw bytes kept), never delivered",
+                    self._name, reply_events[index + 2], self._key["malformed"],
+                )  # fmt: skip
+                continue
+            first, second = _text(reply_events[index + 1]), _text(reply_events[index + 2])
             trace: dict[str, object] | None = None
             if width == 4 and kind != "retired":
                 trace = event_state(reply_events[index + 3])

@@ -69,6 +69,10 @@ KEYS, which would cost more to send than most calls cost to run):
                  or twice the instance's ``reconnect_timeout``, whichever is longer, after the call. ``init``
                  and ``reclaim`` (the reaper's call) drop the entries whose time is up; an instance's
                  ``disconnect`` drops its own.
+15. ``malformed`` list of the ``pending`` entries that were not ``n \\t sample id`` (written by
+                 something other than these functions): ``acquire`` moves each aside once, as a dead
+                 letter of reason ``malformed`` with its raw bytes (``malformed \\t <entry>``), and reports
+                 it (event ``malformed``, logged once by the client); it is never leased.
 
 Lease keys are the lease id zero-padded to 16 digits, so the deadline zset
 orders ties by lease id exactly like the in-process queue's heap.
@@ -96,7 +100,7 @@ untraced call reads nothing for them and gets only the events it acts on.
 ``extend``, ``ack``, ``fail``, ``reclaim``, ``close``, ``drain``) plus
 ``put``, ``dead`` (``kept``: a dead letter whose bytes stay), ``dedup``,
 ``stale``, ``forged`` (a stale lease naming a live one: a copy),
-``requeue``, ``purge`` and ``retired`` (not traced).
+``requeue``, ``purge``, ``retired`` (not traced) and ``malformed`` (a pending entry moved aside).
 """
 
 from __future__ import annotations
@@ -121,6 +125,7 @@ KEY_NAMES = (
     "kept",
     "calls",
     "calls_due",
+    "malformed",
 )
 
 LAYOUT = "4"  # key layout version, stored in ``meta``: a client refuses a queue of another layout

@@ -7,7 +7,7 @@
 
 -- Events only a tracer needs are sent when the caller traces; the client acts on the others (a reclaim moves
 -- the lease machine it runs for that lease; leases, settles and extends it learns from the statuses).
-local NEEDED = {dead = true, kept = true, retired = true, drain = true, reclaim = true}
+local NEEDED = {dead = true, kept = true, retired = true, drain = true, reclaim = true, malformed = true}
 
 -- Counts as command arguments, formatted once: Lua formats a number argument with sprintf on every call.
 local COUNTS = {}
@@ -21,7 +21,7 @@ local function count_arg(n)
 end
 
 local K_PENDING, K_REFS, K_LEASES, K_DEADLINES, K_DONE, K_DONE_ORDER, K_DEAD, K_META, K_STATS, K_WAKE, K_RETIRED
-local K_KEPT, K_CALLS, K_CALLS_DUE, PREFIX
+local K_KEPT, K_CALLS, K_CALLS_DUE, K_MALFORMED, PREFIX
 local ARGS, CLOCK, now, MAX_DELIVERIES, DEDUP_WINDOW, CURSOR, TRACE, events
 -- This call's read of ``meta`` (read_meta): the lifecycle state, until when (server seconds) a consumer may be
 -- blocked waiting for a delivery, and keep_dead_letter_bytes. ``woken``: this call woke the waiters already.
@@ -62,7 +62,7 @@ local function begin(keys, argv, remembers)
     K_PENDING, K_REFS, K_LEASES, K_DEADLINES = P .. 'pending', P .. 'refs', P .. 'leases', P .. 'deadlines'
     K_DONE, K_DONE_ORDER, K_DEAD, K_META = P .. 'done', P .. 'done_order', P .. 'dead', P .. 'meta'
     K_STATS, K_WAKE, K_RETIRED, K_KEPT = P .. 'stats', P .. 'wake', P .. 'retired', P .. 'kept'
-    K_CALLS, K_CALLS_DUE = P .. 'calls', P .. 'calls_due'
+    K_CALLS, K_CALLS_DUE, K_MALFORMED = P .. 'calls', P .. 'calls_due', P .. 'malformed'
     PREFIX = P
   end
   local settings, max_deliveries, dedup_window
@@ -427,13 +427,20 @@ local function lease_entries(count, vt, base, reply)
       break
     end
     local sids, ns = {}, {}
-    for i, entry in ipairs(got) do
-      local tab = string.find(entry, '\t', 1, true)
-      ns[i], sids[i] = string.sub(entry, 1, tab - 1), string.sub(entry, tab + 1)
+    for _, entry in ipairs(got) do
+      local n, sid = string.match(entry, '^(%d+)\t(.+)$')
+      if n then
+        ns[#ns + 1], sids[#sids + 1] = n, sid
+      else
+        -- written by something other than these functions: moved aside once (raw, as a dead letter of reason
+        -- 'malformed') and reported, so the client logs it; never leased, never an error to a consumer
+        redis.call('RPUSH', K_MALFORMED, 'malformed\t' .. entry)
+        emit('malformed', '', entry)
+      end
     end
-    local held = redis.call('HMGET', K_REFS, unpack(sids))
+    local held = #sids > 0 and redis.call('HMGET', K_REFS, unpack(sids)) or {}
     local taken = {}
-    for i = 1, #got do
+    for i = 1, #sids do
       -- an entry whose sample is no longer held is dropped, never leased (defensive: no function leaves one;
       -- the pending gauge would count it)
       if held[i] then
