@@ -1,0 +1,93 @@
+"""Open registration: a user algorithm's name, features and batch class; collisions and malformed ones refused."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from featurestream import (
+    FeatureAlgorithm,
+    FeatureDataLoader,
+    FeatureRule,
+    LocalFeatureStore,
+    SampleRef,
+    SampleRefQueue,
+    register_algorithm,
+)
+from featurestream.common.refs import required_features, resolve_algorithm
+from featurestream.pipeline import FeatureBatch, FeatureSet, schema_for
+
+
+def batch_class(name: str) -> type[FeatureBatch]:
+    """A user's batch class for algorithm ``name``: one required hidden state and token ids, optional logits."""
+
+    @dataclasses.dataclass
+    class UserBatch(FeatureBatch):
+        FEATURES = FeatureSet(
+            name,
+            (
+                FeatureRule("hidden", ("floating",), ("B", "S", "*")),
+                FeatureRule("input_ids", ("integer",), ("B", "S")),
+                FeatureRule("logits", ("floating",), ("B", "S", "*"), required=False),
+            ),
+        )
+
+        hidden: torch.Tensor
+        input_ids: torch.Tensor
+        logits: torch.Tensor | None = None
+
+    return UserBatch
+
+
+def user_sample(index: int) -> dict[str, torch.Tensor]:
+    return {"hidden": torch.full((1, 3, 2), float(index)), "input_ids": torch.arange(3).reshape(1, 3) + index}
+
+
+def test_a_registered_algorithm_streams_through_queue_and_loader_and_its_core_set_reaches_the_control_plane() -> None:
+    batch_type = batch_class("test.streams")
+    schema = register_algorithm("test.streams", batch_type)
+    assert schema.algorithm == "test.streams" and schema_for("test.streams") is schema
+    assert required_features("test.streams") == ("hidden", "input_ids")
+    store = LocalFeatureStore()
+    queue = SampleRefQueue(store)
+    queue.put(store.put("u0", user_sample(0), run_id="r", algorithm="test.streams"))
+    with pytest.raises(ValueError, match=r"SampleRef for test.streams is missing required features \['input_ids'\]"):
+        store.put("u1", {"hidden": user_sample(1)["hidden"]}, run_id="r", algorithm="test.streams")
+    queue.close()
+    with FeatureDataLoader(queue, store, algorithm="test.streams", prefetch=0) as loader:
+        (batch,) = list(loader)
+    assert type(batch) is batch_type and torch.equal(batch.hidden, user_sample(0)["hidden"])
+
+
+@pytest.mark.parametrize("builtin", [a.value for a in FeatureAlgorithm])
+def test_a_registration_colliding_with_a_builtin_name_is_refused(builtin: str) -> None:
+    with pytest.raises(ValueError, match=rf"algorithm name '{builtin}' collides with the built-in"):
+        register_algorithm(builtin, batch_class(builtin))
+    assert schema_for(builtin).batch_type is not None and schema_for(builtin).algorithm is FeatureAlgorithm(builtin)
+
+
+def test_a_second_registration_of_a_name_and_malformed_ones_are_refused_and_change_nothing() -> None:
+    first = register_algorithm("test.twice", batch_class("test.twice"))
+    with pytest.raises(ValueError, match=r"schema for 'test.twice' is already registered"):
+        register_algorithm("test.twice", batch_class("test.twice"))
+    assert schema_for("test.twice") is first
+    for bad in ("Upper", "has space", "", "a" * 65, "trailing.", "1digit"):
+        with pytest.raises(ValueError, match=r"is not a FeatureAlgorithm .* nor a well-formed algorithm name"):
+            register_algorithm(bad, batch_class("x"))
+    with pytest.raises(TypeError, match=r"batch_type must be a FeatureBatch subclass"):
+        register_algorithm("test.nobatch", dict)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"backend_type must be a class or None"):
+        register_algorithm("test.nobackend", batch_class("test.nobackend"), backend_type="Backend")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"no feature schema is registered for algorithm 'test.nobatch'"):
+        schema_for("test.nobatch")
+
+
+def test_a_ref_of_an_algorithm_this_process_never_declared_is_built_unchecked_and_names_it_on_the_wire() -> None:
+    from featurestream.backends.redis.wire import ref_from_json, ref_to_json
+
+    ref = LocalFeatureStore().put("z", user_sample(0), run_id="r", algorithm="test.elsewhere")
+    assert isinstance(ref, SampleRef) and ref.algorithm == "test.elsewhere" and type(ref.algorithm) is str
+    assert resolve_algorithm("dflash") is FeatureAlgorithm.DFLASH
+    assert '"algorithm":"test.elsewhere"' in ref_to_json(ref) and ref_from_json(ref_to_json(ref)) == ref
