@@ -639,10 +639,11 @@ class FrontEnd:
 
     def _reclaim_orphans(self, *, force: bool = False) -> int:
         """Have the store free dead writers' bytes this queue does not hold (``FeatureStore.reclaim_orphans``)."""
-        return self._store.reclaim_orphans(self._holds, force=force)
+        return self._store.reclaim_orphans(self._holds_or_dead, force=force)
 
-    def _holds(self, sample_ids: Sequence[str]) -> set[str]:
-        """Which of ``sample_ids`` this queue holds: pending, leased, or dead letters (whose bytes may be kept)."""
+    def _holds_or_dead(self, sample_ids: Sequence[str]) -> set[str]:
+        """Which of ``sample_ids`` this queue holds: pending, leased, or dead letters (whose bytes may be kept).
+        Not ``_holds``, which the training ledger asks and which counts no dead letter."""
         with self._lock:
             held = self._engine.held(sample_ids)
             dead = {letter.ref.sample_id for letter in self._engine.dead_letters(None)}
