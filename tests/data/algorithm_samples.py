@@ -82,3 +82,35 @@ SAMPLES = {
 def sample_of(algorithm: FeatureAlgorithm, index: int, tokens: int = 4) -> dict[str, torch.Tensor]:
     """Sample ``index`` of ``algorithm``."""
     return SAMPLES[algorithm](index, tokens)
+
+
+# Per-token width of each float feature a KeyTarget returns (every other feature is one of its inputs).
+_WIDTHS = {
+    "aux_hidden_states": 3 * HIDDEN, "logits": 8, "hidden_states": 2 * HIDDEN, "target_hidden_states": 2 * HIDDEN,
+    "target_last_hidden_states": HIDDEN, "input_hidden_states": HIDDEN, "target_logits": 8,
+}  # fmt: skip
+_OUTPUTS = {
+    FeatureAlgorithm.EAGLE3: ("aux_hidden_states", "input_ids", "attention_mask", "loss_mask", "logits"),
+    FeatureAlgorithm.DFLASH: ("hidden_states", "input_ids", "attention_mask", "loss_mask"),
+    FeatureAlgorithm.DSPARK: ("target_hidden_states", "target_last_hidden_states", "input_ids", "loss_mask"),
+}
+
+
+class KeyTarget:
+    """A deterministic target of ``algorithm`` (no model): its float features are the prompt's token ids,
+    broadcast, so a batch's bytes say which prompt it came from. Needs ``FeatureProducer(..., algorithm=)``."""
+
+    def __init__(self, algorithm: FeatureAlgorithm) -> None:
+        self.outputs = _OUTPUTS[algorithm]
+
+    def generate_batch(self, **inputs: torch.Tensor | None) -> dict[str, torch.Tensor]:
+        ids = inputs["input_ids"]
+        assert ids is not None
+        out = {}
+        for name in self.outputs:
+            given = inputs.get(name)
+            if given is not None:
+                out[name] = given.clone()
+            else:
+                out[name] = ids.to(torch.float32).unsqueeze(-1).expand(*ids.shape, _WIDTHS[name]).clone()
+        return out
