@@ -296,7 +296,8 @@ class RedisEngine:
 
     def training_ledger(self, holds: Holds) -> RedisTrainingLedger:
         """A ledger under this queue's key namespace, as durable as the queue."""
-        return RedisTrainingLedger(self._redis, self._link.prefix, self._retrying, holds)
+        replicated = self._link.replicated if self._link.min_replicas else None
+        return RedisTrainingLedger(self._redis, self._link.prefix, self._retrying, holds, replicated)
 
     def round(self, ref: SampleRef) -> bool:
         """Like the in-process queue: reap, refuse once closed, and only then move the hysteresis."""

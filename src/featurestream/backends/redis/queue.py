@@ -45,7 +45,7 @@ at the start of this instance's later calls and by its reaper thread.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 try:
@@ -55,7 +55,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the opti
         "RedisSampleRefQueue needs redis-py: pip install 'featurestream[redis]' (or pip install 'redis>=5')"
     ) from exc
 
-from featurestream.backends.redis import functions
+from featurestream.backends.redis import functions, sentinel
 from featurestream.backends.redis.engine import RedisEngine, RedisLease, _text
 from featurestream.backends.redis.link import Link, first_contact
 from featurestream.common import errors
@@ -85,8 +85,13 @@ class RedisSampleRefQueue(FrontEnd):
     ``url`` (default ``$FEATURESTREAM_REDIS_URL`` or ``redis://127.0.0.1:6379/0``)
     or a ready ``client``, the queue ``name`` (a key namespace) and
     ``reconnect_timeout`` (how long a call retries while Redis is unreachable,
-    e.g. restarting). Needs Redis 7.0+ (the protocol is a Redis Functions
-    library, loaded on first use). Differences that follow from being shared:
+    e.g. restarting). Or, for a replicated server (``docs/redis.md``):
+    ``sentinels=[(host, port), ...]`` and ``service_name`` (the primary is
+    found through Sentinel and followed across failovers), ``password`` (the
+    servers', also with ``url``) and ``sentinel_password``; ``min_replicas``
+    (default 1 through Sentinel, else 0): every state-changing call returns
+    only once its effect reached that many replicas. Needs Redis 7.0+ (the
+    protocol is a Redis Functions library, loaded on first use). Differences that follow from being shared:
 
     - ``clock=None`` (default) makes the Redis server's ``TIME`` the deadline
       authority, so nodes with unrelated clocks agree; ``Lease.deadline`` is
@@ -129,23 +134,32 @@ class RedisSampleRefQueue(FrontEnd):
         client: redis.Redis | None = None,
         name: str = "featurestream",
         reconnect_timeout: float = 30.0,
+        sentinels: Sequence[tuple[str, int]] | None = None,
+        service_name: str | None = None,
+        password: str | None = None,
+        sentinel_password: str | None = None,
+        min_replicas: int | None = None,
         **options: Unpack[QueueOptions],
     ) -> None:
         if clock is not None and not callable(clock):
             raise TypeError(f"clock must be a callable returning seconds or None, got {clock!r}")
         check_seconds("reconnect_timeout", reconnect_timeout)
         _check_name(name)
-        if url is not None and client is not None:
-            raise ValueError("pass either url or client, not both")
+        if client is not None and (url, sentinels, password) != (None, None, None):
+            raise ValueError("pass either url or client, not both (nor sentinels or a password with a client)")
         if client is not None and not isinstance(client, redis.Redis):
             raise TypeError(f"client must be a redis.Redis, got {type(client).__name__}")
+        replicas = sentinel.check_min_replicas(min_replicas, sentinels)
         self.name = name
         self._owns_client = client is None
 
         def engine(context: EngineContext) -> RedisEngine:
             # Connects only once every argument passed its check.
-            ready = client or redis.Redis.from_url(url or os.environ.get("FEATURESTREAM_REDIS_URL", DEFAULT_REDIS_URL))
-            return self._join(context, Link(ready, name, self._library, reconnect_timeout), store, clock)
+            ready = client or sentinel.open_client(
+                url or (None if sentinels else os.environ.get("FEATURESTREAM_REDIS_URL", DEFAULT_REDIS_URL)),
+                sentinels, service_name, password=password, sentinel_password=sentinel_password,
+            )  # fmt: skip
+            return self._join(context, Link(ready, name, self._library, reconnect_timeout, replicas), store, clock)
 
         watermarks = (high_watermark_bytes, low_watermark_bytes, on_pause, on_resume)
         super().__init__(store, visibility_timeout, *watermarks, engine=engine, **options)
@@ -183,19 +197,33 @@ class RedisSampleRefQueue(FrontEnd):
         return engine
 
     @classmethod
-    def open(cls, url: str, name: str, *, reconnect_timeout: float = 30.0) -> RedisSampleRefQueue:
-        """An operator's handle on the existing queue ``name`` at ``url``, with no feature store.
+    def open(
+        cls,
+        url: str | None,
+        name: str,
+        *,
+        reconnect_timeout: float = 30.0,
+        sentinels: Sequence[tuple[str, int]] | None = None,
+        service_name: str | None = None,
+        password: str | None = None,
+        sentinel_password: str | None = None,
+        min_replicas: int | None = None,
+    ) -> RedisSampleRefQueue:
+        """An operator's handle on the existing queue ``name`` at ``url`` (or, ``url`` ``None``, through
+        ``sentinels`` and ``service_name``, as the constructor takes them), with no feature store.
 
         For status (``stats``, ``dead_letters``, ``oldest_lease_age`` ...) and repair (``requeue_dead_letters``,
         ``purge_dead_letters``, ``close``); it adopts the queue's stored settings and never produces:
         ``put`` and the like raise ``RuntimeError``. ``LookupError`` when the server has no queue of that name;
         redis-py's connection errors when it cannot be reached. ``disconnect()`` it when done.
         """
-        if not isinstance(url, str):
+        if not isinstance(url, str) and (url is not None or sentinels is None):
             raise TypeError(f"url must be a redis:// URL str, got {url!r}")
         _check_name(name)
         check_seconds("reconnect_timeout", reconnect_timeout)
-        client = redis.Redis.from_url(url)
+        sentinel.check_min_replicas(min_replicas, sentinels)
+        connection = {"sentinels": sentinels, "service_name": service_name, "password": password}
+        client = sentinel.open_client(url, **connection, sentinel_password=sentinel_password)
         try:
             first_contact(client, name, reconnect_timeout)
             layout, *settings = client.hmget(
@@ -211,6 +239,7 @@ class RedisSampleRefQueue(FrontEnd):
         return cls(
             NoStore(name, "RedisSampleRefQueue.open"), url=url, name=name, reconnect_timeout=reconnect_timeout,
             max_deliveries=max_deliveries, dedup_window=dedup_window, keep_dead_letter_bytes=keep,
+            **connection, sentinel_password=sentinel_password, min_replicas=min_replicas,
         )  # fmt: skip
 
     def disconnect(self) -> None:
@@ -226,14 +255,23 @@ def _check_name(name: object) -> None:
         raise ValueError(f"name must be a non-empty str without braces (it becomes a key hash tag), got {name!r}")
 
 
-def list_queues(url: str, *, reconnect_timeout: float = 30.0) -> dict[str, str]:
-    """The featurestream queues on the Redis server at ``url``: name -> lifecycle state, sorted by name.
+def list_queues(
+    url: str | None,
+    *,
+    reconnect_timeout: float = 30.0,
+    sentinels: Sequence[tuple[str, int]] | None = None,
+    service_name: str | None = None,
+    password: str | None = None,
+    sentinel_password: str | None = None,
+) -> dict[str, str]:
+    """The featurestream queues on the Redis server at ``url`` (or the primary of ``service_name`` through
+    ``sentinels``): name -> lifecycle state, sorted by name.
 
     Reads their ``meta`` keys (a ``SCAN``, never ``KEYS``); changes nothing. ``RedisUnreachable`` /
     ``NotRedisServer`` as for a queue's first connection.
     """
     check_seconds("reconnect_timeout", reconnect_timeout)
-    client = redis.Redis.from_url(url)
+    client = sentinel.open_client(url, sentinels, service_name, password=password, sentinel_password=sentinel_password)
     try:
         first_contact(client, None, reconnect_timeout)
         prefix, suffix = "featurestream:{", "}:meta"

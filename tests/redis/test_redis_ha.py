@@ -1,0 +1,342 @@
+"""A replicated queue through Sentinel: the primary SIGKILLed during puts, acks, reclaims, dead-lettering and
+ledger commits, a replica promoted, the old primary restarted as a replica; nothing a call reported done is
+lost or done twice (``docs/redis.md``, "Replication and failover"). Real servers and sentinels throughout."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+redis = pytest.importorskip("redis", reason="redis-py is missing: pip install 'featurestream[redis]'")
+
+from featurestream import LocalFeatureStore  # noqa: E402
+from featurestream import VisibilityTimeout as VT  # noqa: E402
+from featurestream.backends.redis.link import NotPrimary, NotReplicated, PrimaryLost, ReplicasMissing  # noqa: E402
+from featurestream.backends.redis.queue import RedisSampleRefQueue, list_queues  # noqa: E402
+from featurestream.backends.redis.sentinel import SentinelServiceError  # noqa: E402
+from featurestream.testing import sample_tensors  # noqa: E402
+from featurestream.testing.sentinel import ReplicatedRedis  # noqa: E402
+from featurestream.testing.servers import free_port  # noqa: E402
+
+# Long enough for a failover (about 1-2 s here) and the old primary's restart as a replica.
+RECONNECT = 30.0
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReplicatedRedis]:
+    try:
+        replicated = ReplicatedRedis(tmp_path_factory.mktemp("ha"))
+    except FileNotFoundError as exc:
+        pytest.skip(str(exc))
+    with replicated:
+        yield replicated
+
+
+@pytest.fixture
+def make(cluster: ReplicatedRedis) -> Iterator[Callable[..., RedisSampleRefQueue]]:
+    """Instances of one fresh queue through the cluster's sentinels; all disconnected after."""
+    name = f"ha-{uuid.uuid4().hex}"
+    made: list[RedisSampleRefQueue] = []
+
+    def factory(store: Any, **kwargs: Any) -> RedisSampleRefQueue:
+        queue = RedisSampleRefQueue(
+            store,
+            VT(kwargs.pop("vt", 30.0)),
+            name=name,
+            sentinels=cluster.sentinel_addresses,
+            service_name=cluster.service,
+            **{"reconnect_timeout": RECONNECT, **kwargs},
+        )
+        made.append(queue)
+        return queue
+
+    yield factory
+    for queue in made:
+        queue.disconnect()
+
+
+def _failover(cluster: ReplicatedRedis, started: threading.Event) -> None:
+    """Once ``started`` is set: SIGKILL the primary, wait for the promotion, restart the old one as a replica."""
+    assert started.wait(60)
+    old = cluster.kill_primary()
+    cluster.wait_failover(old)
+    cluster.restart(old)
+
+
+def _during_failover(cluster: ReplicatedRedis, work: Callable[[threading.Event], None]) -> None:
+    """Run ``work`` (which sets the event once it is under way) while the primary is lost and replaced."""
+    started = threading.Event()
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            work(started)
+        except BaseException as exc:  # re-raised in the test's thread
+            errors.append(exc)
+            started.set()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    try:
+        _failover(cluster, started)
+    finally:
+        thread.join(120)
+    assert not thread.is_alive(), "a call hung past its bound across the failover"
+    if errors:
+        raise errors[0]
+
+
+def _refs(store: LocalFeatureStore, count: int, tag: str) -> list[Any]:
+    return [store.put(f"{tag}-{index}", sample_tensors(index % 4)) for index in range(count)]
+
+
+def _drain(queue: RedisSampleRefQueue, settle: Callable[[Any], None]) -> None:
+    """Settle what is left, including a lease whose acquire's reply died with the primary (the retry on the
+    promoted server leased anew; that lease is reclaimed after its visibility timeout and delivered again)."""
+    give_up = time.monotonic() + 60
+    while queue.pending_count() + queue.outstanding_count() > 0:
+        assert time.monotonic() < give_up, "samples left leased or pending after the failover"
+        lease = queue.acquire(timeout=0.5)
+        if lease is not None:
+            settle(lease)
+
+
+def _assert_empty(queue: RedisSampleRefQueue, store: LocalFeatureStore) -> None:
+    assert (queue.pending_count(), queue.outstanding_count()) == (0, 0)
+    health = store.health()
+    assert (health.sample_count, health.resident_bytes) == (0, 0)
+
+
+def test_puts_and_acks_across_a_failover_lose_and_duplicate_nothing(cluster: ReplicatedRedis, make: Any) -> None:
+    store = LocalFeatureStore()
+    producer, consumer = make(store), make(store, vt=2.0)
+    refs = _refs(store, 40, "pa")
+    acked: list[str] = []
+
+    def ack(lease: Any) -> None:
+        # an ack held up by the failover past the lease's deadline is stale (the sample comes again)
+        if consumer.ack(lease):
+            acked.append(lease.ref.sample_id)
+
+    def work(started: threading.Event) -> None:
+        for index, ref in enumerate(refs):
+            producer.put(ref)
+            if index == 10:
+                started.set()
+            lease = consumer.acquire(timeout=0)
+            if lease is not None:
+                ack(lease)
+
+    _during_failover(cluster, work)
+    _drain(consumer, ack)
+    # every put stands, and each sample was acked effectively once
+    assert sorted(acked) == sorted(ref.sample_id for ref in refs)
+    assert consumer.stats().acked == len(refs)
+    _assert_empty(consumer, store)
+
+
+def test_a_reclaim_across_a_failover_redelivers_once(cluster: ReplicatedRedis, make: Any) -> None:
+    store = LocalFeatureStore()
+    producer, consumer = make(store), make(store)
+    slow = make(store, vt=0.5)
+    refs = _refs(store, 8, "rc")
+    producer.put_many(refs)
+    held = [slow.acquire(timeout=0) for _ in refs]  # leased, never acked: reclaimed after the failover
+    delivered: list[str] = []
+
+    def work(started: threading.Event) -> None:
+        started.set()
+        while len(delivered) < len(refs):
+            lease = consumer.acquire(timeout=1.0)
+            if lease is not None:
+                assert lease.redelivery_count == 1
+                assert consumer.ack(lease)
+                delivered.append(lease.ref.sample_id)
+
+    _during_failover(cluster, work)
+    assert sorted(delivered) == sorted(ref.sample_id for ref in refs)
+    assert not any(slow.ack(lease) for lease in held if lease is not None)  # the reclaimed leases are stale
+    _assert_empty(consumer, store)
+
+
+def test_dead_lettering_across_a_failover_letters_each_sample_once(cluster: ReplicatedRedis, make: Any) -> None:
+    store = LocalFeatureStore()
+    letters: list[str] = []
+    queue = make(store, vt=2.0, max_deliveries=2, on_dead_letter=lambda letter: letters.append(letter.ref.sample_id))
+    refs = _refs(store, 20, "dl")
+    queue.put_many(refs)
+
+    def fail(lease: Any) -> None:
+        queue.fail(lease)  # stale when the failover held it up past the lease's deadline: then reclaimed
+
+    def work(started: threading.Event) -> None:
+        failed = 0
+        while (lease := queue.acquire(timeout=0)) is not None:
+            fail(lease)
+            failed += 1
+            if failed == 5:
+                started.set()
+
+    _during_failover(cluster, work)
+    _drain(queue, fail)
+    ids = sorted(ref.sample_id for ref in refs)
+    assert sorted(letters) == ids
+    assert sorted(letter.ref.sample_id for letter in queue.dead_letters()) == ids
+    assert queue.purge_dead_letters() and queue.dead_letters() == []
+    _assert_empty(queue, store)
+
+
+def test_ledger_commits_across_a_failover_train_each_key_once(cluster: ReplicatedRedis, make: Any) -> None:
+    ledger = make(LocalFeatureStore()).training_ledger()
+    keys = [str(index) for index in range(60)]
+    ledger.declare(keys)
+    claimed = ledger.claim(dict.fromkeys(keys, 0))
+    assert claimed == dict.fromkeys(keys, 1)
+    incarnation = ledger.restore(0, 0).incarnation
+
+    def work(started: threading.Event) -> None:
+        for step in range(1, 31):
+            ledger.commit(0, incarnation, step, keys[2 * (step - 1) : 2 * step])
+            if step == 5:
+                started.set()
+
+    _during_failover(cluster, work)
+    history = ledger.history(0)
+    assert history == {step: keys[2 * (step - 1) : 2 * step] for step in range(1, 31)}
+    progress = ledger.progress()
+    assert (progress.trained, progress.duplicates) == (60, 0)
+    restored = ledger.restore(0, 20)  # rolls back steps 21..30, on the promoted server
+    assert sorted(restored.rolled_back) == sorted(keys[40:])
+
+
+def test_an_operators_handle_and_listing_go_through_sentinel(cluster: ReplicatedRedis, make: Any) -> None:
+    queue = make(LocalFeatureStore())
+    handle = RedisSampleRefQueue.open(
+        None, queue.name, sentinels=cluster.sentinel_addresses, service_name=cluster.service
+    )
+    try:
+        assert handle.pending_count() == 0
+    finally:
+        handle.disconnect()
+    listed = list_queues(None, sentinels=cluster.sentinel_addresses, service_name=cluster.service)
+    assert listed[queue.name] == "open"
+
+
+def test_bad_sentinel_input_is_refused_naming_what_is_wrong(cluster: ReplicatedRedis) -> None:
+    sentinels = cluster.sentinel_addresses
+    named = ", ".join(f"{host}:{port}" for host, port in sentinels)
+    with pytest.raises(SentinelServiceError, match=r"no sentinel monitors service 'nope'") as caught:
+        RedisSampleRefQueue(LocalFeatureStore(), sentinels=sentinels, service_name="nope", name="x")
+    assert named in str(caught.value)
+    dead = [("127.0.0.1", free_port()), ("127.0.0.1", free_port())]
+    with pytest.raises(SentinelServiceError, match=r"none of the 2 sentinels answers"):
+        RedisSampleRefQueue(LocalFeatureStore(), sentinels=dead, service_name=cluster.service, name="x")
+    with pytest.raises(ReplicasMissing, match=r"min_replicas=2 but .* has 1 replica\(s\) connected"):
+        RedisSampleRefQueue(
+            LocalFeatureStore(), sentinels=sentinels, service_name=cluster.service, name="x", min_replicas=2
+        )
+    with pytest.raises(TypeError, match=r"each sentinel must be a \(host, port\) pair, got 'localhost'"):
+        RedisSampleRefQueue(LocalFeatureStore(), sentinels=["localhost"], service_name="s", name="x")
+    with pytest.raises(ValueError, match=r"port must be an int in 1..65535, got 0"):
+        RedisSampleRefQueue(LocalFeatureStore(), sentinels=[("h", 0)], service_name="s", name="x")
+    with pytest.raises(ValueError, match=r"min_replicas must be >= 0, got -1"):
+        RedisSampleRefQueue(LocalFeatureStore(), sentinels=sentinels, service_name="s", name="x", min_replicas=-1)
+    with pytest.raises(ValueError, match=r"either a url or sentinels"):
+        RedisSampleRefQueue(LocalFeatureStore(), url="redis://h:1/0", sentinels=sentinels, service_name="s")
+
+
+def test_a_replica_given_as_the_primary_is_refused(cluster: ReplicatedRedis) -> None:
+    primary = cluster.primary()
+    replica = next(server for server in cluster.servers if server is not primary and server.process is not None)
+    url = f"redis://127.0.0.1:{replica.port}/0"
+    with pytest.raises(NotPrimary, match=rf"127.0.0.1:{replica.port}/0 is a read-only replica, not the primary"):
+        RedisSampleRefQueue(LocalFeatureStore(), url=url, name=f"ha-{uuid.uuid4().hex}")
+
+
+def test_a_service_whose_primary_is_down_is_named(tmp_path: Path) -> None:
+    """No replica to promote: once the sentinels flag the primary down, connecting says so; a queue already
+    connected gives up after reconnect_timeout with PrimaryLost naming the service and sentinels."""
+    with ReplicatedRedis(tmp_path, replicas=0, sentinel_password="s3cret-sentinel") as lonely:
+        connection = {"sentinels": lonely.sentinel_addresses, "service_name": lonely.service}
+        store = LocalFeatureStore()
+        queue = RedisSampleRefQueue(
+            store,
+            name="lonely",
+            reconnect_timeout=1.0,
+            sentinel_password="s3cret-sentinel",
+            min_replicas=0,
+            **connection,
+        )
+        ref = store.put("s", sample_tensors(0))
+        lonely.kill_primary()
+        with pytest.raises(PrimaryLost, match=r"Sentinel service 'featurestream' \(sentinels 127.0.0.1:"):
+            queue.put(ref)
+        queue.disconnect()
+        with pytest.raises(SentinelServiceError, match=r"report its primary 127.0.0.1:\d+ down") as caught:
+            _wait_reported_down(
+                lambda: RedisSampleRefQueue(
+                    store, name="lonely", sentinel_password="s3cret-sentinel", min_replicas=0, **connection
+                )
+            )
+        assert "s3cret" not in str(caught.value)
+
+
+def _wait_reported_down(connect: Callable[[], object]) -> None:
+    """``connect`` until it raises other than for a primary the sentinels still call up (before
+    down-after-milliseconds passes, a connection is refused instead)."""
+    give_up = time.monotonic() + 10
+    while True:
+        try:
+            connect()
+        except SentinelServiceError:
+            raise
+        except redis.ConnectionError:
+            if time.monotonic() > give_up:
+                raise
+            time.sleep(0.1)
+
+
+def test_an_effect_no_replica_has_is_never_reported_done(cluster: ReplicatedRedis, make: Any) -> None:
+    """The replica stopped (SIGSTOP): a put reaches the primary only, so it does not return; it raises
+    NotReplicated once reconnect_timeout is spent, as a lost reply would. Resumed, the next put returns."""
+    store = LocalFeatureStore()
+    queue = make(store, reconnect_timeout=1.5)
+    primary = cluster.primary()
+    replica = next(server for server in cluster.servers if server is not primary and server.process is not None)
+    assert replica.process is not None
+    first, second = _refs(store, 2, "stop")
+    os.kill(replica.process.pid, signal.SIGSTOP)
+    try:
+        with pytest.raises(NotReplicated, match=r"reached 0 of min_replicas=1 replica\(s\)"):
+            queue.put(first)
+    finally:
+        os.kill(replica.process.pid, signal.SIGCONT)
+    queue.put(second)  # returns: the replica has it (and the first put, which the primary applied)
+    assert queue.pending_count() == 2
+
+
+def test_without_replicas_a_call_sends_no_wait(cluster: ReplicatedRedis, make: Any) -> None:
+    """min_replicas=0 (the default at a URL): no WAIT, the hot path as before; min_replicas=1: one per call."""
+    primary = cluster.primary()
+    client = primary.client()
+    store = LocalFeatureStore()
+    plain = RedisSampleRefQueue(store, url=f"redis://127.0.0.1:{primary.port}/0", name=f"ha-{uuid.uuid4().hex}")
+    replicated = make(store)
+    try:
+        for queue, tag in ((plain, "plain"), (replicated, "replicated")):
+            client.config_resetstat()
+            for ref in _refs(store, 3, tag):
+                queue.put(ref)
+            waits = client.info("commandstats").get("cmdstat_wait", {}).get("calls", 0)
+            assert waits == (0 if queue is plain else 3)
+    finally:
+        plain.disconnect()
+        client.close()
