@@ -48,8 +48,11 @@ class FeatureDataLoader:
     pull, or earlier by ``consume_now()``; ``fail_current()`` hands it back
     for redelivery instead. Iteration ends when the queue is closed and
     drained. ``close()`` gives back what is prefetched, settles (acks) what
-    the trainer holds and closes the queue; the loader is a context manager,
-    and leaving it with an exception fails the held batch back instead.
+    the trainer holds and, with ``close_queue`` (the default, as the
+    reference), closes the queue: the end of the run. The loader is a context
+    manager; leaving it with an exception ends this trainer, not the run: the
+    held batch and everything prefetched are failed back (redelivered) and
+    the queue stays open for the other processes sharing it.
 
     Options (``docs/loader.md``):
 
@@ -83,6 +86,11 @@ class FeatureDataLoader:
       handed out the ranks agree (one ``all_reduce``) that every rank has one,
       else every rank stops at the same step and the batches already leased
       are failed back (``featurestream.pipeline.lockstep``).
+    - ``close_queue`` (default ``True``): whether ``close()`` closes the
+      queue. ``False`` for a loader that must never end the run: a
+      data-parallel rank other than the one that closes it, or a trainer of
+      a queue the producers' side closes (``docs/loader.md``, who closes the
+      queue).
 
     Resuming (``docs/resume.md``): ``state_dict()`` / ``load_state_dict()``
     follow torchdata's ``StatefulDataLoader`` convention; with a
@@ -116,6 +124,7 @@ class FeatureDataLoader:
         heartbeat_interval: float | None = None,
         process_group: Any = None,
         close_timeout: float = 5.0,
+        close_queue: bool = True,
     ) -> None:
         check_seconds("acquire_poll_interval", acquire_poll_interval)
         check_seconds("close_timeout", close_timeout)
@@ -128,6 +137,7 @@ class FeatureDataLoader:
         if batch_type is not None and not isinstance(batch_type, type):
             raise TypeError(f"batch_type must be a class, got {batch_type!r}")
         check_flag("non_blocking", non_blocking)
+        check_flag("close_queue", close_queue)
         if process_group is not None:
             lockstep.check_group(process_group)
         schema = schema_for(FeatureAlgorithm.EAGLE3 if algorithm is None else algorithm)
@@ -146,6 +156,7 @@ class FeatureDataLoader:
         self.process_group = process_group
         self._heartbeat_interval = heartbeat_interval
         self.close_timeout = close_timeout
+        self.close_queue = close_queue
         self._spec = PullSpec(
             queue=queue,
             store=store,
@@ -401,11 +412,15 @@ class FeatureDataLoader:
         settle(self.queue, leases)
 
     def close(self) -> None:
-        """Give back what is prefetched, settle (ack) the batch the trainer holds, close the queue; idempotent.
+        """Give back what is prefetched, settle (ack) the batch the trainer holds and, with ``close_queue``, close
+        the queue; idempotent.
 
         Raises ``LoaderCloseTimeout``, once all of that is done, if the prefetch
         thread is still blocked in a queue or store call after ``close_timeout``.
         """
+        self._close(self.close_queue)
+
+    def _close(self, close_queue: bool) -> None:
         with self._lock:
             if self._closed:
                 return
@@ -413,7 +428,8 @@ class FeatureDataLoader:
         stuck = self._drop_prefetcher()
         self._puller.book.close()  # a pull in flight on another thread gives its leases back
         self.consume_now()
-        self.queue.close()
+        if close_queue:
+            self.queue.close()
         if stuck is not None:
             raise LoaderCloseTimeout(self.close_timeout, stuck.blocked_in, stuck.leases)
 
@@ -428,6 +444,9 @@ class FeatureDataLoader:
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        if exc_type is not None:
-            self.fail_current()  # the step did not finish: the batch goes back for redelivery
-        self.close()
+        if exc_type is None:
+            self.close()
+            return
+        self.fail_current()  # the step did not finish: the batch goes back for redelivery
+        # An error ends this trainer, not the run: the producers and trainers sharing the queue carry on.
+        self._close(close_queue=False)
