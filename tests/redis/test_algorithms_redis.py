@@ -17,12 +17,13 @@ from typing import Any
 
 import pytest
 
-from featurestream import FeatureProducer, SharedDirFeatureStore
+from featurestream import FeatureAlgorithm, FeatureDataLoader, FeatureProducer, SharedDirFeatureStore
 
 redis = pytest.importorskip("redis", reason="redis-py is missing: pip install 'featurestream[redis]'")
 import torch  # noqa: E402
 from _acme_algorithm import NAME, CountingBackend  # noqa: E402 - registers acme.msd, as a user's package would
 
+from data.algorithm_samples import sample_of  # noqa: E402
 from featurestream.backends.redis.queue import RedisSampleRefQueue  # noqa: E402 - needs redis-py
 
 WORKER = str(Path(__file__).with_name("_algorithm_worker.py"))
@@ -71,3 +72,28 @@ def test_a_registered_algorithm_streams_across_processes_and_an_unregistered_con
         assert [path.name for path in shared.iterdir()] == [], "every acked sample's bytes left the directory"
     finally:
         queue.close()
+
+
+@pytest.mark.parametrize("algorithm", [FeatureAlgorithm.DFLASH, FeatureAlgorithm.DSPARK])
+def test_dflash_and_dspark_samples_stream_through_a_redis_queue_to_another_handle(
+    redis_server: Any, tmp_path: Path, algorithm: FeatureAlgorithm
+) -> None:
+    name = f"algo-{uuid.uuid4().hex}"
+    writer = SharedDirFeatureStore(tmp_path)
+    producer_side = RedisSampleRefQueue(writer, url=redis_server.url, name=name)
+    consumer_side = RedisSampleRefQueue(SharedDirFeatureStore(tmp_path), url=redis_server.url, name=name)
+    samples = [sample_of(algorithm, index) for index in range(3)]
+    try:
+        for index, tensors in enumerate(samples):
+            producer_side.put(writer.put(f"s{index}", tensors, run_id="r", algorithm=algorithm))
+        producer_side.close()
+        with FeatureDataLoader(consumer_side, consumer_side.store, algorithm=algorithm, prefetch=2) as loader:
+            batches = list(loader)
+        assert [type(batch).__name__ for batch in batches] == [type(batches[0]).__name__] * 3
+        for batch, tensors in zip(batches, samples, strict=True):
+            assert list(batch.keys()) == list(tensors)
+            assert all(torch.equal(batch[n], t) for n, t in tensors.items())
+        assert consumer_side.stats().acked == 3 and list(tmp_path.iterdir()) == []
+    finally:
+        producer_side.close()
+        consumer_side.close()
