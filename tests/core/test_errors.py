@@ -7,6 +7,7 @@ import importlib
 import inspect
 import pickle
 import pkgutil
+import re
 
 import pytest
 
@@ -114,3 +115,19 @@ def test_errors_still_pickle_as_raised() -> None:
     back = pickle.loads(pickle.dumps(error))
     assert type(back) is featurestream.SettledSample and back.args == error.args and back.outcome == "acked"
     assert isinstance(back, featurestream.FeatureStreamError)
+
+
+@pytest.mark.parametrize(
+    ("why", "detail", "expected", "says"),
+    [
+        ("closed", "", featurestream.QueueClosed, "the queue is closed"),
+        ("held", "leased", featurestream.DuplicateSample, r"already queued \(leased\)"),
+        ("held", "", featurestream.DuplicateSample, "it is already queued; ids"),
+        ("kept", "", featurestream.KeptDeadLetter, "dead letter whose bytes are kept"),
+        ("settled", "acked", featurestream.SettledSample, "was already acked"),
+    ],
+)
+def test_put_refused_maps_each_refusal_to_its_error(why: str, detail: str, expected: type, says: str) -> None:
+    error = errors.put_refused(why, "s7", detail)
+    assert type(error) is expected and error.sample_id == "s7"
+    assert re.search(says, str(error)) and "'s7'" in str(error)

@@ -29,6 +29,7 @@ __all__ = [
     "SettledSample",
     "StoreMismatch",
     "TensorInRef",
+    "put_refused",
     "store_error",
 ]
 
@@ -228,6 +229,20 @@ class IllegalTransition(_Pickled, AssertionError):
         self.subject = subject
         self.state = state
         self.trigger = trigger
+
+
+def put_refused(why: str, sample_id: str, detail: str = "") -> QueueClosed | ValueError:
+    """The error of a put an engine refuses, by why: ``closed`` (``QueueClosed``), ``held`` (``DuplicateSample``;
+    ``detail``: the state it is in, when known), ``kept`` (``KeptDeadLetter``), otherwise a settled sample the
+    dedup window remembers (``SettledSample``; ``detail``: acked or dead-lettered). Every engine maps its refusals
+    here, so a refused put reads the same on every backend."""
+    if why == "closed":
+        return QueueClosed(sample_id)
+    if why == "held":
+        return DuplicateSample(sample_id, detail or None)
+    if why == "kept":
+        return KeptDeadLetter(sample_id)
+    return SettledSample(sample_id, detail)
 
 
 def store_error(exc: Exception, doing: str) -> Exception:

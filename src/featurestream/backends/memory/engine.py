@@ -110,14 +110,14 @@ class MemoryEngine:
         self._require_open(ref)
         sample_id = ref.sample_id
         if sample_id in self._held:
-            raise errors.DuplicateSample(sample_id, self._held[sample_id].state)
+            raise errors.put_refused("held", sample_id, self._held[sample_id].state)
         outcome = self._recent_terminal.get(sample_id)
         if outcome is not None:
             self._counts["dedup_refused"] += 1
             self._report(DedupRefused(sample_id, self._fields(sample_id=sample_id) if self._traced else None))
-            raise errors.SettledSample(sample_id, outcome)
+            raise errors.put_refused("settled", sample_id, outcome)
         if sample_id in self._kept:
-            raise errors.KeptDeadLetter(sample_id)
+            raise errors.put_refused("kept", sample_id)
 
     def admit(self, batch: list[SampleRef], health: StoreHealth | None, *, if_idle: bool) -> Refusal | None:
         # The front end asks ``if_idle`` only of a queue it saw hold nothing, under this same lock: nothing to
@@ -151,7 +151,7 @@ class MemoryEngine:
 
     def _require_open(self, ref: SampleRef) -> None:
         if self._lifecycle.state != "open":
-            raise errors.QueueClosed(ref.sample_id)
+            raise errors.put_refused("closed", ref.sample_id)
 
     def _push_pending(self, record: _Record) -> None:
         self._pending.append(record)

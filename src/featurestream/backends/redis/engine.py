@@ -681,11 +681,5 @@ class RedisEngine:
 
 
 def _refusal(status: str, ref: SampleRef, outcome: object) -> Exception:
-    """``put``'s error for a refusal the server reported."""
-    if status == "closed":
-        return errors.QueueClosed(ref.sample_id)
-    if status == "held":
-        return errors.DuplicateSample(ref.sample_id)
-    if status == "kept":
-        return errors.KeptDeadLetter(ref.sample_id)
-    return errors.SettledSample(ref.sample_id, _text(outcome))
+    """``put``'s error for a refusal the server reported (which names no state for a held id)."""
+    return errors.put_refused(status, ref.sample_id, "" if status == "held" else _text(outcome))
