@@ -44,7 +44,7 @@ def test_redis_url_defaults_to_the_environment(
 ) -> None:
     monkeypatch.delenv("FEATURESTREAM_REDIS_URL", raising=False)
     status, err = run(["status", "--name", "q"], capsys)
-    assert status == 2 and "the following arguments are required: --redis" in err
+    assert status == 2 and "one of the arguments --redis --sentinel is required" in err
     monkeypatch.setenv("FEATURESTREAM_REDIS_URL", NOWHERE)
     status, err = run(["status", "--name", "q"], capsys)
     assert status == 2 and f"queue 'q' at {NOWHERE}" in err

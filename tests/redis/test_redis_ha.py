@@ -4,6 +4,7 @@ lost or done twice (``docs/redis.md``, "Replication and failover"). Real servers
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import threading
@@ -22,6 +23,7 @@ from featurestream import VisibilityTimeout as VT  # noqa: E402
 from featurestream.backends.redis.link import NotPrimary, NotReplicated, PrimaryLost, ReplicasMissing  # noqa: E402
 from featurestream.backends.redis.queue import RedisSampleRefQueue, list_queues  # noqa: E402
 from featurestream.backends.redis.sentinel import SentinelServiceError  # noqa: E402
+from featurestream.cli import main  # noqa: E402
 from featurestream.testing import sample_tensors  # noqa: E402
 from featurestream.testing.sentinel import ReplicatedRedis  # noqa: E402
 from featurestream.testing.servers import free_port  # noqa: E402
@@ -42,7 +44,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReplicatedRedi
 
 @pytest.fixture
 def make(cluster: ReplicatedRedis) -> Iterator[Callable[..., RedisSampleRefQueue]]:
-    """Instances of one fresh queue through the cluster's sentinels; all disconnected after."""
+    """Instances of one fresh queue through the cluster's sentinels (the cluster healthy again after the
+    previous test's failover); all disconnected after."""
+    cluster.wait_healthy()
     name = f"ha-{uuid.uuid4().hex}"
     made: list[RedisSampleRefQueue] = []
 
@@ -340,3 +344,23 @@ def test_without_replicas_a_call_sends_no_wait(cluster: ReplicatedRedis, make: A
     finally:
         plain.disconnect()
         client.close()
+
+
+def test_the_cli_reaches_a_queue_through_sentinel(
+    cluster: ReplicatedRedis, make: Any, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("FEATURESTREAM_REDIS_URL", raising=False)
+    store = LocalFeatureStore()
+    queue = make(store)
+    queue.put_many(_refs(store, 3, "cli"))
+    target = [arg for host, port in cluster.sentinel_addresses for arg in ("--sentinel", f"{host}:{port}")]
+    assert main(["status", *target, "--service", cluster.service, "--name", queue.name, "--json"]) == 0
+    status = json.loads(capsys.readouterr().out)
+    assert status["pending"] == 3 and status["url"].startswith(f"Sentinel service {cluster.service!r} (sentinels")
+    assert main(["dead-letters", "list", *target, "--service", cluster.service, "--name", queue.name]) == 0
+    assert "0 dead letters in queue" in capsys.readouterr().out
+    assert main(["status", *target, "--name", queue.name]) == 2
+    assert "--sentinel needs --service NAME" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["status", "--sentinel", "nowhere", "--service", "s"])
+    assert "must be HOST:PORT with a port in 1..65535, got 'nowhere'" in capsys.readouterr().err

@@ -17,7 +17,7 @@ import sys
 from typing import Any
 
 from featurestream.ops import quiet_when_output_closes
-from featurestream.ops.target import TargetError, add_target_arguments, open_target, redact
+from featurestream.ops.target import TargetError, add_target_arguments, describe_target, open_target
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -56,9 +56,9 @@ def _list(queue: Any, args: argparse.Namespace) -> int:
         {"sample_id": d.ref.sample_id, "reason": d.reason, "deliveries": d.deliveries} for d in queue.dead_letters()
     ]
     if args.json:
-        print(json.dumps({"url": redact(args.redis), "name": args.name, "dead_letters": letters}))
+        print(json.dumps({"url": describe_target(args), "name": args.name, "dead_letters": letters}))
         return 0
-    print(f"{_plural(len(letters))} in queue {args.name!r} at {redact(args.redis)}")
+    print(f"{_plural(len(letters))} in queue {args.name!r} at {describe_target(args)}")
     if letters:
         width = max(len("sample id"), *(len(letter["sample_id"]) for letter in letters))
         print(f"  {'sample id':{width}}  deliveries  reason")
@@ -75,7 +75,7 @@ def _repair(queue: Any, args: argparse.Namespace, command: str) -> int:
         return _say(command, f"refused: {exc}", 1)
     past = "requeued" if args.action == "requeue" else "purged"
     if args.json:
-        print(json.dumps({"url": redact(args.redis), "name": args.name, past: done}))
+        print(json.dumps({"url": describe_target(args), "name": args.name, past: done}))
     else:
         print(f"{past} {_plural(len(done))}" + (f": {', '.join(done)}" if done else ""))
     return 0

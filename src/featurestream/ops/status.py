@@ -22,10 +22,10 @@ from featurestream.ops import quiet_when_output_closes
 from featurestream.ops.target import (
     TargetError,
     add_target_arguments,
+    describe_target,
     list_target_queues,
     open_target,
     positive_float,
-    redact,
 )
 
 # Clear the terminal and home the cursor, so --watch redraws in place.
@@ -78,7 +78,7 @@ def _show(queue: LeaseQueue, args: argparse.Namespace) -> int:
     redraw = bool(args.watch) and not args.json and sys.stdout.isatty()
     refreshes = 0
     while True:
-        status = {"url": redact(args.redis), "name": args.name, **watcher.snapshot()}
+        status = {"url": describe_target(args), "name": args.name, **watcher.snapshot()}
         text = json.dumps(status) if args.json else render(status)
         print(_CLEAR + text if redraw else text, flush=True)
         refreshes += 1
@@ -90,7 +90,7 @@ def _show(queue: LeaseQueue, args: argparse.Namespace) -> int:
 
 
 def _list(args: argparse.Namespace, queues: dict[str, str]) -> int:
-    url = redact(args.redis)
+    url = describe_target(args)
     if args.json:
         print(
             json.dumps({"url": url, "queues": [{"name": name, "lifecycle": state} for name, state in queues.items()]})

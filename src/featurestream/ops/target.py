@@ -1,10 +1,13 @@
-"""The operator commands' target: a queue on a Redis server, named by ``--redis URL --name NAME``.
+"""The operator commands' target: a queue on a Redis server, named by ``--redis URL --name NAME``, or on a
+replicated Redis through Sentinel, ``--sentinel HOST:PORT`` (once per sentinel) ``--service NAME --name NAME``
+(passwords from ``$FEATURESTREAM_REDIS_PASSWORD`` and ``$FEATURESTREAM_SENTINEL_PASSWORD``, never the command
+line, which other users can read in the process list).
 
 ``open_target(args)`` opens it for inspection and repair (no feature store, no
 producing) and turns every way of not getting there -- redis-py missing, the
 server unreachable or refusing, no queue of that name -- into a ``TargetError``
-whose message names the URL (password hidden) and the queue, which the
-commands print and exit with status 2.
+whose message names the URL (password hidden) or the service and its
+sentinels, and the queue, which the commands print and exit with status 2.
 """
 
 from __future__ import annotations
@@ -16,7 +19,16 @@ import urllib.parse
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["TargetError", "add_target_arguments", "list_target_queues", "open_target", "positive_float", "redact"]
+__all__ = [
+    "TargetError",
+    "add_target_arguments",
+    "describe_target",
+    "list_target_queues",
+    "open_target",
+    "positive_float",
+    "redact",
+    "sentinel_address",
+]
 
 # An operator command gives up on an unreachable server after this long (a queue's own default is 30 s).
 RECONNECT_TIMEOUT = 2.0
@@ -27,15 +39,24 @@ class TargetError(Exception):
 
 
 def add_target_arguments(parser: argparse.ArgumentParser, *, name_required: bool = True) -> None:
-    """``--redis URL`` (default ``$FEATURESTREAM_REDIS_URL``), ``--name NAME`` and ``--json``."""
+    """``--redis URL`` (default ``$FEATURESTREAM_REDIS_URL``) or ``--sentinel HOST:PORT ... --service NAME``,
+    ``--name NAME`` and ``--json``."""
     default_url = os.environ.get("FEATURESTREAM_REDIS_URL")
-    parser.add_argument(
+    server = parser.add_mutually_exclusive_group(required=default_url is None)
+    server.add_argument(
         "--redis",
         metavar="redis://HOST:PORT/DB",
         default=default_url,
-        required=default_url is None,
         help="the Redis server holding the queue (default: $FEATURESTREAM_REDIS_URL)",
     )
+    server.add_argument(
+        "--sentinel",
+        metavar="HOST:PORT",
+        action="append",
+        type=sentinel_address,
+        help="a sentinel of a replicated Redis (repeat for each sentinel; with --service)",
+    )
+    parser.add_argument("--service", metavar="NAME", help="the service the sentinels monitor (with --sentinel)")
     parser.add_argument(
         "--name",
         required=name_required,
@@ -57,13 +78,48 @@ def redact(url: str) -> str:
     return urllib.parse.urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
 
 
+def sentinel_address(text: str) -> tuple[str, int]:
+    """An argparse type: ``HOST:PORT`` of a sentinel."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise argparse.ArgumentTypeError(f"must be HOST:PORT with a port in 1..65535, got {text!r}")
+    return host, int(port)
+
+
+def describe_target(args: argparse.Namespace) -> str:
+    """Where the commands look, fit for printing: the URL (password hidden), or the service and its sentinels."""
+    if args.sentinel:
+        sentinels = ", ".join(f"{host}:{port}" for host, port in args.sentinel)
+        return f"Sentinel service {args.service!r} (sentinels {sentinels})"
+    return redact(args.redis)
+
+
+def _connection(args: argparse.Namespace) -> dict[str, Any]:
+    """The keywords that reach the target (``url`` first); ``TargetError`` for --sentinel without --service."""
+    if not args.sentinel:
+        if args.service is not None:
+            raise TargetError("--service needs --sentinel HOST:PORT (the sentinels to ask)")
+        return {"url": args.redis, "password": os.environ.get("FEATURESTREAM_REDIS_PASSWORD")}
+    if not args.service:
+        raise TargetError("--sentinel needs --service NAME (the service the sentinels monitor)")
+    return {
+        "url": None,
+        "sentinels": args.sentinel,
+        "service_name": args.service,
+        "password": os.environ.get("FEATURESTREAM_REDIS_PASSWORD"),
+        "sentinel_password": os.environ.get("FEATURESTREAM_SENTINEL_PASSWORD"),
+    }
+
+
 @contextlib.contextmanager
 def open_target(args: argparse.Namespace) -> Iterator[Any]:
-    """Open the queue ``args.name`` at ``args.redis``; connection errors inside the block become ``TargetError``.
+    """Open the queue ``args.name`` at ``args.redis`` (or through ``args.sentinel``); connection errors inside
+    the block become ``TargetError``.
 
     The handle is disconnected when the block ends.
     """
-    where = f"queue {args.name!r} at {redact(args.redis)}"
+    where = f"queue {args.name!r} at {describe_target(args)}"
+    connection = _connection(args)
     try:
         import redis
         from featurestream.backends.redis.link import NotRedisServer, RedisUnreachable
@@ -71,7 +127,8 @@ def open_target(args: argparse.Namespace) -> Iterator[Any]:
     except ImportError as exc:
         raise TargetError(f"cannot open {where}: {exc}") from None
     try:
-        queue = RedisSampleRefQueue.open(args.redis, args.name, reconnect_timeout=RECONNECT_TIMEOUT)
+        url = connection.pop("url")
+        queue = RedisSampleRefQueue.open(url, args.name, reconnect_timeout=RECONNECT_TIMEOUT, **connection)
     except (NotRedisServer, RedisUnreachable) as exc:  # the first connection: nothing answered, or not Redis
         raise TargetError(f"cannot open {where}: {exc}") from None
     except (redis.ConnectionError, redis.TimeoutError) as exc:  # timed out, wrong password
@@ -89,8 +146,10 @@ def open_target(args: argparse.Namespace) -> Iterator[Any]:
 
 
 def list_target_queues(args: argparse.Namespace) -> dict[str, str]:
-    """The queues on the server ``args.redis`` (name -> lifecycle state); every failure is a ``TargetError``."""
-    where = f"the queues at {redact(args.redis)}"
+    """The queues on the server ``args.redis`` or through ``args.sentinel`` (name -> lifecycle state); every
+    failure is a ``TargetError``."""
+    where = f"the queues at {describe_target(args)}"
+    connection = _connection(args)
     try:
         import redis
         from featurestream.backends.redis.link import NotRedisServer, RedisUnreachable
@@ -98,7 +157,7 @@ def list_target_queues(args: argparse.Namespace) -> dict[str, str]:
     except ImportError as exc:
         raise TargetError(f"cannot list {where}: {exc}") from None
     try:
-        return list_queues(args.redis, reconnect_timeout=RECONNECT_TIMEOUT)
+        return list_queues(connection.pop("url"), reconnect_timeout=RECONNECT_TIMEOUT, **connection)
     except (NotRedisServer, RedisUnreachable) as exc:
         raise TargetError(f"cannot list {where}: {exc}") from None
     except (redis.RedisError, ValueError) as exc:  # timed out, wrong password, a malformed URL

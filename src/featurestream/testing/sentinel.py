@@ -195,6 +195,11 @@ class ReplicatedRedis:
             self.stop()
             raise
 
+    def wait_healthy(self, timeout: float = 30.0) -> None:
+        """Until every running replica is online at the primary and the sentinels see them and each other."""
+        self.wait_replicas(sum(1 for server in self.servers if server.process is not None) - 1, timeout)
+        self._wait_sentinels(timeout)
+
     def primary(self) -> RedisNode:
         """The server the sentinels name as primary now (a majority of those answering)."""
         votes: dict[tuple[str, int], int] = {}
@@ -254,7 +259,8 @@ class ReplicatedRedis:
     def _wait_sentinels(self, timeout: float) -> None:
         """Until each sentinel knows every replica and the other sentinels (so a failover can be agreed)."""
         give_up = time.monotonic() + timeout
-        replicas, others = len(self.servers) - 1, len(self.sentinels) - 1
+        replicas = sum(1 for server in self.servers if server.process is not None) - 1
+        others = len(self.sentinels) - 1
         while time.monotonic() < give_up:
             ready = 0
             for sentinel in self.sentinels:
@@ -265,7 +271,7 @@ class ReplicatedRedis:
                     continue
                 finally:
                     client.close()
-                if state["num-slaves"] >= replicas and state["num-other-sentinels"] >= others:
+                if not state["is_sdown"] and state["num-slaves"] >= replicas and state["num-other-sentinels"] >= others:
                     ready += 1
             if ready == len(self.sentinels):
                 return

@@ -213,14 +213,21 @@ class Link:
             self._check_replicas()
 
     def _check_replicas(self) -> None:
-        """``ReplicasMissing`` when the primary has fewer replicas connected than ``min_replicas``."""
-        info = self.retrying(self.redis.info, "replication")
-        connected = int(info.get("connected_slaves", 0))
-        if connected < self.min_replicas:
-            raise ReplicasMissing(
-                f"min_replicas={self.min_replicas} but {self._where} has {connected} replica(s) connected "
-                f"(role {info.get('role')!r}): start the replicas first, or lower min_replicas"
-            )
+        """``ReplicasMissing`` when the primary has fewer replicas connected than ``min_replicas`` for
+        ``FIRST_CONTACT_TIMEOUT`` seconds (at most ``reconnect_timeout``: a replica resyncing after a failover
+        is back within a second or so)."""
+        give_up = time.monotonic() + min(self._reconnect_timeout, FIRST_CONTACT_TIMEOUT)
+        while True:
+            info = self.retrying(self.redis.info, "replication")
+            connected = int(info.get("connected_slaves", 0))
+            if connected >= self.min_replicas:
+                return
+            if time.monotonic() >= give_up:
+                raise ReplicasMissing(
+                    f"min_replicas={self.min_replicas} but {self._where} has {connected} replica(s) connected "
+                    f"(role {info.get('role')!r}): start the replicas first, or lower min_replicas"
+                )
+            time.sleep(0.1)
 
     def load(self) -> None:
         """``FUNCTION LOAD`` the library unless the server already has it (it persists with the data)."""

@@ -19,7 +19,7 @@ import redis.sentinel
 
 from featurestream.common.errors import FeatureStreamError
 
-__all__ = ["SentinelServiceError", "connect", "describe", "parse_address", "sentinel_addresses", "where"]
+__all__ = ["SentinelServiceError", "connect", "describe", "sentinel_addresses", "where"]
 
 Address = tuple[str, int]
 
@@ -56,14 +56,6 @@ def sentinel_addresses(sentinels: object) -> tuple[Address, ...]:
             raise ValueError(f"a sentinel's port must be an int in 1..65535, got {port!r} in {item!r}")
         out.append((host, port))
     return tuple(out)
-
-
-def parse_address(text: str) -> Address:
-    """``host:port`` (the CLI's ``--sentinel``) as a pair; ``ValueError`` naming ``text`` when malformed."""
-    host, sep, port = text.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"a sentinel must be HOST:PORT with a port in 1..65535, got {text!r}")
-    return host, int(port)
 
 
 def _names(addresses: Sequence[Address]) -> str:
