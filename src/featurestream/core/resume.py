@@ -58,7 +58,13 @@ def sample_id_for(run_id: str, key: str, generation: int) -> str:
 
 
 def parse_sample_id(sample_id: str) -> tuple[str, int] | None:
-    """``(key, generation)`` of a resumable producer's sample id; ``None`` for any other id (not tracked)."""
+    """Read back what ``sample_id_for`` wrote.
+
+    Returns ``(key, generation)`` for a resumable producer's sample id ``"{run_id}#prompt={key}#g{generation}"``:
+    ``key`` the prompt's key (a ``str`` that ``check_key`` accepts), ``generation`` the ``int`` (``>= 1``) of the
+    sample that prompt was produced as (``1`` first, one more each time it is produced again after a restore).
+    Returns ``None`` for any other id: the sample is not tracked by the training ledger.
+    """
     head, _, tail = sample_id.rpartition(_GENERATION)
     if not tail.isdigit() or not tail.isascii():
         return None
