@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from featurestream.cli import main
-from featurestream.spec.counterexample import changes, flatten, parse
+from featurestream.spec.check import explain
+from featurestream.spec.counterexample import changes, config_description, flatten, meaning, parse
 from featurestream.spec.tlc import spec_dir
 
 pytestmark = pytest.mark.timeout(900)
@@ -34,6 +35,9 @@ def test_bug_a_from_another_directory_is_summarised_step_by_step(
     assert code == 1, out
     assert f"with {spec_dir() / 'mutants' / 'BugA.cfg'} ..." in out
     assert "Error: Invariant NoLoss is violated." in out
+    # What the broken invariant means (the spec's own comment) and the known defect the mutant re-introduces.
+    assert "what NoLoss means: 4. No loss: a pending or leased sample is resident, whatever stale consumers" in out
+    assert "mutant BugA.cfg: Defect A (stale release frees a queued sample): BugStaleRelease = TRUE." in out
     assert re.search(r"^counterexample, 6 states \(\d+ variables\):$", out, re.M), out
     steps = re.findall(r"^  (\d+) (\w+)", out, re.M)
     assert steps == [
@@ -141,3 +145,32 @@ def test_flatten_splits_functions_only_at_their_own_level() -> None:
     assert flatten("queue", "<<s1, s2>>") == {"queue": "<<s1, s2>>"}
     assert changes({"x": "(a :> 1)"}, {"x": "(a :> 1 @@ b :> 2)"}) == ["x: (a :> 1) -> (a :> 1 @@ b :> 2)"]
     assert parse("No error has been found.\n") is None
+
+
+def test_meaning_is_the_comment_the_spec_gives_the_definition() -> None:
+    spec = (spec_dir() / "LeaseQueue.tla").read_text()
+    assert meaning(spec, "BoundedDelivery") == "7. Bounded delivery: redelivery_count < max_deliveries."
+    # A boxed comment above a helper definition glued to this one is still its comment.
+    cap = meaning(spec, "SampleCapRoom")
+    assert cap is not None and cap.startswith("14. The count cap.") and cap.endswith("BugOnlyBytes breaks it.")
+    assert meaning(spec, "TypeOK") is None and meaning(spec, "NoSuchInvariant") is None
+    text = "\n(* Safety: one. *)\n(* two. *)\nOne == TRUE\n\nTwo == FALSE\n"
+    assert meaning(text, "One") == "Safety: one. two." and meaning(text, "Two") is None
+
+
+def test_explain_names_the_meaning_the_mutant_and_a_deadlock(tmp_path: Path) -> None:
+    mutant = spec_dir() / "mutants" / "BugB.cfg"
+    lines = explain("NoLeak", mutant, spec_dir() / "LeaseQueue.tla")
+    assert lines[0].startswith("what NoLeak means: 5. No leak: a settled or discarded sample's bytes have left")
+    described = " ".join(line.strip() for line in lines)
+    assert "mutant BugB.cfg: Defect B (crashed consumer's handle keeps a settled sample): BugNoScrub = TRUE." in (
+        described
+    )
+    assert all(len(line) <= 110 for line in lines), lines
+    assert explain("<deadlock>", None, None)[0].startswith("what a deadlock means: TLC reached a state from which")
+    plain = tmp_path / "Plain.cfg"
+    plain.write_text("SPECIFICATION Spec\n")
+    assert config_description(plain.read_text()) is None
+    assert explain("<temporal>", plain, spec_dir() / "LeaseQueue.tla") == [], "nothing known, nothing said"
+    model = explain(None, spec_dir() / "LeaseQueue.cfg", None)
+    assert model[0].startswith("model LeaseQueue.cfg: CI model: every invariant"), model

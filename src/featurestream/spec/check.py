@@ -1,9 +1,11 @@
 """``featurestream check``: model-check ``spec/LeaseQueue.tla`` (or ``spec/Resume.tla``) with TLC, print the verdict.
 
 TLC runs as a reviewer would run it by hand: deadlock checking on. A
-violation is printed as a summary of TLC's counterexample (each step's action
-and what it changed; for liveness, the loop), ``--verbose`` adds TLC's own
-output. A relative ``--config`` is looked up in the working directory, then
+violation is printed with what the violated invariant or property means (the
+spec's comment on its definition), what the config stands for (a mutant: the
+known defect it re-introduces, from the config's header comment) and a summary
+of TLC's counterexample (each step's action and what it changed; for liveness,
+the loop); ``--verbose`` adds TLC's own output. A relative ``--config`` is looked up in the working directory, then
 in the spec directory and the checkout it belongs to, so
 ``--config spec/mutants/BugA.cfg`` works from anywhere. A config named
 ``Resume*.cfg`` (``--resume``, ``spec/mutants/ResumeNoLedger.cfg``) checks the
@@ -90,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
     if args.verbose:
         print(result.output)
     if not result.ok:
-        print("\n".join(report(result, verbose=args.verbose)))
+        print("\n".join(report(result, verbose=args.verbose, config=Path(config), module=spec_dir() / module)))
     print(result.summary())
     return 0 if result.ok else 1
 
@@ -113,9 +115,17 @@ def find_config(config: Path) -> Path:
     raise FileNotFoundError(f"TLC config {str(config)!r} not found; looked for {looked}")
 
 
-def report(result: TLCResult, *, verbose: bool) -> list[str]:
-    """What a violation prints: TLC's error lines and the summary of its counterexample."""
+DEADLOCK = (
+    "TLC reached a state from which no step of the spec is possible: the model is stuck there for ever "
+    "(deadlock checking is on)"
+)
+
+
+def report(result: TLCResult, *, verbose: bool, config: Path | None = None, module: Path | None = None) -> list[str]:
+    """What a violation prints: TLC's error lines, what the violated name means in ``module`` and what
+    ``config`` stands for (both when known), and the summary of TLC's counterexample."""
     lines = [line for line in result.output.splitlines() if line.startswith("Error:") and "behavior" not in line]
+    lines += explain(result.violated, config, module)
     trace = counterexample.parse(result.output)
     if trace is not None:
         lines += trace.describe()
@@ -123,4 +133,22 @@ def report(result: TLCResult, *, verbose: bool) -> list[str]:
         lines.append(result.output)  # no behaviour to summarise (a parse or setup error): TLC's words are all there is
     if trace is not None and not verbose:
         lines.append("(--verbose prints TLC's full output, every variable of every state)")
+    return lines
+
+
+def explain(violated: str | None, config: Path | None, module: Path | None) -> list[str]:
+    """``what <name> means: ...`` (the spec's comment on the violated definition, or what a deadlock is) and
+    ``mutant: ...`` / ``model: ...`` (the config's header comment), each wrapped; what is unknown is left out."""
+    lines: list[str] = []
+    if violated == "<deadlock>":
+        lines += counterexample.wrap("what a deadlock means: ", DEADLOCK)
+    elif violated is not None and module is not None and module.is_file():
+        text = counterexample.meaning(module.read_text(), violated)
+        if text is not None:
+            lines += counterexample.wrap(f"what {violated} means: ", text)
+    if config is not None and config.is_file():
+        text = counterexample.config_description(config.read_text())
+        if text is not None:
+            kind = "mutant" if config.parent.name == "mutants" else "model"
+            lines += counterexample.wrap(f"{kind} {config.name}: ", text)
     return lines

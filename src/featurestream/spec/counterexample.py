@@ -6,14 +6,18 @@ the states with their action; ``Counterexample.describe`` prints one line per
 step with the action and only the variables (and, inside functions, the
 entries) that changed, and for a liveness violation the lasso: the loop the
 behaviour repeats for ever (``Back to state N``) or the state it stutters in.
+``meaning`` reads what a violated invariant or property means off the comment the
+spec gives its definition, and ``config_description`` what a model config (a
+mutant: which known defect it re-introduces) stands for off its header comment.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import re
+import textwrap
 
-__all__ = ["Counterexample", "State", "changes", "flatten", "parse"]
+__all__ = ["Counterexample", "State", "changes", "config_description", "flatten", "meaning", "parse", "wrap"]
 
 _STATE = re.compile(r"^State (\d+): (?:<(\w+)[^>]*>|(Stuttering))\s*$")
 _BACK = re.compile(r"^Back to state (\d+)(?:: <(\w+)[^>]*>)?")
@@ -63,6 +67,42 @@ class Counterexample:
         elif self.stutters:
             lines.append(f"  lasso: the behaviour stutters in state {previous.number} for ever")
         return lines
+
+
+def meaning(module_text: str, name: str) -> str | None:
+    """The comment the spec puts above ``name ==`` (its meaning), as one line; ``None`` when it has none.
+
+    The comment may be separated from the definition by helper definitions glued to it (no blank line between),
+    as a boxed comment above ``Helper == ...`` and ``name == ...`` is.
+    """
+    lines = module_text.splitlines()
+    start = next((i for i, line in enumerate(lines) if re.match(rf"{re.escape(name)}(\(.*\))? ==", line)), None)
+    if start is None:
+        return None
+    comment: list[str] = []
+    for line in reversed(lines[:start]):
+        text = line.strip()
+        if text.startswith("(*") and text.endswith("*)"):
+            comment.insert(0, text[2:-2].strip(" *"))
+        elif comment or not text:
+            break  # the comment block ended, or a blank line before any comment
+    joined = " ".join(part for part in comment if part)
+    return re.sub(r"\s+", " ", joined) or None
+
+
+def config_description(config_text: str) -> str | None:
+    """The header comment of a TLC config (its leading ``\\*`` lines) as one line; ``None`` without one."""
+    header: list[str] = []
+    for line in config_text.splitlines():
+        if not line.startswith("\\*"):
+            break
+        header.append(line[2:].strip())
+    return " ".join(part for part in header if part) or None
+
+
+def wrap(head: str, text: str) -> list[str]:
+    """``head`` then ``text``, wrapped at the summary's width with the continuation lines indented."""
+    return textwrap.wrap(head + text, width=_WIDTH, subsequent_indent="      ", break_on_hyphens=False)
 
 
 def _pack(head: str, items: list[str]) -> list[str]:
