@@ -64,6 +64,21 @@ def test_the_data_plane_imports_nothing_from_the_control_plane() -> None:
     assert not {path: names for path, names in offenders.items() if names}
 
 
+def test_the_tools_import_nothing_from_the_test_kit_whose_old_server_paths_are_aliases() -> None:
+    import featurestream.testing.mooncake
+    import featurestream.testing.servers
+    import featurestream.tools.mooncake
+    import featurestream.tools.servers
+
+    offenders = {
+        str(path.relative_to(PACKAGE)): sorted(n for n in imported(path) if n.startswith("featurestream.testing"))
+        for path in (PACKAGE / "tools").rglob("*.py")
+    }
+    assert not {path: names for path, names in offenders.items() if names}
+    assert featurestream.testing.servers is featurestream.tools.servers
+    assert featurestream.testing.mooncake is featurestream.tools.mooncake
+
+
 def test_no_module_imports_a_private_name_of_another_package() -> None:
     offenders = {
         str(path.relative_to(PACKAGE)): private_imports(path.read_text(), package_of(path))

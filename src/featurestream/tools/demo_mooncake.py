@@ -25,7 +25,6 @@ import torch
 from featurestream.core.lease import VisibilityTimeout
 from featurestream.pipeline.async_pipeline import AsyncFeaturePipeline
 from featurestream.pipeline.producer import FeatureProducer
-from featurestream.testing.mooncake import MooncakeMaster, missing_reason
 from featurestream.tools.demo import (
     BATCH_SIZE,
     MAX_DELIVERIES,
@@ -38,6 +37,7 @@ from featurestream.tools.demo import (
     summary,
 )
 from featurestream.tools.models import TinyConfig, TinyEagle3Draft, prompt_batches
+from featurestream.tools.mooncake import MooncakeMaster, missing_reason
 
 __all__ = ["run_across_processes"]
 

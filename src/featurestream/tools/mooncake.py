@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from featurestream.testing.servers import HOST, ServerProcess, free_port, listening
+from featurestream.tools.servers import HOST, ServerProcess, free_port, listening
 
 __all__ = ["MooncakeMaster", "find_master_binary", "missing_reason"]
 
