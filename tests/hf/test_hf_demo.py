@@ -55,3 +55,18 @@ def test_unknown_targets_are_refused(capsys: pytest.CaptureFixture[str]) -> None
     with pytest.raises(SystemExit):
         main(["demo", "--target", "hf-gpt9"])
     assert "invalid choice: 'hf-gpt9'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "target", "wrapper"),
+    [("dflash", "hf-qwen3", "HFDFlashTargetModel"), ("dspark", "hf-llama", "HFDSparkTargetModel")],
+)
+def test_dflash_and_dspark_drafts_train_on_an_hf_targets_features(
+    algorithm: str, target: str, wrapper: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fast = [*FAST[:1], "24", *FAST[2:]]  # a few more steps than FAST: the drafts start from scratch
+    assert main(["demo", "--algorithm", algorithm, "--target", target, "--no-progress", *fast]) == 0
+    out = capsys.readouterr().out
+    # Three layers spread as the reference's DFlash recipe spreads them, captured by featurestream's wrapper.
+    assert f"8 layers, aux layers (1, 3, 5), through {wrapper}" in out
+    assert "FAILED" not in out and out.count("[ok]") == 6 and "[ok] the draft's loss fell" in out, out

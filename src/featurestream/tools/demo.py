@@ -1,9 +1,12 @@
-"""``featurestream demo``: train a tiny EAGLE-3 draft head on features streamed from a tiny target model.
+"""``featurestream demo``: train a tiny draft head on features streamed from a tiny target model.
 
-``--target tiny`` (default) is featurestream's own small transformer;
-``--target hf-llama`` / ``hf-qwen2`` / ``hf-qwen3`` / ``hf-mistral`` is a
-randomly initialised Hugging Face model of that architecture, the same size,
-driven through ``HFEagle3TargetModel`` (needs ``featurestream[hf]``).
+``--algorithm eagle3`` (default), ``dflash`` or ``dspark`` picks the features
+streamed and the draft head trained on them (``TinyEagle3Draft``,
+``TinyDFlashDraft``, ``TinyDSparkDraft``). ``--target tiny`` (default) is
+featurestream's own small transformer; ``--target hf-llama`` / ``hf-qwen2`` /
+``hf-qwen3`` / ``hf-mistral`` is a randomly initialised Hugging Face model of
+that architecture, the same size, driven through ``HFEagle3TargetModel``,
+``HFDFlashTargetModel`` or ``HFDSparkTargetModel`` (needs ``featurestream[hf]``).
 
 prompts -> ``AsyncFeaturePipeline`` (target forward on a background thread)
 -> feature store -> ``SampleRefQueue`` -> one ``FeatureDataLoader`` per
@@ -50,6 +53,10 @@ from featurestream.tools.diagrams import render_queue
 from featurestream.tools.models import (
     HF_FAMILIES,
     TinyConfig,
+    TinyDFlashDraft,
+    TinyDFlashTarget,
+    TinyDSparkDraft,
+    TinyDSparkTarget,
     TinyEagle3Draft,
     TinyTargetModel,
     prompt_batches,
@@ -60,25 +67,68 @@ BATCH_SIZE = 4
 SEQ_LEN = 32
 MAX_DELIVERIES = 10
 TARGETS = ("tiny", *(f"hf-{family}" for family in HF_FAMILIES))
+ALGORITHMS = ("eagle3", "dflash", "dspark")
+DraftHead = TinyEagle3Draft | TinyDFlashDraft | TinyDSparkDraft
 
 
 def make_target(args: argparse.Namespace, config: TinyConfig) -> tuple[Any, str]:
-    """The demo's target backend and a description of it (the one place a target is chosen)."""
+    """The demo's target backend and a description of it (the one place a target is chosen).
+
+    DFlash and DSpark capture three layers, as EAGLE-3 does: the tiny target's
+    tapped layers, or, on a Hugging Face model of ``n`` layers, ``(1, n//2 - 1,
+    n - 3)`` (the reference's ``build_target_layer_ids`` for three draft layers).
+    """
     target_name = getattr(args, "target", "tiny")
+    algorithm = getattr(args, "algorithm", "eagle3")
     if target_name == "tiny":
-        tiny = TinyTargetModel(config, seed=args.seed)
-        return tiny, f"TinyTargetModel, {config.num_layers} layers, aux layers {config.aux_layers}"
-    from featurestream.pipeline.hf import HFEagle3TargetModel  # transformers is optional: import on use
+        tiny_class = {"eagle3": TinyTargetModel, "dflash": TinyDFlashTarget, "dspark": TinyDSparkTarget}[algorithm]
+        tiny = tiny_class(config, seed=args.seed)
+        return tiny, f"{tiny_class.__name__}, {config.num_layers} layers, aux layers {config.aux_layers}"
+    from featurestream.pipeline import hf  # transformers is optional: import on use
 
     model = tiny_hf_causal_lm(target_name.removeprefix("hf-"), config, seed=args.seed)
-    hf_target = HFEagle3TargetModel(model)
+    if algorithm == "eagle3":
+        hf_target: Any = hf.HFEagle3TargetModel(model)
+        layers = hf_target.aux_layer_ids
+    else:
+        count = len(hf.find_decoder_layers(model))
+        layers = (1, count // 2 - 1, count - 3)
+        wrapper = hf.HFDFlashTargetModel if algorithm == "dflash" else hf.HFDSparkTargetModel
+        hf_target = wrapper(model, layers)
     return hf_target, (
         f"{type(model).__name__} (random init, transformers), {hf_target.num_layers} layers, "
-        f"aux layers {hf_target.aux_layer_ids}"
+        f"aux layers {tuple(layers)}, through {type(hf_target).__name__}"
     )
 
 
+def make_draft(args: argparse.Namespace, config: TinyConfig, target: Any) -> DraftHead:
+    """The draft head trained on ``args.algorithm``'s features (the DSpark one copies the target's LM head)."""
+    seed = args.seed + 1
+    algorithm = getattr(args, "algorithm", "eagle3")
+    if algorithm == "dflash":
+        return TinyDFlashDraft(config, seed=seed)
+    if algorithm == "dspark":
+        return TinyDSparkDraft(config, target_lm_head=target.get_output_embeddings(), seed=seed)
+    return TinyEagle3Draft(config, seed=seed)
+
+
+def token_bytes(algorithm: str, config: TinyConfig) -> int:
+    """Bytes one token of a sample takes in the store: float32 states, int64 ids and masks."""
+    hidden = config.hidden_size
+    return {
+        "eagle3": 3 * hidden * 4 + config.vocab_size * 4 + 3 * 8,  # aux states, logits, ids and two masks
+        "dflash": 3 * hidden * 4 + 3 * 8,  # context states, ids and two masks
+        "dspark": 4 * hidden * 4 + 2 * 8,  # context and last states, ids and the loss mask
+    }[algorithm]
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--algorithm",
+        choices=ALGORITHMS,
+        default="eagle3",
+        help="the features streamed and the draft head trained on them (eagle3)",
+    )
     parser.add_argument(
         "--target",
         choices=TARGETS,
@@ -193,7 +243,7 @@ class Telemetry:
 class Trainer:
     """The draft head, its optimizer, and what the consumers did."""
 
-    draft: TinyEagle3Draft
+    draft: DraftHead
     optimizer: torch.optim.Optimizer
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
     losses: list[float] = dataclasses.field(default_factory=list)
@@ -232,7 +282,7 @@ def consume(
         while True:
             # A simulated crash abandons the loader mid-lease. Without prefetch its one lease is left to expire
             # as a killed process's would; a prefetch buffer would be failed back when the loader is collected.
-            loader = FeatureDataLoader(queue, store, prefetch=0)
+            loader = FeatureDataLoader(queue, store, algorithm=getattr(args, "algorithm", "eagle3"), prefetch=0)
             crashed = False
             waiting_since = time.perf_counter()
             for batch in loader:
@@ -315,11 +365,17 @@ def run(args: argparse.Namespace) -> int:
     except ImportError as exc:  # an hf-* target without the optional transformers
         print(f"featurestream demo: {exc}", file=sys.stderr)
         return 2
-    sample_bytes = BATCH_SIZE * SEQ_LEN * (3 * config.hidden_size * 4 + config.vocab_size * 4 + 3 * 8)
+    algorithm = getattr(args, "algorithm", "eagle3")
+    sample_bytes = BATCH_SIZE * SEQ_LEN * token_bytes(algorithm, config)
     temp_dir = tempfile.mkdtemp(prefix="featurestream-demo-") if args.store == "shared-dir" and not args.dir else None
     directory = args.dir or temp_dir
     run_id = f"demo{args.seed}-{uuid.uuid4().hex[:8]}"
     if args.store == "mooncake":
+        if algorithm != "eagle3":
+            print(
+                f"featurestream demo: --store mooncake runs --algorithm eagle3 only, got {algorithm}", file=sys.stderr
+            )
+            return 2
         from featurestream.tools.demo_mooncake import run_across_processes  # Mooncake is optional: import on use
 
         return run_across_processes(args, target, target_description, config, sample_bytes, run_id)
@@ -327,7 +383,7 @@ def run(args: argparse.Namespace) -> int:
         store = make_store(args, directory, sample_bytes)
         telemetry = Telemetry()
         queue = make_queue(store, args, telemetry)
-        draft = TinyEagle3Draft(config, seed=args.seed + 1)
+        draft = make_draft(args, config, target)
         trainer = Trainer(draft, torch.optim.AdamW(draft.parameters(), lr=3e-3))
         if args.metrics_every and not args.no_progress:
             # The Redis queue's name is what `featurestream status --name` needs: print it with the metrics.
@@ -436,6 +492,7 @@ def summary(
         f"fail-rate {args.fail_rate}, crash-every {args.crash_every}, visibility {args.visibility_timeout} s, "
         f"seed {args.seed}",
         f"  target                {getattr(args, 'target', 'tiny')}: {target_description}",
+        f"  algorithm             {getattr(args, 'algorithm', 'eagle3')}: draft head {type(trainer.draft).__name__}",
         f"  training steps        {steps} in {elapsed:.2f} s ({stats.acked / elapsed:.1f} samples/s acked)",
         f"  bytes moved           {_mb(sum(trainer.sample_bytes.values()))} through the store, "
         f"{_mb(trainer.bytes_read)} materialised by consumers",

@@ -20,6 +20,16 @@ runs one causal decoder layer and predicts the target's distribution at
 ``t+1`` (the shifted ``logits[t]``). Its loss is the soft cross-entropy
 against the target's distribution, masked by the shifted ``loss_mask`` and
 ``attention_mask`` (and ``position_mask`` with ``target_probs`` supervision).
+
+``TinyDFlashTarget`` and ``TinyDSparkTarget`` drive the same tiny
+transformer as DFlash and DSpark target backends (its three tapped layers as
+the context, and for DSpark its final-norm output). ``TinyDFlashDraft`` and
+``TinyDSparkDraft`` are those recipes shrunk down: from the context feature
+and the token at an anchor ``t`` they draft the block of tokens ``t+1 ..
+t+block_size`` in parallel (hard-label cross-entropy, unshifted batches);
+the DSpark draft adds the total-variation distance between its first
+position's distribution and the target's own next-token distribution (the
+target's LM head applied to ``target_last_hidden_states``).
 """
 
 from __future__ import annotations
@@ -31,6 +41,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from featurestream.pipeline.dflash import DFlashTargetBackend, DFlashTargetBatch
+from featurestream.pipeline.dspark import DSparkTargetBackend, DSparkTargetBatch
 from featurestream.pipeline.eagle3 import (
     Eagle3ForwardBackend,
     Eagle3TargetBatch,
@@ -38,7 +50,18 @@ from featurestream.pipeline.eagle3 import (
     packed_attention_allowed,
 )
 
-__all__ = ["HF_FAMILIES", "TinyConfig", "TinyEagle3Draft", "TinyTargetModel", "prompt_batches", "tiny_hf_causal_lm"]
+__all__ = [
+    "HF_FAMILIES",
+    "TinyConfig",
+    "TinyDFlashDraft",
+    "TinyDFlashTarget",
+    "TinyDSparkDraft",
+    "TinyDSparkTarget",
+    "TinyEagle3Draft",
+    "TinyTargetModel",
+    "prompt_batches",
+    "tiny_hf_causal_lm",
+]
 
 # family -> (config class, model class) in ``transformers``.
 HF_FAMILIES: dict[str, tuple[str, str]] = {
@@ -128,6 +151,17 @@ class TinyTargetModel(nn.Module, Eagle3ForwardBackend):
 
         With ``seq_lens`` (packing) each document attends to itself only and ``attention_mask`` is not used.
         """
+        last_hidden, aux_hidden_states = self.states(input_ids, attention_mask, position_ids, seq_lens)
+        return self.lm_head(last_hidden), aux_hidden_states
+
+    def states(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        seq_lens: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(final-norm output [B, T, H], aux_hidden_states [B, T, 3H])``: ``forward`` without the LM head."""
         length = input_ids.shape[1]
         if length > self.config.max_seq_len:
             raise ValueError(f"sequence length {length} exceeds max_seq_len {self.config.max_seq_len}")
@@ -147,7 +181,7 @@ class TinyTargetModel(nn.Module, Eagle3ForwardBackend):
             x = block(x, allowed)
             if index in self.config.aux_layers:
                 taps.append(x)
-        return self.lm_head(self.norm(x)), torch.cat(taps, dim=-1)
+        return self.norm(x), torch.cat(taps, dim=-1)
 
     def get_input_embeddings(self) -> nn.Module:
         """The token embedding (a draft head may copy or share it)."""
@@ -158,6 +192,81 @@ class TinyTargetModel(nn.Module, Eagle3ForwardBackend):
         aligns them."""
         logits, aux_hidden_states = self(inputs.input_ids, inputs.attention_mask, inputs.position_ids, inputs.seq_lens)
         return aux_hidden_states, logits
+
+
+class _TinyContextTarget:
+    """What the tiny DFlash and DSpark targets share: a ``TinyTargetModel`` and its no-grad forward."""
+
+    def __init__(self, config: TinyConfig | None = None, *, seed: int = 0) -> None:
+        self.model = TinyTargetModel(config, seed=seed)
+
+    def get_input_embeddings(self) -> nn.Module:
+        """The target's token embedding."""
+        return self.model.embed
+
+    def get_output_embeddings(self) -> nn.Module:
+        """The target's LM head (the DSpark draft copies it)."""
+        return self.model.lm_head
+
+    def _states(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor | None,
+        seq_lens: torch.Tensor | None,
+        mask: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        with torch.no_grad():
+            return self.model.states(input_ids, mask, position_ids, seq_lens)
+
+
+class TinyDFlashTarget(_TinyContextTarget, DFlashTargetBackend):
+    """``TinyTargetModel`` as a DFlash target: its three tapped layers' outputs as ``hidden_states [B, T, 3H]``."""
+
+    def generate_batch(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        loss_mask: torch.Tensor,
+        position_ids: torch.Tensor | None = None,
+        seq_lens: torch.Tensor | None = None,
+        doc_remaining: torch.Tensor | None = None,
+    ) -> DFlashTargetBatch:
+        """One no-grad forward; every feature in the input's positions (DFlash shifts nothing)."""
+        _, context = self._states(input_ids, position_ids, seq_lens, attention_mask)
+        return DFlashTargetBatch(
+            hidden_states=context,
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            loss_mask=loss_mask,
+            position_ids=position_ids,
+            seq_lens=seq_lens,
+            doc_remaining=doc_remaining,
+        )
+
+
+class TinyDSparkTarget(_TinyContextTarget, DSparkTargetBackend):
+    """``TinyTargetModel`` as a DSpark target: the three tapped layers' outputs and the final-norm output."""
+
+    def generate_batch(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        loss_mask: torch.Tensor,
+        position_ids: torch.Tensor | None = None,
+        seq_lens: torch.Tensor | None = None,
+        doc_remaining: torch.Tensor | None = None,
+    ) -> DSparkTargetBatch:
+        """One no-grad forward; every feature in the input's positions (DSpark shifts nothing)."""
+        last_hidden, context = self._states(input_ids, position_ids, seq_lens, attention_mask)
+        return DSparkTargetBatch(
+            target_hidden_states=context,
+            target_last_hidden_states=last_hidden,
+            input_ids=input_ids,
+            loss_mask=loss_mask,
+            position_ids=position_ids,
+            seq_lens=seq_lens,
+            doc_remaining=doc_remaining,
+        )
 
 
 def tiny_hf_causal_lm(
@@ -241,6 +350,109 @@ class TinyEagle3Draft(nn.Module):
         mask = mask * batch.attention_mask.float()
         per_token = -(target * logits.log_softmax(dim=-1)).sum(dim=-1)
         return (per_token * mask).sum() / mask.sum().clamp(min=1.0)
+
+
+class TinyDFlashDraft(nn.Module):
+    """A one-layer DFlash-style draft head: from the target's context at an anchor, a block of tokens at once.
+
+    ``context_layers``: how many target layers the context concatenates (its
+    width is ``context_layers * H``); ``block_size``: tokens drafted per anchor.
+    """
+
+    def __init__(
+        self, config: TinyConfig | None = None, *, context_layers: int = 3, block_size: int = 2, seed: int = 0
+    ) -> None:
+        super().__init__()
+        self.config = config = config or TinyConfig()
+        if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+            raise ValueError(f"block_size must be a positive int, got {block_size!r}")
+        self.block_size = block_size
+        hidden = config.hidden_size
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            self.fuse = nn.Linear(context_layers * hidden, hidden)
+            self.embed = nn.Embedding(config.vocab_size, hidden)
+            self.combine = nn.Linear(2 * hidden, hidden)
+            self.block = _Block(hidden, config.num_heads)
+            self.offsets = nn.Embedding(block_size, hidden)
+            self.norm = nn.LayerNorm(hidden)
+            self.lm_head = nn.Linear(hidden, config.vocab_size, bias=False)
+
+    def forward(
+        self, context: torch.Tensor, input_ids: torch.Tensor, seq_lens: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Logits ``[B, T, block_size, V]``: entry ``[:, t, k]`` drafts token ``t + 1 + k`` from the context and
+        token at ``t`` (attending to earlier anchors of its own document only)."""
+        allowed = None if seq_lens is None else packed_attention_allowed(seq_lens, input_ids.shape[1])
+        x = self.block(self.combine(torch.cat([self.embed(input_ids), self.fuse(context)], dim=-1)), allowed)
+        return self.lm_head(self.norm(x[:, :, None, :] + self.offsets.weight))
+
+    def block_weights(
+        self, input_ids: torch.Tensor, mask: torch.Tensor, doc_remaining: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(targets, weights)``, both ``[B, T, block_size]``: token ``t + 1 + k`` and whether it is supervised
+        (``mask`` at ``t + 1 + k``, inside the sequence and, when packed, inside the anchor's document)."""
+        length = input_ids.shape[1]
+        targets = torch.zeros(*input_ids.shape, self.block_size, dtype=input_ids.dtype, device=input_ids.device)
+        weights = torch.zeros(targets.shape, dtype=torch.float32, device=input_ids.device)
+        for k in range(self.block_size):
+            ahead = k + 1
+            targets[:, : length - ahead, k] = input_ids[:, ahead:]
+            weights[:, : length - ahead, k] = mask[:, ahead:].float()
+            if doc_remaining is not None:
+                weights[:, :, k] *= (doc_remaining >= ahead).float()
+        return targets, weights
+
+    def block_cross_entropy(
+        self, logits: torch.Tensor, input_ids: torch.Tensor, mask: torch.Tensor, doc_remaining: torch.Tensor | None
+    ) -> torch.Tensor:
+        """The mean hard-label cross-entropy of the drafted blocks over their supervised tokens."""
+        targets, weights = self.block_weights(input_ids, mask, doc_remaining)
+        per_token = F.cross_entropy(logits.flatten(0, 2).float(), targets.flatten(), reduction="none")
+        return (per_token * weights.flatten()).sum() / weights.sum().clamp(min=1.0)
+
+    def loss(self, batch: DFlashTargetBatch) -> torch.Tensor:
+        """The block cross-entropy over tokens the batch supervises (``loss_mask`` and ``attention_mask``)."""
+        logits = self(batch.hidden_states.float(), batch.input_ids, batch.seq_lens)
+        mask = batch.loss_mask.float() * batch.attention_mask.float()
+        return self.block_cross_entropy(logits, batch.input_ids, mask, batch.doc_remaining)
+
+
+class TinyDSparkDraft(TinyDFlashDraft):
+    """``TinyDFlashDraft`` plus DSpark's distillation: a frozen copy of the target's LM head turns
+    ``target_last_hidden_states[t]`` into the target's distribution of token ``t + 1``, which the first drafted
+    position is pulled towards (total-variation distance)."""
+
+    def __init__(
+        self,
+        config: TinyConfig | None = None,
+        *,
+        target_lm_head: nn.Module,
+        context_layers: int = 3,
+        block_size: int = 2,
+        seed: int = 0,
+    ) -> None:
+        super().__init__(config, context_layers=context_layers, block_size=block_size, seed=seed)
+        weight = getattr(target_lm_head, "weight", None)
+        expected = (self.config.vocab_size, self.config.hidden_size)
+        if not isinstance(weight, torch.Tensor) or tuple(weight.shape) != expected:
+            raise ValueError(f"target_lm_head must have a weight of shape {expected}, got {target_lm_head!r}")
+        self.target_lm_head = nn.Linear(self.config.hidden_size, self.config.vocab_size, bias=False)
+        with torch.no_grad():
+            self.target_lm_head.weight.copy_(weight.detach().float())
+        self.target_lm_head.requires_grad_(False)
+
+    def loss(self, batch: DSparkTargetBatch) -> torch.Tensor:  # type: ignore[override]
+        """Block cross-entropy plus the total-variation distance to the target's next-token distribution, both
+        over the tokens ``loss_mask`` supervises."""
+        logits = self(batch.target_hidden_states.float(), batch.input_ids, batch.seq_lens)
+        cross_entropy = self.block_cross_entropy(logits, batch.input_ids, batch.loss_mask, batch.doc_remaining)
+        with torch.no_grad():
+            target = self.target_lm_head(batch.target_last_hidden_states.float()).softmax(dim=-1)
+        distance = 0.5 * (logits[:, :, 0].float().softmax(dim=-1) - target).abs().sum(dim=-1)
+        _, weights = self.block_weights(batch.input_ids, batch.loss_mask, batch.doc_remaining)
+        first = weights[:, :, 0]
+        return cross_entropy + (distance * first).sum() / first.sum().clamp(min=1.0)
 
 
 def prompt_batches(
