@@ -152,6 +152,7 @@ def test_every_shipped_config_is_checked_by_a_test() -> None:
         "LeaseQueueSim.cfg",
         "LeaseQueueWindow.cfg",
         "OrphanReclaim.cfg",  # tests/spec/test_orphan_spec.py
+        "ReplicatedQueue.cfg",  # tests/spec/test_replicated_spec.py
         "Resume.cfg",  # tests/spec/test_resume_spec.py
     ]
     for name in shipped:

@@ -11,7 +11,7 @@ in the spec directory and the checkout it belongs to, so
 ``Resume*.cfg`` (``--resume``, ``spec/mutants/ResumeNoLedger.cfg``) checks the
 checkpoint/restore model ``spec/Resume.tla``, one named ``Incarnation*.cfg`` the
 incarnation model ``spec/Incarnation.tla``, one named ``Orphan*.cfg`` the orphan reclaim
-model ``spec/OrphanReclaim.tla``.
+model ``spec/OrphanReclaim.tla``, one named ``Replicated*.cfg`` the failover model ``spec/ReplicatedQueue.tla``.
 """
 
 from __future__ import annotations
@@ -38,7 +38,12 @@ NAMED_MODELS = {
     "resume": (RESUME_CONFIG, "the checkpoint/restore model: exactly-once training across restarts"),
 }
 # Modules of their own, picked by the config's name prefix; any other config checks LeaseQueue.tla.
-SEPARATE_MODULES = {"Resume": RESUME_MODULE, "Incarnation": "Incarnation.tla", "Orphan": "OrphanReclaim.tla"}
+SEPARATE_MODULES = {
+    "Resume": RESUME_MODULE,
+    "Incarnation": "Incarnation.tla",
+    "Orphan": "OrphanReclaim.tla",
+    "Replicated": "ReplicatedQueue.tla",
+}
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
