@@ -82,6 +82,9 @@ def test_a_second_registration_of_a_name_and_malformed_ones_are_refused_and_chan
         register_algorithm("test.nobackend", batch_class("test.nobackend"), backend_type="Backend")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"no feature schema is registered for algorithm 'test.nobatch'"):
         schema_for("test.nobatch")
+    store = LocalFeatureStore()
+    with pytest.raises(ValueError, match=r"algorithm 'test.nobatch' in this process .*register_algorithm\(\.\.\.\)"):
+        FeatureDataLoader(SampleRefQueue(store), store, algorithm="test.nobatch")
 
 
 def test_a_ref_of_an_algorithm_this_process_never_declared_is_built_unchecked_and_names_it_on_the_wire() -> None:
