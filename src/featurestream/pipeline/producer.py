@@ -152,7 +152,11 @@ class FeatureProducer:
         Errors: inputs the schema refuses (EAGLE-3: partial packing metadata)
         -> ``ValueError`` before the forward; a backend output the schema
         refuses (EAGLE-3: no ``logits``) -> ``ValueError``, nothing stored;
-        a store whose ref describes the tensors differently from what was put
+        a required feature missing from the output, or a dtype or shape
+        outside its rules -> ``ValueError`` naming the sample and the
+        feature, nothing stored; an output of another algorithm's batch
+        class -> ``ValueError`` naming both, nothing stored; a store whose
+        ref (``feature_specs``) describes the tensors differently from what was put
         -> the sample is evicted and ``RuntimeError``; after ``close()`` ->
         ``RuntimeError``.
         """
