@@ -92,9 +92,10 @@ def test_the_lm_head_runs_on_one_position_unless_dflash_captures_the_logits() ->
     model.lm_head.register_forward_hook(lambda module, args, output: widths.append(output.shape[1]))
     input_ids, attention_mask, loss_mask = prompts(length=12)
     assert HFDFlashTargetModel(model, [1]).generate_batch(input_ids, attention_mask, loss_mask).logits is None
+    HFDSparkTargetModel(model, [1]).generate_batch(input_ids, attention_mask, loss_mask)
     batch = HFDFlashTargetModel(model, [1], capture_logits=True).generate_batch(input_ids, attention_mask, loss_mask)
     assert batch.logits is not None and batch.logits.shape == (2, 12, VOCAB)
-    assert widths == [1, 12]
+    assert widths == [1, 1, 12]
 
 
 def test_dspark_features_follow_the_offset_one_convention() -> None:
