@@ -92,7 +92,7 @@ def _mutated(ref: SampleRef, change: object, compact: bool = False) -> str:
         (lambda o: o["features"][0].update(shape=[1, 2.5]), "shape must be a list of ints"),
         (lambda o: o["features"][0].update(pickle="gASV"), "unknown fields"),
         (lambda o: o["features"].append(dict(o["features"][0])), "repeats feature"),
-        (lambda o: o["features"].pop(), "missing required"),
+        (lambda o: o["features"].pop(0), r"missing required features \[.aux_hidden_states.\]"),
         (lambda o: o.update(store_uri="nowhere"), "store_uri"),
         (lambda o: o["features"][0].update(shape=[True] * len(o["features"][0]["shape"])), "list of ints"),
         (lambda o: o["features"][0].update(shape=[1.0] * len(o["features"][0]["shape"])), "list of ints"),
