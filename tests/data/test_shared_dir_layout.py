@@ -175,3 +175,19 @@ def test_a_ref_in_neither_key_format_is_refused(tmp_path: Path) -> None:
     with pytest.raises(KeyError, match=r"names no incarnation .*or s9/"):
         store.get(forged)
     assert store.health().sample_count == 1
+
+
+def test_a_tool_that_rewrites_the_reference_name_never_meets_the_put_it_replaced(tmp_path: Path) -> None:
+    """``safetensors.torch.save_file`` over ``<id>.safetensors`` replaces the link with a file of its own: that
+    file is then a sample in the reference's layout, and the put's own ref still reads, and frees, only its put."""
+    store = SharedDirFeatureStore(tmp_path)
+    ref = put_eagle3(store, 1)
+    save_file(eagle3_sample(2), tmp_path / "s1.safetensors")
+    assert not os.path.islink(tmp_path / "s1.safetensors")
+    got, handle = store.get(ref)
+    assert_is_sample(got, 1)
+    store.release(handle)
+    settle(store)
+    assert os.listdir(tmp_path) == ["s1.safetensors"], "the put is freed; the tool's file stays"
+    assert_same(load_file(tmp_path / "s1.safetensors"), eagle3_sample(2))
+    assert store.is_resident("s1") and store.health().sample_count == 0

@@ -455,7 +455,9 @@ class SharedDirFeatureStore(LedgerFeatureStore):
         except OSError:
             return  # no link (another instance took it), or it cannot be moved: it is left to dangle
         try:
-            if os.readlink(aside) != stem + DATA_SUFFIX:
+            # Not this put's link -- a later put's, or a file a tool wrote under the name (the reference's
+            # layout) -- goes back.
+            if not os.path.islink(aside) or os.readlink(aside) != stem + DATA_SUFFIX:
                 with contextlib.suppress(FileExistsError):
                     os.link(aside, pointer, follow_symlinks=False)
         finally:
