@@ -116,15 +116,17 @@ class OrphanClock:
         self._clock = clock
         self._lock = threading.Lock()
         self._dead_since: dict[str, float] = {}
-        self._next = clock()
+        self._next = {False: clock(), True: clock()}
 
-    def due(self) -> bool:
-        """Whether ``interval`` has passed since the last sweep that asked; a ``True`` starts the next interval."""
+    def due(self, with_queue: bool) -> bool:
+        """Whether ``interval`` has passed since the last sweep of the same kind that asked (a ``True`` starts the
+        next interval): sweeps with a queue's answer and without one are paced apart, so the store's own sweeps
+        never starve the queue's, which alone may free marked samples."""
         with self._lock:
             now = self._clock()
-            if now < self._next:
+            if now < self._next[with_queue]:
                 return False
-            self._next = now + self.interval
+            self._next[with_queue] = now + self.interval
             return True
 
     def ripe(self, writers: dict[str, bool]) -> set[str]:

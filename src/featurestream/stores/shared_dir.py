@@ -614,7 +614,7 @@ class SharedDirFeatureStore(LedgerFeatureStore):
         most every ``orphan_interval`` seconds unless ``force``; a sweep is one directory listing plus a probe
         per other writer. Each is freed as ``scrub`` frees: the data file, then its link and its marker.
         """
-        if not force and not self._orphans.due():
+        if not force and not self._orphans.due(held is not None):
             return 0
         found: dict[str, list[tuple[str, str]]] = {}
         for name in os.listdir(self.directory):  # before the probes: a writer found dead adds no file after them

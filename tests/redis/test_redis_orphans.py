@@ -1,0 +1,132 @@
+"""Orphan reclaim over Redis with a shared-directory store: a producer process SIGKILLed between its store and
+queue steps, restarted, leaves no file once the grace period has passed; kept dead-letter bytes of a producer
+that exited are freed after their purge.
+
+The trainer side is this test's own queue instance, whose reaper runs the store's sweep with the queue's answer to
+"which of these samples do you hold?"; the grace period is a second.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from featurestream import SharedDirFeatureStore
+
+pytest.importorskip("redis", reason="redis-py is missing: pip install 'featurestream[redis]'")
+from featurestream.backends.redis.queue import RedisSampleRefQueue
+from featurestream.testing import sample_tensors
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _orphan_worker import QUEUE_OPTIONS, TOKENS
+
+WORKER = str(Path(__file__).with_name("_orphan_worker.py"))
+GRACE = 1.0
+DEADLINE = 30.0
+
+Spawn = Callable[..., subprocess.Popen[str]]
+
+
+@pytest.fixture
+def spawn(redis_server: Any, queue_name: str, tmp_path: Path) -> Iterator[Spawn]:
+    """``spawn(first, count, stop_at, where)``: a producer process; returns once it printed its first line."""
+    procs: list[subprocess.Popen[str]] = []
+
+    def start(first: int, count: int, stop_at: int = -1, where: str = "stored") -> subprocess.Popen[str]:
+        args = [redis_server.url, queue_name, tmp_path / "shared", first, count, stop_at, where]
+        proc = subprocess.Popen([sys.executable, WORKER, *map(str, args)], stdout=subprocess.PIPE, text=True)
+        procs.append(proc)
+        assert proc.stdout is not None
+        line = proc.stdout.readline().strip()
+        assert line == ("done" if stop_at < 0 else f"stopped s{stop_at}"), (line, proc.wait(5))
+        return proc
+
+    yield start
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(30)
+
+
+@pytest.fixture
+def trainer(redis_server: Any, queue_name: str, tmp_path: Path) -> Iterator[RedisSampleRefQueue]:
+    store = SharedDirFeatureStore(tmp_path / "shared", create=True, orphan_grace=GRACE, orphan_interval=0.2)
+    queue = RedisSampleRefQueue(store, url=redis_server.url, name=queue_name, reaper_interval=0.1, **QUEUE_OPTIONS)
+    yield queue
+    queue.disconnect()
+    store.close()
+
+
+def kill(proc: subprocess.Popen[str]) -> None:
+    proc.send_signal(signal.SIGKILL)
+    assert proc.wait(30) == -signal.SIGKILL
+
+
+def train(queue: RedisSampleRefQueue, count: int) -> list[str]:
+    """Lease, read (checking the bytes) and ack ``count`` samples; their ids in order."""
+    trained = []
+    while len(trained) < count:
+        lease = queue.acquire(timeout=DEADLINE)
+        assert lease is not None, f"trained only {trained}"
+        tensors, handle = queue.store.get(lease.ref)
+        expected = sample_tensors(int(lease.ref.sample_id[1:]), TOKENS)
+        assert all(torch.equal(tensors[name], expected[name]) for name in expected), lease.ref.sample_id
+        queue.store.release(handle)
+        assert queue.ack(lease)
+        trained.append(lease.ref.sample_id)
+    return trained
+
+
+def emptied(directory: Path) -> list[str]:
+    """Wait until ``directory`` holds nothing (its data files, links and markers all gone); what is left."""
+    give_up = time.monotonic() + DEADLINE
+    while os.listdir(directory) and time.monotonic() < give_up:
+        time.sleep(0.05)
+    return sorted(os.listdir(directory))
+
+
+def data_files(directory: Path) -> list[str]:
+    return sorted(name.split("@")[0] for name in os.listdir(directory) if "@" in name and name.endswith(".safetensors"))
+
+
+@pytest.mark.parametrize("where", ["stored", "retained"])
+def test_a_sigkilled_producer_restarted_leaves_no_file_once_the_grace_period_passed(
+    spawn: Spawn, trainer: RedisSampleRefQueue, tmp_path: Path, where: str
+) -> None:
+    """Killed after ``store.put`` (no marker) or inside ``queue.put`` (marker written, never enqueued) of s3;
+    the restarted producer puts s3 again (a new incarnation) and the rest."""
+    shared = tmp_path / "shared"
+    kill(spawn(0, 6, stop_at=3, where=where))
+    assert train(trainer, 3) == ["s0", "s1", "s2"]
+    assert set(data_files(shared)) <= {"s3"}, "the killed producer's s3 is the only file left (if not reclaimed yet)"
+    spawn(3, 3)
+    assert sorted(train(trainer, 3)) == ["s3", "s4", "s5"]
+    assert emptied(shared) == [], "orphaned files outlived the grace period"
+    assert trainer.stats().acked == 6 and trainer.pending_count() == 0
+
+
+def test_kept_dead_letter_bytes_of_an_exited_producer_are_freed_after_the_purge(
+    spawn: Spawn, trainer: RedisSampleRefQueue, redis_server: Any, queue_name: str, tmp_path: Path
+) -> None:
+    """Purged by an operator's handle (no store), the bytes used to wait for their producer's instance to scrub
+    them, gone with its process; the trainer's reaper reclaims them."""
+    shared = tmp_path / "shared"
+    spawn(0, 1).wait(30)  # puts s0 and exits without closing its store
+    lease = trainer.acquire(timeout=DEADLINE)
+    assert lease is not None and trainer.fail(lease) is not None
+    assert [letter.ref.sample_id for letter in trainer.dead_letters()] == ["s0"]
+    time.sleep(GRACE + 0.5)  # the writer is long dead, and the reaper's sweeps ran: a kept dead letter is held
+    assert data_files(shared) == ["s0"]
+    operator = RedisSampleRefQueue.open(redis_server.url, queue_name)  # `featurestream dead-letters purge`: no store
+    assert operator.purge_dead_letters() == ["s0"]
+    operator.disconnect()
+    assert emptied(shared) == [], "the purged dead letter's bytes outlived their producer"
