@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import re
+import uuid
 
 import pytest
 import torch
@@ -41,22 +43,30 @@ def batch_class(name: str) -> type[FeatureBatch]:
     return UserBatch
 
 
+def fresh(name: str) -> str:
+    """``name`` made unique to this call: the registry is the process's, and a test may run twice in one process."""
+    return f"{name}-{uuid.uuid4().hex[:8]}"
+
+
 def user_sample(index: int) -> dict[str, torch.Tensor]:
     return {"hidden": torch.full((1, 3, 2), float(index)), "input_ids": torch.arange(3).reshape(1, 3) + index}
 
 
 def test_a_registered_algorithm_streams_through_queue_and_loader_and_its_core_set_reaches_the_control_plane() -> None:
-    batch_type = batch_class("test.streams")
-    schema = register_algorithm("test.streams", batch_type)
-    assert schema.algorithm == "test.streams" and schema_for("test.streams") is schema
-    assert required_features("test.streams") == ("hidden", "input_ids")
+    name = fresh("test.streams")
+    batch_type = batch_class(name)
+    schema = register_algorithm(name, batch_type)
+    assert schema.algorithm == name and schema_for(name) is schema
+    assert required_features(name) == ("hidden", "input_ids")
     store = LocalFeatureStore()
     queue = SampleRefQueue(store)
-    queue.put(store.put("u0", user_sample(0), run_id="r", algorithm="test.streams"))
-    with pytest.raises(ValueError, match=r"SampleRef for test.streams is missing required features \['input_ids'\]"):
-        store.put("u1", {"hidden": user_sample(1)["hidden"]}, run_id="r", algorithm="test.streams")
+    queue.put(store.put("u0", user_sample(0), run_id="r", algorithm=name))
+    with pytest.raises(
+        ValueError, match=rf"SampleRef for {re.escape(name)} is missing required features \['input_ids'\]"
+    ):
+        store.put("u1", {"hidden": user_sample(1)["hidden"]}, run_id="r", algorithm=name)
     queue.close()
-    with FeatureDataLoader(queue, store, algorithm="test.streams", prefetch=0) as loader:
+    with FeatureDataLoader(queue, store, algorithm=name, prefetch=0) as loader:
         (batch,) = list(loader)
     assert type(batch) is batch_type and torch.equal(batch.hidden, user_sample(0)["hidden"])
 
@@ -69,10 +79,11 @@ def test_a_registration_colliding_with_a_builtin_name_is_refused(builtin: str) -
 
 
 def test_a_second_registration_of_a_name_and_malformed_ones_are_refused_and_change_nothing() -> None:
-    first = register_algorithm("test.twice", batch_class("test.twice"))
-    with pytest.raises(ValueError, match=r"schema for 'test.twice' is already registered"):
-        register_algorithm("test.twice", batch_class("test.twice"))
-    assert schema_for("test.twice") is first
+    name = fresh("test.twice")
+    first = register_algorithm(name, batch_class(name))
+    with pytest.raises(ValueError, match=rf"schema for '{re.escape(name)}' is already registered"):
+        register_algorithm(name, batch_class(name))
+    assert schema_for(name) is first
     for bad in ("Upper", "has space", "", "a" * 65, "trailing.", "1digit"):
         with pytest.raises(ValueError, match=r"is not a FeatureAlgorithm .* nor a well-formed algorithm name"):
             register_algorithm(bad, batch_class("x"))
