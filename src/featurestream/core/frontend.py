@@ -170,6 +170,8 @@ class FrontEnd:
             reaper_interval=reaper_interval,
         )
         self._store = store
+        # Checked on every put and acquire: isinstance against an ABC runs ABCMeta.__instancecheck__, a None test not.
+        self._handle: NoStore | None = store if isinstance(store, NoStore) else None
         self._vt = visibility_timeout or VisibilityTimeout()
         self._on_dead_letter = on_dead_letter
         self.max_deliveries = max_deliveries
@@ -500,9 +502,9 @@ class FrontEnd:
 
     def _require_store(self) -> None:
         """Raise ``RuntimeError`` when this instance cannot produce or consume (an operator's handle)."""
-        if isinstance(self._store, NoStore):
+        if self._handle is not None:
             raise RuntimeError(
-                f"this handle on queue {self._store.queue!r} is an operator's handle ({self._store.opened_by}): it "
+                f"this handle on queue {self._handle.queue!r} is an operator's handle ({self._handle.opened_by}): it "
                 "has no feature store, so it neither puts nor leases"
             )
 
