@@ -132,6 +132,20 @@ def test_a_reclaim_never_frees_a_later_put_of_the_same_id(tmp_path: Path, killed
     assert got.keys() == sample_tensors(7, 4).keys()
 
 
+def test_markers_and_links_a_scrub_killed_halfway_left_go_with_their_dead_writer(
+    tmp_path: Path, killed_writer: object
+) -> None:
+    killed_writer("retained", "s0", "s1")  # type: ignore[operator]
+    for name in os.listdir(tmp_path):  # a scrub moved both data files out and died: links and markers are left
+        if "@" in name and name.endswith(".safetensors"):
+            os.unlink(tmp_path / name)
+    assert len(os.listdir(tmp_path)) == 4
+    store = SharedDirFeatureStore(tmp_path, orphan_grace=GRACE, orphan_interval=None)
+    time.sleep(GRACE)
+    assert store.gc() == 2, "no queue is asked about samples whose bytes are gone"
+    assert settled(tmp_path) == []
+
+
 def test_the_stores_own_sweep_frees_orphans_without_any_call(tmp_path: Path, killed_writer: object) -> None:
     killed_writer("stored", "s0")  # type: ignore[operator]
     store = SharedDirFeatureStore(tmp_path, orphan_grace=GRACE, orphan_interval=0.1)

@@ -125,7 +125,10 @@ _HEADER_LIMIT = 100 * 1024 * 1024  # the safetensors reader's own bound on heade
 
 TEMP_SUFFIX = ".tmp"
 _INCARNATION = re.compile(r"[0-9a-f]{32}")
-_DATA_NAME = re.compile(rf"(?P<id>.+){INCARNATION_SEP}(?P<inc>[0-9a-f]{{32}}){re.escape(DATA_SUFFIX)}")
+# A data file or queued marker of an incarnation (what a link to a data file names, too).
+_OWNED_NAME = re.compile(
+    rf"(?P<id>.+){INCARNATION_SEP}(?P<inc>[0-9a-f]{{32}})(?:{re.escape(DATA_SUFFIX)}|{re.escape(RETAINED_SUFFIX)})"
+)
 _INCARNATION_TAIL = re.compile(rf"{INCARNATION_SEP}[0-9a-f]{{32}}$")
 _HOST = socket.gethostname().replace(".", "_").replace("-", "_") or "host"
 
@@ -604,44 +607,44 @@ class SharedDirFeatureStore(LedgerFeatureStore):
         return super().gc() + self._retry_unlinks() + self._sweep_dead_writers() + self.reclaim_orphans(force=True)
 
     def reclaim_orphans(self, held: Holds | None = None, *, force: bool = False) -> int:
-        """Free the samples of writers seen dead for ``orphan_grace`` seconds that no queue holds; return how many.
+        """Free what writers seen dead for ``orphan_grace`` seconds left that no queue holds; return how many
+        incarnations were freed.
 
         A writer is a store instance on this directory, dead once its process is (``stores.orphans``). Of a
         dead writer's samples, one without a queued marker is freed; a marked one (its writer died between
         ``retain`` and the enqueue, or the queue dead-lettered it with its bytes kept and has purged it since)
         only when ``held`` -- a queue's answer, which its reaper passes -- says the queue holds it neither
-        pending, leased nor as a dead letter; without ``held``, or when it raises, marked samples stay. Runs at
-        most every ``orphan_interval`` seconds unless ``force``; a sweep is one directory listing plus a probe
-        per other writer. Each is freed as ``scrub`` frees: the data file, then its link and its marker.
+        pending, leased nor as a dead letter; without ``held``, or when it raises, marked samples stay. A marker
+        or ``<id>.safetensors`` link whose data file is gone (a scrub killed halfway) goes as well. Runs at most
+        every ``orphan_interval`` seconds unless ``force``; a sweep is one directory listing, a ``readlink`` per
+        link and a probe per other writer. Each is freed as ``scrub`` frees: the data file, its link, its marker.
         """
         if not force and not self._orphans.due(held is not None):
             return 0
-        found: dict[str, list[tuple[str, str]]] = {}
-        for name in os.listdir(self.directory):  # before the probes: a writer found dead adds no file after them
-            match = _DATA_NAME.fullmatch(name)
+        names = set(os.listdir(self.directory))  # before the probes: a writer found dead adds no file after them
+        found: dict[str, dict[str, str]] = {}  # writer token -> {stem: sample id}
+        for name in names:
+            match = _OWNED_NAME.fullmatch(name)
+            if match is None and name.endswith(DATA_SUFFIX):
+                with contextlib.suppress(OSError):  # not a link (the reference's layout), or gone since
+                    match = _OWNED_NAME.fullmatch(os.readlink(os.path.join(self.directory, name)))
             if match is not None:
-                stem = name[: -len(DATA_SUFFIX)]
-                found.setdefault(match["inc"][:TOKEN_DIGITS], []).append((match["id"], stem))
+                stem = f"{match['id']}{INCARNATION_SEP}{match['inc']}"
+                found.setdefault(match["inc"][:TOKEN_DIGITS], {})[stem] = match["id"]
         ripe = self._orphans.ripe({token: self._writer.alive(token) for token in found})
-        orphans = [orphan for token in ripe for orphan in found[token]]
-        marked = [
-            (sample_id, stem)
-            for sample_id, stem in orphans
-            if os.path.exists(os.path.join(self.directory, stem + RETAINED_SUFFIX))
-        ]
-        holding = self._queue_holds(held, [sample_id for sample_id, _ in marked])
+        orphans = {stem: sample_id for token in ripe for stem, sample_id in found[token].items()}
+        queued = {stem for stem in orphans if stem + DATA_SUFFIX in names and stem + RETAINED_SUFFIX in names}
+        holding = self._queue_holds(held, [orphans[stem] for stem in queued])
         freed = 0
-        for sample_id, stem in orphans:
-            if (sample_id, stem) in marked and (holding is None or sample_id in holding):
+        for stem, sample_id in orphans.items():
+            if stem in queued and (holding is None or sample_id in holding):
                 continue
             self._unlink(os.path.join(self.directory, stem + DATA_SUFFIX), data=True)
             self._unpoint_stem(sample_id, stem)
             self._unlink(os.path.join(self.directory, stem + RETAINED_SUFFIX))
             freed += 1
         if freed:
-            logger.info(
-                "%s: reclaimed %d sample(s) of writers that died before a queue took them", self.store_uri, freed
-            )
+            logger.info("%s: reclaimed %d sample(s) dead writers left unqueued", self.store_uri, freed)
         return freed
 
     def _queue_holds(self, held: Holds | None, sample_ids: list[str]) -> set[str] | None:
