@@ -396,3 +396,44 @@ def test_each_shared_dir_store_reads_what_the_other_wrote(reference: Reference, 
     assert all(torch.equal(loaded[name], tensor) for name, tensor in sample_tensors(1).items())
     ours.close()
     assert os.listdir(tmp_path) == []
+
+
+def test_the_file_lifecycle_a_reference_layout_reader_sees_is_the_references(
+    reference: Reference, tmp_path: Path
+) -> None:
+    """What a reader that knows only ``<dir>/<id>.safetensors`` observes, step by step, for both stores."""
+    from safetensors.torch import load_file
+
+    def observe(store_class: Any, directory: Path) -> list[object]:
+        seen: list[object] = []
+
+        def look(index: int) -> None:
+            path = directory / f"s{index}.safetensors"
+            expected = sample_tensors(index)
+            seen.append(path.is_file() and all(torch.equal(load_file(path)[n], t) for n, t in expected.items()))
+
+        writer, reader = store_class(str(directory)), store_class(str(directory))
+        ref = writer.put("s0", sample_tensors(0), run_id="r")
+        look(0)  # put: the sample is at its reference name
+        _, first = writer.get(ref)
+        _, second = writer.get(ref)
+        writer.release(first)
+        look(0)  # a sibling handle still out: kept
+        writer.release(second)
+        writer.release(second)  # released twice: a no-op
+        look(0)  # last handle released: gone
+        ref = writer.put("s1", sample_tensors(1), run_id="r")
+        got, handle = reader.get(ref)  # another instance on the directory
+        seen.append(all(torch.equal(got[name], tensor) for name, tensor in sample_tensors(1).items()))
+        reader.release(handle)
+        look(1)  # its last release frees it too
+        writer.put("s2", sample_tensors(2), run_id="r")
+        look(2)
+        writer.close()
+        look(2)  # close frees what the instance wrote
+        return seen
+
+    theirs = observe(reference.module("stores.shared_dir").SharedDirFeatureStore, tmp_path / "theirs")
+    ours = observe(SharedDirFeatureStore, tmp_path / "ours")
+    assert theirs == [True, True, False, True, False, True, False]
+    assert ours == theirs
