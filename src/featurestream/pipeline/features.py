@@ -21,6 +21,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from types import MappingProxyType
 from typing import Any, ClassVar
 
 import torch
@@ -98,14 +99,13 @@ class FeatureRule:
         object.__setattr__(self, "dtypes", dtypes)
         object.__setattr__(self, "shape", shape)
         object.__setattr__(self, "requires", requires)
+        admitted: set[torch.dtype] = set()
+        for dtype in dtypes:
+            admitted |= {dtype} if isinstance(dtype, torch.dtype) else DTYPE_KINDS[dtype]
+        # Derived once (no argument): every put and every get of a sample checks it.
+        object.__setattr__(self, "admitted", frozenset(admitted))
 
-    @property
-    def admitted(self) -> frozenset[torch.dtype]:
-        """Every dtype this rule admits."""
-        found: set[torch.dtype] = set()
-        for dtype in self.dtypes:
-            found |= {dtype} if isinstance(dtype, torch.dtype) else DTYPE_KINDS[dtype]
-        return frozenset(found)
+    admitted: frozenset[torch.dtype] = dataclasses.field(init=False, repr=False, compare=False)
 
     def describe(self) -> str:
         kinds = "/".join(str(dtype).removeprefix("torch.") for dtype in self.dtypes)
@@ -243,7 +243,7 @@ class FeatureBatch:
     """
 
     FEATURES: ClassVar[FeatureSet]
-    TRAINER_KEYWORDS: ClassVar[Mapping[str, str]] = {}
+    TRAINER_KEYWORDS: ClassVar[Mapping[str, str]] = MappingProxyType({})
     TRAINER_SKIPS: ClassVar[frozenset[str]] = frozenset()
 
     def __post_init__(self) -> None:
