@@ -105,3 +105,22 @@ def test_a_ref_of_an_algorithm_this_process_never_declared_is_built_unchecked_an
     assert isinstance(ref, SampleRef) and ref.algorithm == "test.elsewhere" and type(ref.algorithm) is str
     assert resolve_algorithm("dflash") is FeatureAlgorithm.DFLASH
     assert '"algorithm":"test.elsewhere"' in ref_to_json(ref) and ref_from_json(ref_to_json(ref)) == ref
+
+
+def test_malformed_rules_and_feature_sets_are_refused_naming_the_value() -> None:
+    with pytest.raises(ValueError, match=r"dtype 'complex' is neither a torch.dtype nor a kind"):
+        FeatureRule("x", ("complex",), ("B",))
+    with pytest.raises(ValueError, match=r"shape \('B', -1\) has dimension -1"):
+        FeatureRule("x", ("floating",), ("B", -1))
+    with pytest.raises(ValueError, match=r"name must be an identifier, got 'not a name'"):
+        FeatureRule("not a name", ("floating",), ())
+    with pytest.raises(ValueError, match=r"'x' requires 'y', which is not another feature"):
+        FeatureSet("t", (FeatureRule("x", ("floating",), (), requires=("y",)),))
+    with pytest.raises(ValueError, match=r"t features repeat a name"):
+        FeatureSet("t", (FeatureRule("x", ("floating",), ()), FeatureRule("x", ("integer",), ())))
+    rule = FeatureRule("x", (torch.float16, "integer"), (2, "S"))
+    assert torch.float16 in rule.admitted and torch.int64 in rule.admitted and torch.float32 not in rule.admitted
+    with pytest.raises(
+        ValueError, match=r"sample 's': t feature 'x' expected shape \[2, S\] .* \(dimension 0 must be 2\)"
+    ):
+        FeatureSet("t", (rule,)).check_specs({"x": ((3, 4), torch.int64)}, "s")
