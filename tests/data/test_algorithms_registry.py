@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import threading
 import uuid
 
 import pytest
@@ -124,3 +125,25 @@ def test_malformed_rules_and_feature_sets_are_refused_naming_the_value() -> None
         ValueError, match=r"sample 's': t feature 'x' expected shape \[2, S\] .* \(dimension 0 must be 2\)"
     ):
         FeatureSet("t", (rule,)).check_specs({"x": ((3, 4), torch.int64)}, "s")
+
+
+def test_concurrent_registrations_of_one_name_leave_exactly_one_schema() -> None:
+    name = fresh("test.race")
+    classes = [batch_class(name) for _ in range(8)]
+    barrier = threading.Barrier(len(classes))
+    outcomes: list[object] = []
+
+    def attempt(batch_type: type[FeatureBatch]) -> None:
+        barrier.wait()
+        try:
+            outcomes.append(register_algorithm(name, batch_type))
+        except ValueError as exc:
+            outcomes.append(exc)
+
+    threads = [threading.Thread(target=attempt, args=(batch_type,)) for batch_type in classes]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    won = [outcome for outcome in outcomes if not isinstance(outcome, ValueError)]
+    assert len(won) == 1 and schema_for(name) is won[0] and len(outcomes) == len(classes)
