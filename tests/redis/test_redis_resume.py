@@ -4,6 +4,7 @@ processes restarted from the latest checkpoint many times (``docs/resume.md``)."
 from __future__ import annotations
 
 import json
+import os
 import random
 import signal
 import subprocess
@@ -153,6 +154,16 @@ def test_sigkilled_trainer_and_producer_processes_train_every_prompt_once(
     for path in checkpoints.glob("ckpt-*.json"):
         saved = json.loads(path.read_text())["history"]
         assert saved == final["history"][: len(saved)], path.name
+    # Nothing is left behind: what the killed producers stored and never enqueued goes once the grace period
+    # has passed, freed as a trainer's reaper frees it (with the queue's word on the samples that carry a marker).
+    store = SharedDirFeatureStore(shared, max_samples=None, max_bytes=1 << 30, orphan_grace=1.0, orphan_interval=None)
+    queue = RedisSampleRefQueue(store, VisibilityTimeout(1.0), url=durable_redis.url, name=name)
+    time.sleep(1.0)
+    reclaimed = queue._reclaim_orphans(force=True)
+    queue.disconnect()
+    store.close()
+    print(f"resume processes seed {seed}: {reclaimed} orphaned sample(s) reclaimed")
+    assert sorted(os.listdir(shared)) == [], "orphaned sample files, links or markers left"
 
 
 def test_the_resume_machine_on_redis(redis_server: Any) -> None:
