@@ -196,9 +196,38 @@ class ReplicatedRedis:
             raise
 
     def wait_healthy(self, timeout: float = 30.0) -> None:
-        """Until every running replica is online at the primary and the sentinels see them and each other."""
+        """Until the last failover has settled: every sentinel names the same primary, which answers as one,
+        every other running server replicates from it with its link up, and the sentinels see them all."""
+        give_up = time.monotonic() + timeout
+        while not self._settled():
+            if time.monotonic() > give_up:
+                raise TimeoutError(f"the servers and sentinels did not settle within {timeout} s")
+            time.sleep(0.05)
         self.wait_replicas(sum(1 for server in self.servers if server.process is not None) - 1, timeout)
         self._wait_sentinels(timeout)
+
+    def _settled(self) -> bool:
+        addresses = {sentinel.primary() for sentinel in self.sentinels}
+        if len(addresses) != 1 or None in addresses:
+            return False
+        (address,) = addresses
+        assert address is not None
+        for server in self.servers:
+            if server.process is None:
+                continue
+            client = server.client()
+            try:
+                info = client.info("replication")
+            except redis.RedisError:
+                return False
+            finally:
+                client.close()
+            if server.port == address[1]:
+                if info.get("role") != "master":
+                    return False
+            elif info.get("master_port") != address[1] or info.get("master_link_status") != "up":
+                return False
+        return True
 
     def primary(self) -> RedisNode:
         """The server the sentinels name as primary now (a majority of those answering)."""
