@@ -56,6 +56,13 @@ from featurestream.common.checks import check_count, check_seconds
 from featurestream.common.refs import SampleRef
 from featurestream.stores.base import SampleLostError, StoreHealth
 from featurestream.stores.ledger import INCARNATION_SEP, LedgerFeatureStore, StoreCaps
+from featurestream.stores.orphans import (
+    DEFAULT_ORPHAN_GRACE,
+    DEFAULT_ORPHAN_INTERVAL,
+    Holds,
+    OrphanClock,
+    start_sweeper,
+)
 from featurestream.stores.shared_dir import CorruptSampleError
 
 __all__ = ["MooncakeFeatureStore"]
@@ -201,9 +208,13 @@ class MooncakeFeatureStore(LedgerFeatureStore):
         close_timeout: float = 60.0,
         client: Any = None,
         read_pool_bytes: int = 256 * 1024 * 1024,
+        orphan_grace: float = DEFAULT_ORPHAN_GRACE,
+        orphan_interval: float = DEFAULT_ORPHAN_INTERVAL,
         **caps: Unpack[StoreCaps],
     ) -> None:
         check_seconds("close_timeout", close_timeout)
+        check_seconds("orphan_grace", orphan_grace)
+        check_seconds("orphan_interval", orphan_interval, positive=True)
         check_count("read_pool_bytes", read_pool_bytes)
         for name, value in (
             ("master_server_address", master_server_address),
@@ -236,11 +247,14 @@ class MooncakeFeatureStore(LedgerFeatureStore):
         self._publish_lock = threading.Lock()  # one record upload at a time, each of the latest state
         self._slots = [f"{namespace}{_RESIDENCY}{n}" for n in range(RESIDENCY_SLOTS)]
         self._writing: set[str] = set()  # object keys whose put is in flight (not yet visible to the master)
+        self._orphans = OrphanClock(orphan_grace, orphan_interval)
+        self._beat_stop = threading.Event()
         self._client_lock = threading.Lock()
         self._client_closed = False
         self._owns_client = client is None
         if client is not None:
             self._client = client
+            self._start_beating()
             return
         self._client = _load_mooncake().MooncakeDistributedStore()
         rc = self._client.setup(
@@ -261,6 +275,16 @@ class MooncakeFeatureStore(LedgerFeatureStore):
             # Producer-hosted: what this instance writes goes to its own segment while it has room, so its exit
             # loses its own samples (those close() waits for) rather than another producer's; its record goes too.
             self._config.preferred_segment = self._client.get_hostname()
+        self._start_beating()
+
+    def _start_beating(self) -> None:
+        """Republish this writer's record every ``orphan_interval`` seconds, so the other instances of the run can
+        tell it lives (``reclaim_orphans``)."""
+        start_sweeper(self, MooncakeFeatureStore._beat, self._orphans.interval, self._beat_stop)
+
+    def _beat(self) -> None:
+        if self._slot is not None:
+            self._publish()
 
     @classmethod
     def from_config_file(cls, path: str | os.PathLike[str] | None = None, **options: Any) -> MooncakeFeatureStore:
@@ -436,7 +460,10 @@ class MooncakeFeatureStore(LedgerFeatureStore):
     def _record(self) -> bytes:
         with self._lock:
             samples = {key: self._resident[sid].nbytes for sid, key in self._keys.items() if sid in self._resident}
-        return json.dumps({"writer": self._writer, "samples": samples}, separators=(",", ":")).encode()
+        # ``beat``/``every``: when it was published (wall clock: writers on other machines read it) and how often it
+        # is, so a reader tells a dead writer's record (no beat for ``every`` plus its grace) from a live one's.
+        record = {"writer": self._writer, "samples": samples, "beat": time.time(), "every": self._orphans.interval}
+        return json.dumps(record, separators=(",", ":")).encode()
 
     def _publish(self) -> None:
         """Upload this instance's residency record to its slot (claiming one first); a failure is logged.
@@ -569,6 +596,83 @@ class MooncakeFeatureStore(LedgerFeatureStore):
             self._remove(self.object_key(ref), f"scrub sample {ref.sample_id!r}:")
             super().scrub(ref)
 
+    def reclaim_orphans(self, held: Holds | None = None, *, force: bool = False) -> int:
+        """Remove the objects of writers whose record has not beaten for ``orphan_grace`` seconds (past its own
+        interval) that ``held`` -- a queue's answer, which its reaper passes -- says it holds neither pending,
+        leased nor as a dead letter; return how many.
+
+        For dedicated storage processes, whose segments outlive the producers writing into them: a producer
+        killed between ``put`` and its enqueue leaves objects nothing names. Mooncake keeps no queued marker, so
+        only a queue can tell such an object from a queued one: without ``held`` (or when it raises) nothing is
+        freed. A dead writer's record goes once none of its objects is left. Writers' clocks must agree to well
+        within ``orphan_grace``. Runs at most every ``orphan_interval`` seconds unless ``force``; each sweep
+        reads the residency slots and records (the master calls ``health`` makes) and removes by object key, so
+        a later put of the same id is never touched.
+        """
+        if held is None or not (force or self._orphans.due(True)):
+            return 0
+        dead = self._dead_records()
+        if not dead:
+            return 0
+        start = len(self.namespace) + 1
+        keys = [key for samples in dead.values() for key in samples]
+        try:
+            holding = held(sorted({key[start:].rsplit(INCARNATION_SEP, 1)[0] for key in keys}))
+        except Exception as exc:
+            logger.warning("%s: the queue could not say which orphans it holds (%r); they stay", self.store_uri, exc)
+            return 0
+        freed = 0
+        for slot, samples in dead.items():
+            left = [key for key in samples if key[start:].rsplit(INCARNATION_SEP, 1)[0] in holding]
+            for key in samples:
+                if key not in left:
+                    self._remove(key, "reclaim orphan")
+                    freed += 1
+            if not left:  # the dead writer holds nothing any more: its record goes too
+                with self._client_lock:
+                    if not self._client_closed:
+                        self._client.remove(slot, True)
+        if freed:
+            logger.info(
+                "%s: reclaimed %d object(s) of writers that died before a queue took them", self.store_uri, freed
+            )
+        return freed
+
+    def _dead_records(self) -> dict[str, list[str]]:
+        """Residency slot -> the object keys still held, of the other writers whose record stopped beating."""
+        with self._client_lock:
+            if self._client_closed:
+                return {}
+            found = self._client.batch_is_exist(self._slots)
+            taken = [slot for slot, exists in zip(self._slots, found, strict=True) if int(exists) == 1]
+            others = [slot for slot in taken if slot != self._slot]
+            blobs = self._client.get_batch(others) if others else []
+        now, dead = time.time(), {}
+        for slot, blob in zip(others, blobs, strict=True):
+            record = self._beating(blob) if blob else None
+            if record is not None and now - record[0] > record[1] + self._orphans.grace:
+                dead[slot] = record[2]
+        if not dead:
+            return {}
+        keys = [key for samples in dead.values() for key in samples]
+        with self._client_lock:
+            if self._client_closed:
+                return {}
+            held = {
+                key for key, exists in zip(keys, self._client.batch_is_exist(keys), strict=True) if int(exists) == 1
+            }
+        return {slot: [key for key in samples if key in held] for slot, samples in dead.items()}
+
+    @staticmethod
+    def _beating(blob: bytes) -> tuple[float, float, list[str]] | None:
+        """A record's last beat, its interval and its object keys; ``None`` for one without beats (never taken for
+        a dead writer's) or unreadable."""
+        try:
+            record = json.loads(blob)
+            return float(record["beat"]), float(record["every"]), [str(key) for key in record["samples"]]
+        except (ValueError, KeyError, TypeError):
+            return None
+
     def queued_samples(self) -> list[str]:
         """Ids of the samples this instance wrote that a queue still holds (Mooncake still has them)."""
         self._reconcile()
@@ -600,6 +704,7 @@ class MooncakeFeatureStore(LedgerFeatureStore):
                 "(queue.close() then wait for the drain), host the bytes in a dedicated storage process, or "
                 "close(force=True) to drop them (the queue then dead-letters them as lost)"
             )
+        self._beat_stop.set()
         super().close()
         self._pool.clear()
         with self._client_lock:
