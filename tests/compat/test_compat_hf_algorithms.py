@@ -118,3 +118,57 @@ def test_the_constructors_and_generate_batch_take_the_references_arguments(
     ours, theirs = OURS[algorithm], reference_class(reference, algorithm)
     for mine, expected in ((ours, theirs), (ours.generate_batch, theirs.generate_batch)):
         assert list(inspect.signature(mine).parameters) == list(inspect.signature(expected).parameters)
+
+
+class _Mixer(torch.nn.Module):
+    """Where a hyper-connection model joins its ``[B, T, streams, H]`` residual streams (their mean here)."""
+
+    def forward(self, streams: torch.Tensor) -> torch.Tensor:
+        return streams.mean(dim=2)
+
+
+class _StreamsInner(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        hidden = CONFIG.hidden_size
+        self.embed_tokens = torch.nn.Embedding(CONFIG.vocab_size, hidden)
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(hidden, hidden) for _ in range(3))
+        self.mixers = torch.nn.ModuleList(_Mixer() for _ in range(3))
+        self.norm = torch.nn.LayerNorm(hidden)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        hidden = self.embed_tokens(input_ids)
+        for layer, mixer in zip(self.layers, self.mixers, strict=True):
+            out = layer(hidden)
+            hidden = mixer(torch.stack([out, 2 * out], dim=2))
+        return self.norm(hidden)
+
+
+class StreamsModel(torch.nn.Module):
+    """A target whose DSpark features are the inputs of its stream mixers: ``[B, T, 2, H]`` states."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            self.model = _StreamsInner()
+            self.lm_head = torch.nn.Linear(CONFIG.hidden_size, CONFIG.vocab_size, bias=False)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, **kwargs: Any) -> Any:
+        return self.lm_head(self.model(input_ids))
+
+    def get_input_embeddings(self) -> torch.nn.Module:
+        return self.model.embed_tokens
+
+    def get_dspark_target_feature_modules(self, layer_ids: list[int]) -> tuple[torch.nn.Module, ...]:
+        return tuple(self.model.mixers[layer] for layer in layer_ids)
+
+
+def test_feature_modules_taking_residual_streams_give_their_mean_as_the_references(reference: Reference) -> None:
+    model = StreamsModel().eval()
+    given = padded(2)
+    ours = HFDSparkTargetModel(model, [0, 2]).generate_batch(**given)
+    assert_identical(ours, reference_class(reference, "dspark")(model, [0, 2]).generate_batch(**given))
+    with torch.no_grad():
+        first = model.model.layers[0](model.model.embed_tokens(given["input_ids"]))
+    assert torch.allclose(ours.target_hidden_states[..., : CONFIG.hidden_size], 1.5 * first), "the streams' mean"
