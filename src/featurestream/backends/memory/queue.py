@@ -64,5 +64,5 @@ class SampleRefQueue(FrontEnd):
         def engine(context: EngineContext) -> MemoryEngine:
             return self._engine_class(context, clock=clock)
 
-        watermarks = (high_watermark_bytes, low_watermark_bytes, on_pause, on_resume)
-        super().__init__(store, visibility_timeout, *watermarks, engine=engine, **options)
+        backpressure = (high_watermark_bytes, low_watermark_bytes, on_pause, on_resume)
+        super().__init__(store, visibility_timeout, *backpressure, engine=engine, **options)

@@ -161,8 +161,8 @@ class RedisSampleRefQueue(FrontEnd):
             )  # fmt: skip
             return self._join(context, Link(ready, name, self._library, reconnect_timeout, replicas), store, clock)
 
-        watermarks = (high_watermark_bytes, low_watermark_bytes, on_pause, on_resume)
-        super().__init__(store, visibility_timeout, *watermarks, engine=engine, **options)
+        backpressure = (high_watermark_bytes, low_watermark_bytes, on_pause, on_resume)
+        super().__init__(store, visibility_timeout, *backpressure, engine=engine, **options)
 
     def _join(
         self, context: EngineContext, link: Link, store: FeatureStore, clock: Callable[[], float] | None
