@@ -633,7 +633,10 @@ class FrontEnd:
 
     def _reaper_round(self) -> bool:
         """One round of the reaper thread; ``False`` once it has nothing left to do (drained, nothing owed)."""
-        self._reclaim_orphans()
+        try:
+            self._reclaim_orphans()
+        except Exception:  # a sweep that fails (the directory gone, the master unreachable) must not stop reaping
+            logger.exception("the orphan sweep of %s raised; the reaper carries on", self._store.store_uri)
         if self.lifecycle_state == "drained" and not self._owed:
             return False
         self.reclaim_expired()

@@ -64,6 +64,7 @@ class WriterToken:
         self.token = secrets.randbelow(_TOKEN_LIMIT - 1) + 1
         self.hex = f"{self.token:0{TOKEN_DIGITS}x}"
         self._fd: int | None = None
+        self._lock = threading.Lock()  # a probe never uses the descriptor once released (its number may be reused)
         if _OFD_SETLK is None:
             return
         fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -80,24 +81,26 @@ class WriterToken:
         ``True`` when it cannot tell (no OFD locks, a token that is no lock offset, a probe that fails): an
         unknown writer is never reclaimed.
         """
-        if token_hex == self.hex:
-            return self._fd is not None
         try:
             token = int(token_hex, 16)
         except ValueError:
             return True
-        if self._fd is None or _OFD_GETLK is None or not 0 < token < _TOKEN_LIMIT:
-            return True
-        try:
-            reply = fcntl.fcntl(self._fd, _OFD_GETLK, _lock_request(fcntl.F_WRLCK, token))
-        except OSError as exc:
-            logger.warning("cannot probe writer %s's liveness token (%s); treating it as alive", token_hex, exc)
+        with self._lock:
+            if token_hex == self.hex or self._fd is None or _OFD_GETLK is None or not 0 < token < _TOKEN_LIMIT:
+                return True
+            try:
+                reply = fcntl.fcntl(self._fd, _OFD_GETLK, _lock_request(fcntl.F_WRLCK, token))
+            except OSError as exc:
+                reply = exc
+        if isinstance(reply, OSError):
+            logger.warning("cannot probe writer %s's liveness token (%s); treating it as alive", token_hex, reply)
             return True
         return bool(_FLOCK.unpack(reply)[0] != fcntl.F_UNLCK)
 
     def release(self) -> None:
         """Give the token up (idempotent): this writer is done, its samples are its own no more."""
-        fd, self._fd = self._fd, None
+        with self._lock:
+            fd, self._fd = self._fd, None
         if fd is not None:
             with contextlib.suppress(OSError):  # a close that fails still drops the lock
                 os.close(fd)
