@@ -74,6 +74,8 @@ class WriterToken:
             os.close(fd)
             raise
         self._fd = fd
+        # A store collected without close() gives its token (and descriptor) up too.
+        self._close_fd = weakref.finalize(self, os.close, fd)
 
     def alive(self, token_hex: str) -> bool:
         """Whether the writer whose token is ``token_hex`` still holds it (any process, this one included).
@@ -100,10 +102,11 @@ class WriterToken:
     def release(self) -> None:
         """Give the token up (idempotent): this writer is done, its samples are its own no more."""
         with self._lock:
-            fd, self._fd = self._fd, None
-        if fd is not None:
+            if self._fd is None:
+                return
+            self._fd = None
             with contextlib.suppress(OSError):  # a close that fails still drops the lock
-                os.close(fd)
+                self._close_fd()
 
 
 class OrphanClock:
