@@ -235,6 +235,7 @@ def test_an_operators_handle_and_listing_go_through_sentinel(cluster: Replicated
 
 
 def test_bad_sentinel_input_is_refused_naming_what_is_wrong(cluster: ReplicatedRedis) -> None:
+    cluster.wait_healthy()
     sentinels = cluster.sentinel_addresses
     named = ", ".join(f"{host}:{port}" for host, port in sentinels)
     with pytest.raises(SentinelServiceError, match=r"no sentinel monitors service 'nope'") as caught:
@@ -243,9 +244,9 @@ def test_bad_sentinel_input_is_refused_naming_what_is_wrong(cluster: ReplicatedR
     dead = [("127.0.0.1", free_port()), ("127.0.0.1", free_port())]
     with pytest.raises(SentinelServiceError, match=r"none of the 2 sentinels answers"):
         RedisSampleRefQueue(LocalFeatureStore(), sentinels=dead, service_name=cluster.service, name="x")
-    with pytest.raises(ReplicasMissing, match=r"min_replicas=2 but .* has 1 replica\(s\) connected"):
+    with pytest.raises(ReplicasMissing, match=r"min_replicas=3 but .* has [01] replica\(s\) connected"):
         RedisSampleRefQueue(
-            LocalFeatureStore(), sentinels=sentinels, service_name=cluster.service, name="x", min_replicas=2
+            LocalFeatureStore(), sentinels=sentinels, service_name=cluster.service, name="x", min_replicas=3
         )
     with pytest.raises(TypeError, match=r"each sentinel must be a \(host, port\) pair, got 'localhost'"):
         RedisSampleRefQueue(LocalFeatureStore(), sentinels=["localhost"], service_name="s", name="x")
@@ -258,6 +259,7 @@ def test_bad_sentinel_input_is_refused_naming_what_is_wrong(cluster: ReplicatedR
 
 
 def test_a_replica_given_as_the_primary_is_refused(cluster: ReplicatedRedis) -> None:
+    cluster.wait_healthy()
     primary = cluster.primary()
     replica = next(server for server in cluster.servers if server is not primary and server.process is not None)
     url = f"redis://127.0.0.1:{replica.port}/0"
@@ -364,3 +366,35 @@ def test_the_cli_reaches_a_queue_through_sentinel(
     with pytest.raises(SystemExit):
         main(["status", "--sentinel", "nowhere", "--service", "s"])
     assert "must be HOST:PORT with a port in 1..65535, got 'nowhere'" in capsys.readouterr().err
+
+
+def test_a_primary_refusing_writes_for_want_of_replicas_is_retried(cluster: ReplicatedRedis, make: Any) -> None:
+    """min-replicas-to-write above the replicas: the primary answers NOREPLICAS (nothing ran), which the queue
+    retries as a connection error until reconnect_timeout, then names the service; lowered again, it works."""
+    store = LocalFeatureStore()
+    queue = make(store, reconnect_timeout=1.0)
+    first, second = _refs(store, 2, "noreplicas")
+    admin = cluster.primary().client()
+    admin.config_set("min-replicas-to-write", 2)
+    try:
+        with pytest.raises(PrimaryLost, match=r"NOREPLICAS"):
+            queue.put(first)
+    finally:
+        admin.config_set("min-replicas-to-write", 0)
+        admin.close()
+    queue.put(second)
+    assert queue.pending_count() == 1  # the refused put never ran
+
+
+def test_a_retried_restore_reports_the_keys_its_first_run_rolled_back(make: Any) -> None:
+    ledger = make(LocalFeatureStore()).training_ledger()
+    ledger.declare(["a", "b"])
+    ledger.claim({"a": 0, "b": 0})
+    incarnation = ledger.restore(0, 0).incarnation
+    ledger.commit(0, incarnation, 1, ["a"])
+    ledger.commit(0, incarnation, 2, ["b"])
+    keys = [ledger._ranks, ledger._steps(0), ledger._trained, ledger._counts, ledger._restores]
+    first = ledger._change(ledger._restore, keys, [0, 1, "same-token"])
+    again = ledger._change(ledger._restore, keys, [0, 1, "same-token"])  # the retry after a lost reply
+    assert first == again and [key.decode() for key in first[1]] == ["b"]
+    assert ledger.progress().restores == 2  # the one before the commits, and this one once
