@@ -617,20 +617,29 @@ class SharedDirFeatureStore(LedgerFeatureStore):
         pending, leased nor as a dead letter; without ``held``, or when it raises, marked samples stay. A marker
         or ``<id>.safetensors`` link whose data file is gone (a scrub killed halfway) goes as well. Runs at most
         every ``orphan_interval`` seconds unless ``force``; a sweep is one directory listing, a ``readlink`` per
-        link and a probe per other writer. Each is freed as ``scrub`` frees: the data file, its link, its marker.
+        link no file of its id explains and a probe per other writer. Each is freed as ``scrub`` frees: the data
+        file, its link, its marker.
         """
         if not force and not self._orphans.due(held is not None):
             return 0
         names = set(os.listdir(self.directory))  # before the probes: a writer found dead adds no file after them
         found: dict[str, dict[str, str]] = {}  # writer token -> {stem: sample id}
+        links = []
         for name in names:
             match = _OWNED_NAME.fullmatch(name)
-            if match is None and name.endswith(DATA_SUFFIX):
-                with contextlib.suppress(OSError):  # not a link (the reference's layout), or gone since
-                    match = _OWNED_NAME.fullmatch(os.readlink(os.path.join(self.directory, name)))
             if match is not None:
-                stem = f"{match['id']}{INCARNATION_SEP}{match['inc']}"
-                found.setdefault(match["inc"][:TOKEN_DIGITS], {})[stem] = match["id"]
+                found.setdefault(match["inc"][:TOKEN_DIGITS], {})[name.rsplit(".", 1)[0]] = match["id"]
+            elif name.endswith(DATA_SUFFIX):
+                links.append(name)
+        with_data = {sample_id for stems in found.values() for sample_id in stems.values()}
+        for name in links:  # only a link no data file of its id explains can dangle: one readlink each
+            if name[: -len(DATA_SUFFIX)] in with_data:
+                continue
+            with contextlib.suppress(OSError):  # not a link (the reference's layout), or gone since
+                match = _OWNED_NAME.fullmatch(os.readlink(os.path.join(self.directory, name)))
+                if match is not None:
+                    stem = f"{match['id']}{INCARNATION_SEP}{match['inc']}"
+                    found.setdefault(match["inc"][:TOKEN_DIGITS], {})[stem] = match["id"]
         ripe = self._orphans.ripe({token: self._writer.alive(token) for token in found})
         orphans = {stem: sample_id for token in ripe for stem, sample_id in found[token].items()}
         queued = {stem for stem in orphans if stem + DATA_SUFFIX in names and stem + RETAINED_SUFFIX in names}
