@@ -198,9 +198,9 @@ Fairness ==
 
 Spec == Init /\ [][Next]_vars /\ Fairness
 
-(* Safety: the reclaim never frees a sample the queue holds (pending, leased, or a kept dead letter)... *)
+(* Safety: the reclaim never frees a sample the queue holds (pending, leased, or a kept dead letter). *)
 ReclaimNeverFreesHeld == \A s \in Samples : reclaimed[s] => q[s] \notin Held
-(* ...so a sample a consumer may lease always has its bytes. *)
+(* A sample the queue holds, which a consumer may lease, always has its bytes. *)
 HeldHasBytes == \A s \in Samples : q[s] \in Held => bytes[s]
 
 (* Liveness: stored bytes are eventually the queue's, or freed; once the queue lets go of them, freed. *)
