@@ -1,16 +1,14 @@
-"""The reaper thread a queue may start: reclaims expired leases for a queue nobody polls."""
+"""The reaper thread a queue may start: reclaims expired leases (and sweeps orphans) for a queue nobody polls."""
 
 from __future__ import annotations
 
-import logging
 import threading
-import weakref
 from collections.abc import Callable
 from typing import TypeVar
 
-__all__ = ["start_reaper"]
+from featurestream.common.periodic import start_periodic
 
-logger = logging.getLogger(__name__)
+__all__ = ["start_reaper"]
 
 Owner = TypeVar("Owner")
 
@@ -24,18 +22,4 @@ def start_reaper(
     round returns ``False``, or once ``owner`` is collected (it holds it only weakly between rounds). A round
     that raises is logged and the next round runs.
     """
-    ref = weakref.ref(owner)
-
-    def run() -> None:
-        while not stop.wait(interval):
-            target = ref()
-            if target is None:
-                return
-            try:
-                if not round(target):
-                    return
-            except Exception:
-                logger.exception("the reaper round of %s raised; it carries on", name)
-            del target
-
-    threading.Thread(target=run, name=name, daemon=True).start()
+    start_periodic(owner, round, interval, stop, name=name)

@@ -53,6 +53,7 @@ from typing import Any, Unpack
 import torch
 
 from featurestream.common.checks import check_count, check_seconds
+from featurestream.common.periodic import start_periodic
 from featurestream.common.refs import SampleRef
 from featurestream.stores.base import SampleLostError, StoreHealth
 from featurestream.stores.ledger import INCARNATION_SEP, LedgerFeatureStore, StoreCaps
@@ -61,7 +62,6 @@ from featurestream.stores.orphans import (
     DEFAULT_ORPHAN_INTERVAL,
     Holds,
     OrphanClock,
-    start_sweeper,
 )
 from featurestream.stores.shared_dir import CorruptSampleError
 
@@ -280,7 +280,9 @@ class MooncakeFeatureStore(LedgerFeatureStore):
     def _start_beating(self) -> None:
         """Republish this writer's record every ``orphan_interval`` seconds, so the other instances of the run can
         tell it lives (``reclaim_orphans``)."""
-        start_sweeper(self, MooncakeFeatureStore._beat, self._orphans.interval, self._beat_stop)
+        start_periodic(
+            self, MooncakeFeatureStore._beat, self._orphans.interval, self._beat_stop, name="featurestream-beat"
+        )
 
     def _beat(self) -> None:
         if self._slot is not None:

@@ -36,7 +36,6 @@ __all__ = [
     "Holds",
     "OrphanClock",
     "WriterToken",
-    "start_sweeper",
 ]
 
 logger = logging.getLogger(__name__)
@@ -144,22 +143,3 @@ class OrphanClock:
                 token: self._dead_since.get(token, now) for token, alive in writers.items() if not alive
             }
             return {token for token, since in self._dead_since.items() if now - since >= self.grace}
-
-
-def start_sweeper(owner: object, sweep: Callable[[object], object], interval: float, stop: threading.Event) -> None:
-    """Run ``sweep(owner)`` every ``interval`` seconds on a daemon thread until ``stop`` is set or ``owner`` is
-    collected (held weakly between sweeps); a sweep that raises is logged and the next one runs."""
-    ref = weakref.ref(owner)
-
-    def run() -> None:
-        while not stop.wait(interval):
-            target = ref()
-            if target is None:
-                return
-            try:
-                sweep(target)
-            except Exception:
-                logger.exception("the orphan sweep of %r raised; it carries on", target)
-            del target
-
-    threading.Thread(target=run, name="featurestream-orphan-sweep", daemon=True).start()

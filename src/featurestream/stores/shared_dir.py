@@ -78,6 +78,7 @@ import torch
 
 from featurestream.common.checks import check_seconds
 from featurestream.common.errors import FeatureStreamError
+from featurestream.common.periodic import start_periodic
 from featurestream.common.refs import SampleRef
 from featurestream.stores.deleter import BackgroundDeleter, remove_reporting
 from featurestream.stores.ledger import (
@@ -93,7 +94,6 @@ from featurestream.stores.orphans import (
     Holds,
     OrphanClock,
     WriterToken,
-    start_sweeper,
 )
 
 __all__ = ["CorruptSampleError", "SharedDirFeatureStore"]
@@ -351,7 +351,13 @@ class SharedDirFeatureStore(LedgerFeatureStore):
         self._sweep_stop = threading.Event()
         self.reclaim_orphans(force=True)  # notes the writers already dead: their samples go a grace later
         if orphan_interval is not None:
-            start_sweeper(self, SharedDirFeatureStore.reclaim_orphans, orphan_interval, self._sweep_stop)
+            start_periodic(
+                self,
+                SharedDirFeatureStore.reclaim_orphans,
+                orphan_interval,
+                self._sweep_stop,
+                name="featurestream-orphans",
+            )
 
     # -- paths ------------------------------------------------------------
     def _check_sample_id(self, sample_id: object) -> None:
