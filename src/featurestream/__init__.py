@@ -17,8 +17,9 @@ homes, as are the paths modules had before a move.
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
+
+from featurestream.common.exports import lazy_exports
 
 __version__ = "0.1.0"
 
@@ -196,14 +197,4 @@ if TYPE_CHECKING:
     from featurestream.tools.diagrams import render_queue
 
 
-def __getattr__(name: str) -> object:
-    module = _EXPORTS.get(name) or _OPTIONAL.get(name)
-    if module is None:
-        raise AttributeError(f"module 'featurestream' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # later lookups skip __getattr__
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_EXPORTS, *_OPTIONAL})
+__getattr__, __dir__ = lazy_exports(__name__, globals(), {**_OPTIONAL, **_EXPORTS})

@@ -7,8 +7,9 @@ module does not import the others.
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
+
+from featurestream.common.exports import lazy_exports
 
 _EXPORTS: dict[str, str] = {
     "AlgorithmSchema": "featurestream.pipeline.schemas",
@@ -59,14 +60,4 @@ if TYPE_CHECKING:
     from featurestream.pipeline.schemas import AlgorithmSchema, schema_for
 
 
-def __getattr__(name: str) -> object:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'featurestream.pipeline' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # later lookups skip __getattr__
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_EXPORTS})
+__getattr__, __dir__ = lazy_exports(__name__, globals(), _EXPORTS)
