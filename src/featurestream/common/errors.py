@@ -61,14 +61,22 @@ class _Built(_Pickled, FeatureStreamError):
     """A featurestream error that pickles as raised."""
 
 
-class _SampleError(_Built):
-    """An error about one sample, built from its id alone: the text is the class's ``says`` with the id filled in."""
+class _Said(_Built):
+    """An error whose text is the class's ``says`` with the facts it was raised with filled in (``str.format`` by
+    name); each fact is also an attribute of the error."""
 
     says: ClassVar[str]
 
+    def __init__(self, **facts: object) -> None:
+        super().__init__(self.says.format(**facts))
+        vars(self).update(facts)
+
+
+class _SampleError(_Said):
+    """An error about one sample, built from its id alone."""
+
     def __init__(self, sample_id: str) -> None:
-        super().__init__(self.says.format(sample_id=sample_id))
-        self.sample_id = sample_id
+        super().__init__(sample_id=sample_id)
 
 
 class QueueClosed(_SampleError, RuntimeError):
@@ -98,16 +106,16 @@ class RepeatedInBatch(_SampleError, ValueError):
     says = "sample {sample_id!r} appears twice in one put_many; ids must be unique"
 
 
-class SettledSample(_Built, ValueError):
+class SettledSample(_Said, ValueError):
     """A re-put of a sample the dedup window remembers as settled (``outcome``: acked or dead-lettered)."""
 
+    says = (
+        "sample {sample_id!r} was already {outcome}; re-puts of settled samples are refused "
+        "(discard the duplicate from the store)"
+    )
+
     def __init__(self, sample_id: str, outcome: str) -> None:
-        super().__init__(
-            f"sample {sample_id!r} was already {outcome}; re-puts of settled samples are refused "
-            "(discard the duplicate from the store)"
-        )
-        self.sample_id = sample_id
-        self.outcome = outcome
+        super().__init__(sample_id=sample_id, outcome=outcome)
 
 
 class ScrubOwed(_SampleError, ValueError):
@@ -148,39 +156,38 @@ class NotALease(_Built, TypeError):
         self.value_type = type(value).__name__
 
 
-class NotResident(_Built, ValueError):
+class NotResident(_Said, ValueError):
     """A put of a ref whose bytes its store no longer holds: a consumer could never get it. Nothing was enqueued."""
 
+    says = (
+        "sample {sample_id!r} is not resident in {store_uri}: its bytes were released or scrubbed before the "
+        "put, so a consumer could never get it; nothing enqueued (store it again)"
+    )
+
     def __init__(self, sample_id: str, store_uri: str) -> None:
-        super().__init__(
-            f"sample {sample_id!r} is not resident in {store_uri}: its bytes were released or scrubbed before the "
-            "put, so a consumer could never get it; nothing enqueued (store it again)"
-        )
-        self.sample_id = sample_id
-        self.store_uri = store_uri
+        super().__init__(sample_id=sample_id, store_uri=store_uri)
 
 
-class TensorInRef(_Built, TypeError):
+class TensorInRef(_Said, TypeError):
     """A ref that carries a tensor (``where``: the path and type found) cannot travel in the control plane."""
 
+    says = "sample {sample_id!r} cannot travel as a ref: {where}"
+
     def __init__(self, sample_id: object, where: str) -> None:
-        super().__init__(f"sample {sample_id!r} cannot travel as a ref: {where}")
-        self.sample_id = sample_id
-        self.where = where
+        super().__init__(sample_id=sample_id, where=where)
 
 
-class StoreMismatch(_Built, ValueError):
+class StoreMismatch(_Said, ValueError):
     """A queue instance bound to a store other than the one the queue is pinned to (its first instance's): its
     consumers could not read the samples the others put, nor the others read its own. Nothing was changed."""
 
+    says = (
+        "queue {queue!r} is bound to the store {pinned} (pinned by its first instance), but this instance's "
+        "store is {store_uri}: every instance of a queue must use the same store (or use another queue name)"
+    )
+
     def __init__(self, queue: str, pinned: str, store_uri: str) -> None:
-        super().__init__(
-            f"queue {queue!r} is bound to the store {pinned} (pinned by its first instance), but this instance's "
-            f"store is {store_uri}: every instance of a queue must use the same store (or use another queue name)"
-        )
-        self.queue = queue
-        self.pinned = pinned
-        self.store_uri = store_uri
+        super().__init__(queue=queue, pinned=pinned, store_uri=store_uri)
 
 
 class NotDeadLetter(_Built, LookupError):
