@@ -43,15 +43,17 @@ from featurestream import LocalFeatureStore, SharedDirFeatureStore
 
 MiB = 1024 * 1024
 TOKENS = 16
+VOCAB = 8  # the supervision every EAGLE-3 sample carries, kept small: the size is in aux_hidden_states
 
 
 def sample(size_mib: int) -> dict[str, torch.Tensor]:
-    small = 3 * TOKENS * 8
+    small = 3 * TOKENS * 8 + TOKENS * VOCAB * 4
     return {
         "aux_hidden_states": torch.rand((size_mib * MiB - small) // 4),
         "input_ids": torch.arange(TOKENS),
         "attention_mask": torch.ones(TOKENS, dtype=torch.long),
         "loss_mask": torch.ones(TOKENS, dtype=torch.long),
+        "logits": torch.rand(TOKENS, VOCAB),
     }
 
 

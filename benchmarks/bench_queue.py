@@ -39,7 +39,7 @@ import featurestream
 from featurestream import FeatureStore, SampleRef, SampleRefQueue, StoreHandle, StoreHealth
 from featurestream.core.machines import LEASE, LEASE_MACHINE, fire
 
-_FEATURES = ("aux_hidden_states", "input_ids", "attention_mask", "loss_mask")
+_FEATURES = ("aux_hidden_states", "input_ids", "attention_mask", "loss_mask", "logits")
 _KEYS = {name: name for name in _FEATURES}
 _HEALTH = StoreHealth(0, 0, 0, False, True)
 

@@ -57,6 +57,7 @@ _SPECS = {
     "input_ids": FeatureSpec((1, 512), torch.int64),
     "attention_mask": FeatureSpec((1, 512), torch.int64),
     "loss_mask": FeatureSpec((1, 512), torch.int64),
+    "logits": FeatureSpec((1, 512, 128_256), torch.bfloat16),
 }
 
 

@@ -238,6 +238,7 @@ def eagle3_tensors() -> dict[str, torch.Tensor]:
         "input_ids": torch.zeros(1, 2, dtype=torch.long),
         "attention_mask": torch.ones(1, 2, dtype=torch.long),
         "loss_mask": torch.ones(1, 2, dtype=torch.long),
+        "logits": torch.zeros(1, 2, 4),
     }
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import inspect
 
 import pytest
@@ -24,6 +25,7 @@ from featurestream.eagle3 import (
 from featurestream.refs import FeatureAlgorithm, FeatureSpec
 from featurestream.stores.local import LocalFeatureStore
 
+from .conftest import PREFIX, Reference
 from .recipe import packing, sample_tensors
 
 REFERENCE_NAMES = (
@@ -133,7 +135,8 @@ def test_validate_eagle3_ref_partial_packing() -> None:
 
 @pytest.mark.parametrize("kept", ["target_probs", "position_mask"])
 def test_validate_eagle3_ref_partial_draft_vocab_encoding(kept: str) -> None:
-    tensors = sample_tensors(0, encoding="draft-vocab")
+    # Beside logits: half a pair alone is no supervision at all, which featurestream refuses at put already.
+    tensors = {**sample_tensors(0), **sample_tensors(0, encoding="draft-vocab")}
     del tensors[({"target_probs", "position_mask"} - {kept}).pop()]
     with pytest.raises(ValueError, match="partial draft-vocab encoding"):
         validate_eagle3_ref(put(tensors))  # type: ignore[arg-type]
@@ -146,11 +149,33 @@ def test_validate_eagle3_ref_both_encodings() -> None:
 
 
 def test_validate_eagle3_ref_no_encoding() -> None:
+    # A deliberate difference: featurestream refuses such a sample at put (no ref, nothing stored) with the same
+    # phrase, where the reference stores and queues it for its consumer to refuse.
     tensors = {k: v for k, v in sample_tensors(0).items() if k != "logits"}
     with pytest.raises(ValueError, match="no supervision encoding"):
-        validate_eagle3_ref(put(tensors))  # type: ignore[arg-type]
+        put(tensors)
 
 
 def test_validate_eagle3_ref_wrong_schema_version() -> None:
     with pytest.raises(ValueError, match="schema_version must be 1"):
         validate_eagle3_ref(put(sample_tensors(0), schema_version=2))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_draft_vocab_projection_is_the_references_to_the_bit(reference: Reference, dtype: torch.dtype) -> None:
+    """``DraftVocab.project`` against the reference EAGLE-3 core's own projection (its remote server's too)."""
+    core = importlib.import_module(f"{PREFIX}.eagle.core")
+    generator = torch.Generator().manual_seed(0)
+    vocab, draft = 96, 40
+    ids = torch.randperm(vocab, generator=generator)[:draft]
+    mask = torch.zeros(vocab, dtype=torch.bool)
+    mask[ids] = True
+    logits = (4 * torch.randn(3, 7, vocab, generator=generator)).to(dtype)
+    loss_mask = torch.randint(0, 2, (3, 7), generator=generator)
+    probs, position_mask = eagle3.DraftVocab(ids, mask).project(logits, loss_mask)
+    their_probs, their_mask = core._compute_target_distribution(
+        target_logits=logits, selected_token_ids=ids, selected_token_mask=mask, loss_mask=loss_mask
+    )
+    assert probs.dtype == their_probs.dtype and torch.equal(probs, their_probs)
+    assert position_mask.dtype == their_mask.dtype and torch.equal(position_mask, their_mask)
+    assert position_mask.any() and not position_mask.all()

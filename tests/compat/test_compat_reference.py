@@ -7,6 +7,7 @@ the two should agree, against the reference too.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -108,11 +109,21 @@ def test_run_id_is_checked_before_the_algorithm_is_inferred_as_in_the_reference(
             producer_class(object(), store, run_id="")
 
 
-def test_a_precomputed_draft_vocab_batch_is_refused_by_both_producers(reference: Reference) -> None:
-    ours = FeatureProducer(reference_echo(reference, draft_vocab=True), store := LocalFeatureStore(), run_id="r")
-    with pytest.raises(ValueError, match=r"requires .*\.logits"):
-        ours.produce(**prompt(0))
-    assert store.health().sample_count == 0
+def test_a_precomputed_draft_vocab_batch_is_stored_by_ours_and_refused_by_the_references(
+    reference: Reference,
+) -> None:
+    target = reference_echo(reference, draft_vocab=True)
+    batch = target.generate_batch(**prompt(0))
+    expected = {f.name: getattr(batch, f.name) for f in dataclasses.fields(batch) if getattr(batch, f.name) is not None}
+    ours = FeatureProducer(target, store := LocalFeatureStore(), run_id="r")
+    queue = SampleRefQueue(store)
+    queue.put(ref := ours.produce(**prompt(0)))
+    assert list(ref.feature_keys) == list(expected) and "logits" not in ref.feature_keys
+    queue.close()
+    with FeatureDataLoader(queue, store) as loader:
+        (loaded,) = list(loader)
+    assert loaded.logits is None and loaded.keys() == list(expected)
+    assert all(torch.equal(loaded[name], tensor) for name, tensor in expected.items())
     theirs = reference.streaming.FeatureProducer(
         reference_echo(reference, draft_vocab=True), reference.streaming.LocalFeatureStore(), run_id="r"
     )

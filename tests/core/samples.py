@@ -1,4 +1,4 @@
-"""Small EAGLE-3-shaped samples for core tests."""
+"""Small EAGLE-3 samples (logits-supervised) for core tests."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ def eagle3_tensors(tokens: int = 4, hidden: int = 8, seed: int = 0) -> dict[str,
         "input_ids": torch.randint(0, 100, (1, tokens), generator=generator),
         "attention_mask": torch.ones(1, tokens, dtype=torch.long),
         "loss_mask": torch.ones(1, tokens, dtype=torch.long),
+        "logits": torch.randn(1, tokens, 16, generator=generator),
     }
 
 

@@ -15,6 +15,15 @@ def eagle3_sample(index: int, tokens: int = 4, vocab: int = 8) -> dict[str, torc
     return tensors
 
 
+def untrainable_eagle3_sample(index: int) -> dict[str, torch.Tensor]:
+    """``eagle3_sample(index)`` plus the draft-vocab pair: supervised (so ``put`` admits it) but by two encodings,
+    which the schema refuses when a consumer loads it."""
+    tensors = eagle3_sample(index)
+    tensors["target_probs"] = tensors["logits"].softmax(-1)
+    tensors["position_mask"] = tensors["loss_mask"].bool()
+    return tensors
+
+
 def put_eagle3(store: FeatureStore, index: int, **kwargs: object) -> SampleRef:
     return store.put(f"s{index}", eagle3_sample(index), run_id="run", **kwargs)  # type: ignore[arg-type]
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import pathlib
 import pickle
 import sys
 import types
@@ -11,12 +12,21 @@ import pytest
 import torch
 
 from compat.recipe import RecipeBatch  # a batch class with no from_tensors
-from featurestream import Eagle3TargetBatch, FeatureAlgorithm, LocalFeatureStore
+from featurestream import Eagle3TargetBatch, FeatureAlgorithm, LocalFeatureStore, SampleRefQueue
 from featurestream.core.refs import REQUIRED_FEATURES
 from featurestream.pipeline import eagle3, schemas
-from featurestream.pipeline.eagle3 import check_feature_names, feature_tensors, validate_ref
+from featurestream.pipeline.eagle3 import (
+    DraftVocab,
+    DraftVocabTarget,
+    check_feature_names,
+    feature_tensors,
+    project_to_draft_vocab,
+    validate_ref,
+)
+from featurestream.pipeline.producer import FeatureProducer
+from featurestream.stores.shared_dir import SharedDirFeatureStore
 
-from .helpers import eagle3_sample
+from .helpers import eagle3_sample, untrainable_eagle3_sample
 
 CORE = ["aux_hidden_states", "input_ids", "attention_mask", "loss_mask"]
 PACKING = ["position_ids", "seq_lens", "doc_remaining"]
@@ -51,13 +61,36 @@ def test_invalid_feature_sets(names: list[str], match: str) -> None:
         check_feature_names(names)
 
 
+@pytest.mark.parametrize("store_kind", ["local", "shared_dir"])
+def test_a_sample_without_supervision_is_refused_at_put_and_nothing_is_stored(
+    store_kind: str, tmp_path: pathlib.Path
+) -> None:
+    store = LocalFeatureStore() if store_kind == "local" else SharedDirFeatureStore(tmp_path)
+    queue = SampleRefQueue(store)
+    core_only = {name: eagle3_sample(0)[name] for name in CORE}
+    with pytest.raises(
+        ValueError, match=r"'unsupervised' for eagle3 has no supervision encoding: it needs 'logits' or 'target_probs'"
+    ):
+        store.put("unsupervised", core_only)
+    probs_only = {**core_only, "target_probs": torch.ones(1, 4, 2)}  # half of the draft-vocab pair is no encoding
+    with pytest.raises(ValueError, match=r"no supervision encoding.*'position_mask'"):
+        store.put("half", probs_only)
+    assert store.health().sample_count == 0 and store.health().resident_bytes == 0
+    assert not store.is_resident("unsupervised") and list(tmp_path.iterdir()) == []
+    assert queue.pending_count() == 0
+    # Either encoding in full is supervision: both are admitted.
+    queue.put(store.put("logits", eagle3_sample(0)))
+    queue.put(store.put("probs", {**probs_only, "position_mask": torch.ones(1, 4, 1, dtype=torch.bool)}))
+    assert queue.pending_count() == 2
+
+
 def test_validate_ref_checks_algorithm_version_and_names() -> None:
     store = LocalFeatureStore()
     validate_ref(store.put("ok", eagle3_sample(0)))
     with pytest.raises(ValueError, match=r"'v2': eagle3 schema_version must be 1, got 2"):
         validate_ref(store.put("v2", eagle3_sample(0), schema_version=2))
-    with pytest.raises(ValueError, match=r"'nologits'.*no supervision encoding"):
-        validate_ref(store.put("nologits", {n: t for n, t in eagle3_sample(0).items() if n != "logits"}))
+    with pytest.raises(ValueError, match=r"'both'.*both 'logits' and draft-vocab features"):
+        validate_ref(store.put("both", untrainable_eagle3_sample(0)))
     dflash = {"hidden_states": torch.zeros(1), **{n: torch.zeros(1) for n in CORE[1:]}}
     with pytest.raises(ValueError, match=r"must be FeatureAlgorithm.EAGLE3 \(got <FeatureAlgorithm.DFLASH"):
         validate_ref(store.put("d", dflash, algorithm=FeatureAlgorithm.DFLASH))
@@ -161,3 +194,120 @@ def test_make_batch_uses_from_tensors_when_there_is_one_else_keywords() -> None:
     assert isinstance(built, RecipeBatch) and built.logits is tensors["logits"] and built.target_probs is None
     with pytest.raises(ValueError, match=r"no supervision encoding"):
         schemas.make_batch({n: tensors[n] for n in CORE}, Eagle3TargetBatch)  # validated by from_tensors
+
+
+def _vocab(vocab: int = 10, ids: tuple[int, ...] = (7, 1, 4)) -> DraftVocab:
+    mask = torch.zeros(vocab, dtype=torch.bool)
+    mask[list(ids)] = True
+    return DraftVocab(torch.tensor(ids), mask)
+
+
+def test_a_draft_vocab_map_is_checked_copied_and_read_from_a_draft_checkpoints_buffers() -> None:
+    ids = torch.tensor([7, 1, 4])
+    mask = torch.zeros(10, dtype=torch.bool)
+    mask[ids] = True
+    vocab = DraftVocab(ids, mask)
+    ids[0], mask[0] = 0, True  # the caller's tensors change afterwards: the map does not
+    assert vocab.selected_token_ids.tolist() == [7, 1, 4] and vocab.selected_token_mask.sum() == 3
+    assert (vocab.size, vocab.target_size) == (3, 10)
+    # A draft checkpoint stores d2t (target id - draft id) and t2d (the selected target ids).
+    again = DraftVocab.from_d2t(torch.tensor([7, 1, 4]) - torch.arange(3), vocab.selected_token_mask)
+    assert torch.equal(again.selected_token_ids, vocab.selected_token_ids)
+    with pytest.raises(TypeError, match=r"integer token ids, got dtype torch\.float32"):
+        DraftVocab.from_d2t(torch.zeros(3), vocab.selected_token_mask)
+    with pytest.raises(TypeError, match=r"d2t must be a torch\.Tensor of offsets, got list"):
+        DraftVocab.from_d2t([7, 0, 2], vocab.selected_token_mask)  # type: ignore[arg-type]
+    good_mask = vocab.selected_token_mask
+    for bad_ids, bad_mask, error, match in [
+        ([7, 1], good_mask, TypeError, r"selected_token_ids must be a torch\.Tensor, got list"),
+        (torch.tensor([7.0, 1.0, 4.0]), good_mask, TypeError, r"integer token ids, got dtype torch\.float32"),
+        (torch.tensor([7, 1, 4]), good_mask.long(), TypeError, r"selected_token_mask must be a bool tensor"),
+        (torch.tensor([[7, 1, 4]]), good_mask, ValueError, r"selected_token_ids must be a non-empty 1-D tensor"),
+        (torch.tensor([7, 1, 12]), good_mask, ValueError, r"\[12\] lie outside the target vocabulary \[0, 10\)"),
+        (torch.tensor([7, 1, 1]), good_mask, ValueError, r"repeat a token id \(3 ids, 2 distinct\)"),
+        (torch.tensor([7, 1, 5]), good_mask, ValueError, r"True exactly at selected_token_ids; it differs at \[4, 5\]"),
+    ]:
+        with pytest.raises(error, match=match):
+            DraftVocab(bad_ids, bad_mask)  # type: ignore[arg-type]
+
+
+def test_projection_keeps_the_draft_ids_distribution_and_the_supervised_positions_it_can_predict() -> None:
+    vocab = _vocab()
+    logits = torch.randn(2, 5, 10, generator=torch.Generator().manual_seed(0))
+    logits[0, 0, 7] = logits[0, 1, 2] = logits[0, 2, 4] = 100.0  # top-1: in the draft, outside it, in it
+    loss_mask = torch.tensor([[1, 1, 0, 1, 1], [1, 1, 1, 1, 0]])
+    probs, position_mask = vocab.project(logits, loss_mask)
+    assert probs.dtype == torch.float32 and probs.shape == (2, 5, 3)
+    assert torch.allclose(probs, logits[..., [7, 1, 4]].softmax(-1)) and torch.allclose(probs.sum(-1), torch.ones(2, 5))
+    assert position_mask.dtype == torch.bool and position_mask.shape == (2, 5, 1)
+    in_draft = torch.isin(logits.argmax(-1), torch.tensor([7, 1, 4]))
+    assert torch.equal(position_mask[..., 0], in_draft & loss_mask.bool())
+    assert position_mask[0, :3, 0].tolist() == [True, False, False], "in the draft; outside it; unsupervised"
+    with pytest.raises(ValueError, match=r"logits must be \[batch, tokens, 10\].*got shape \(2, 5, 9\)"):
+        vocab.project(logits[..., :9], loss_mask)
+    with pytest.raises(ValueError, match=r"loss_mask must be \(2, 5\) like logits' positions, got \(2, 4\)"):
+        vocab.project(logits, loss_mask[:, :4])
+
+
+def test_a_projecting_target_replaces_logits_and_passes_every_other_feature_on() -> None:
+    tensors = eagle3_sample(0, vocab=10)
+    packing = {
+        "position_ids": torch.arange(4)[None],
+        "seq_lens": torch.tensor([[4]]),
+        "doc_remaining": torch.zeros(1, 4),
+    }
+    batch = Eagle3TargetBatch.from_tensors({**tensors, **packing})
+    projected = project_to_draft_vocab(batch, _vocab())
+    assert projected.logits is None and projected.keys() == [*CORE, "target_probs", "position_mask", *PACKING]
+    assert all(projected[name] is batch[name] for name in [*CORE, *PACKING])
+    with pytest.raises(ValueError, match=r"needs a logits-supervised batch"):
+        project_to_draft_vocab(projected, _vocab())
+
+    class Target(eagle3.Eagle3TargetBackend):
+        def __init__(self) -> None:
+            self.calls: list[dict[str, object]] = []
+
+        def generate_batch(self, **inputs: torch.Tensor | None) -> Eagle3TargetBatch:  # type: ignore[override]
+            self.calls.append(inputs)
+            return batch
+
+    inner = Target()
+    target = DraftVocabTarget(inner)
+    with pytest.raises(RuntimeError, match=r"DraftVocabTarget over Target has no draft-vocab map"):
+        target.generate_batch(tensors["input_ids"], tensors["attention_mask"], tensors["loss_mask"])
+    target.set_vocab_mapping(torch.tensor([7, 1, 4]), _vocab().selected_token_mask)
+    with pytest.raises(ValueError, match=r"differs at"):
+        target.set_vocab_mapping(torch.tensor([7, 1, 5]), _vocab().selected_token_mask)
+    assert target.vocab is not None and target.vocab.selected_token_ids.tolist() == [7, 1, 4], (
+        "a refused map changes nothing"
+    )
+    store = LocalFeatureStore()
+    ref = FeatureProducer(target, store, run_id="r").produce(**{n: tensors[n] for n in CORE[1:]}, **packing)
+    assert inner.calls[-1].keys() == {"input_ids", "attention_mask", "loss_mask", *PACKING}
+    assert list(ref.feature_keys) == [*CORE, "target_probs", "position_mask", *PACKING]
+    stored, handle = store.get(ref)
+    assert torch.equal(stored["target_probs"], projected.target_probs)
+    store.release(handle)
+    with pytest.raises(TypeError, match=r"target must have a generate_batch"):
+        DraftVocabTarget(object())
+
+
+def test_the_draft_vocab_encoding_shrinks_the_stored_supervision_by_the_vocabulary_ratio() -> None:
+    # A 150k-vocabulary target (Qwen's 151936) and a 32k draft vocabulary, float32 logits: the stored supervision
+    # per token goes from V * 4 bytes to D * 4 + 1 (target_probs, position_mask), 4.75x smaller.
+    target_vocab, draft, tokens = 151_936, 32_000, 2
+    mask = torch.zeros(target_vocab, dtype=torch.bool)
+    mask[:draft] = True
+    tensors = {**eagle3_sample(0, tokens=tokens), "logits": torch.randn(1, tokens, target_vocab)}
+    store = LocalFeatureStore(max_bytes=1 << 30)
+    full = store.put("full", tensors)
+    projected = store.put("draft", project_to_draft_vocab(tensors, DraftVocab(torch.arange(draft), mask)).tensors())
+
+    def supervision_bytes(ref: object, names: tuple[str, ...]) -> int:
+        return sum(ref.feature_specs[name].nbytes for name in names)  # type: ignore[attr-defined]
+
+    logits_bytes = supervision_bytes(full, ("logits",))
+    probs_bytes = supervision_bytes(projected, ("target_probs", "position_mask"))
+    assert (logits_bytes, probs_bytes) == (tokens * target_vocab * 4, tokens * (draft * 4 + 1))
+    assert round(logits_bytes / probs_bytes, 2) == 4.75
+    assert full.estimated_bytes - logits_bytes == projected.estimated_bytes - probs_bytes, "the rest is unchanged"

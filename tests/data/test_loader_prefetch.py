@@ -30,7 +30,7 @@ from featurestream import (
 )
 from featurestream.testing import FakeClock
 
-from .helpers import assert_is_sample, eagle3_sample, put_eagle3
+from .helpers import assert_is_sample, put_eagle3, untrainable_eagle3_sample
 
 WAIT_LIMIT_S = 30.0
 
@@ -287,8 +287,7 @@ class TestPrefetch:
         store = make_store()
         queue = SampleRefQueue(store)
         queue.put(put_eagle3(store, 0))
-        no_supervision = {name: t for name, t in eagle3_sample(1).items() if name != "logits"}
-        queue.put(store.put("bad", no_supervision))
+        queue.put(store.put("bad", untrainable_eagle3_sample(1)))
         queue.put(put_eagle3(store, 2))
         queue.close()
         loader = FeatureDataLoader(queue, make_store(), prefetch=2)

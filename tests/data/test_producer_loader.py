@@ -23,7 +23,7 @@ from featurestream import (
 from featurestream.pipeline.eagle3 import shift_left
 from featurestream.tools.models import TinyConfig, TinyTargetModel, prompt_batches
 
-from .helpers import eagle3_sample, put_eagle3
+from .helpers import eagle3_sample, put_eagle3, untrainable_eagle3_sample
 
 CONFIG = TinyConfig(vocab_size=32, hidden_size=16, num_layers=3, num_heads=2, max_seq_len=16)
 
@@ -126,17 +126,13 @@ class TestProducer:
             )
         assert target.calls == [], "partial packing is refused before the forward"
 
-        class DraftVocabTarget(RecordingTarget):
-            def generate_batch(self, **inputs: Any) -> Eagle3TargetBatch:  # type: ignore[override]
+        class UnsupervisedTarget(RecordingTarget):
+            def generate_batch(self, **inputs: Any) -> dict[str, torch.Tensor]:  # type: ignore[override]
                 batch = super().generate_batch(**inputs)
-                probs = batch.logits.softmax(-1)  # type: ignore[union-attr]
-                return Eagle3TargetBatch(
-                    batch.aux_hidden_states, batch.input_ids, batch.attention_mask, batch.loss_mask,
-                    target_probs=probs, position_mask=torch.ones_like(batch.loss_mask),
-                )  # fmt: skip
+                return {name: batch[name] for name in batch.keys() if name != "logits"}
 
-        producer = FeatureProducer(DraftVocabTarget(), store, run_id="r")
-        with pytest.raises(ValueError, match=r"requires .*\.logits.*without 'logits'"):
+        producer = FeatureProducer(UnsupervisedTarget(), store, run_id="r")
+        with pytest.raises(ValueError, match=r"no supervision encoding: it needs 'logits' or the pair"):
             producer.produce(input_ids=input_ids, attention_mask=attention_mask, loss_mask=loss_mask)
         assert store.health().sample_count == 0
 
@@ -268,7 +264,7 @@ class TestLoader:
     def test_a_schema_invalid_ref_is_dropped(self) -> None:
         store = LocalFeatureStore()
         queue = SampleRefQueue(store)
-        queue.put(store.put("bad", {n: t for n, t in eagle3_sample(0).items() if n != "logits"}))
+        queue.put(store.put("bad", untrainable_eagle3_sample(0)))
         queue.put(put_eagle3(store, 1))
         loader = FeatureDataLoader(queue, store, prefetch=0)
         with pytest.raises(ValueError, match=r"dropped"):

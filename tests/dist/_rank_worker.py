@@ -52,8 +52,10 @@ def open_queue(config: dict[str, Any], rank: int) -> tuple[Any, Any]:
     queue = SampleRefQueue(store)
     bad_at = config.get("bad", {}).get(str(rank))
     for position in range(config["counts"][rank]):
-        if position == bad_at:  # no supervision: the loader drops it and raises ValueError on this rank only
-            tensors = {n: t for n, t in eagle3_tensors(0).items() if n != "logits"}
+        if position == bad_at:  # two encodings: the loader drops it and raises ValueError on this rank only
+            tensors = eagle3_tensors(0)
+            tensors["target_probs"] = tensors["logits"].softmax(-1)
+            tensors["position_mask"] = tensors["loss_mask"].bool()
             queue.put(store.put(f"bad{rank}", tensors))
         queue.put(store.put(sample_id(1000 * rank + position), eagle3_tensors(1000 * rank + position)))
     queue.close()

@@ -115,7 +115,7 @@ def test_reads_that_do_not_match_the_ref_raise_corrupt_sample_error(make_store: 
     store = make_store()
     ref = store.put("s1", sample_tensors(1, tokens=4))
     specs = dict(ref.feature_specs)
-    specs["aux_hidden_states"] = FeatureSpec((1, 4, 2), torch.float32)  # fewer bytes than stored
+    specs["aux_hidden_states"] = FeatureSpec((1, 4, 1), torch.float32)  # fewer bytes than stored
     with pytest.raises(CorruptSampleError, match="larger than"):
         store.get(dataclasses.replace(ref, feature_specs=specs))
     specs["aux_hidden_states"] = FeatureSpec((1, 4, 8), torch.float32)  # more bytes than stored

@@ -5,7 +5,10 @@ low/mid/high-layer hidden states, concatenated), ``input_ids``,
 ``attention_mask`` and ``loss_mask``; its supervision is exactly one of
 ``logits`` or the pair ``target_probs`` + ``position_mask`` (a precomputed
 draft-vocabulary encoding); the packing metadata ``position_ids``,
-``seq_lens``, ``doc_remaining`` is all-or-none.
+``seq_lens``, ``doc_remaining`` is all-or-none. ``FeatureProducer`` stores
+either supervision; ``DraftVocabTarget`` projects a logits-producing target
+onto a draft vocabulary (``DraftVocab``) before anything is stored, which
+shrinks the supervision from the target's vocabulary to the draft's.
 
 The reference's public names (``EAGLE3_*``, ``eagle3_logits_tensors``,
 ``eagle3_logits_feature_specs``, ``validate_eagle3_packing_inputs``,
@@ -27,11 +30,18 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import threading
 from collections.abc import Iterable, Iterator, Mapping
 
 import torch
 
-from featurestream.common.refs import REQUIRED_FEATURES, FeatureAlgorithm, FeatureSpec, SampleRef
+from featurestream.common.refs import (
+    REQUIRED_FEATURES,
+    REQUIRED_SUPERVISION,
+    FeatureAlgorithm,
+    FeatureSpec,
+    SampleRef,
+)
 from featurestream.pipeline.schemas import AlgorithmSchema, register
 
 __all__ = [
@@ -48,6 +58,8 @@ __all__ = [
     "PACKING_FEATURES",
     "PROBS_SUPERVISION",
     "SCHEMA_VERSION",
+    "DraftVocab",
+    "DraftVocabTarget",
     "Eagle3ForwardBackend",
     "Eagle3TargetBackend",
     "Eagle3TargetBatch",
@@ -57,6 +69,7 @@ __all__ = [
     "eagle3_logits_tensors",
     "feature_tensors",
     "packed_attention_allowed",
+    "project_to_draft_vocab",
     "shift_left",
     "validate_eagle3_packing_inputs",
     "validate_eagle3_ref",
@@ -65,9 +78,10 @@ __all__ = [
 
 EAGLE3_SCHEMA_VERSION = 1
 EAGLE3_CORE_FEATURES = REQUIRED_FEATURES[FeatureAlgorithm.EAGLE3]
-EAGLE3_LOGITS_SUPERVISION = ("logits",)
-EAGLE3_DRAFT_VOCAB_SUPERVISION = ("target_probs", "position_mask")
-# The reference's name for the feature set of a logits-supervised sample (what a producer stores).
+# ("logits",) and ("target_probs", "position_mask"): the control plane's table, so a ref is refused at put
+# without one of them.
+EAGLE3_LOGITS_SUPERVISION, EAGLE3_DRAFT_VOCAB_SUPERVISION = REQUIRED_SUPERVISION[FeatureAlgorithm.EAGLE3]
+# The reference's name for the feature set of a logits-supervised sample.
 EAGLE3_SUPERVISION_ENCODINGS = EAGLE3_CORE_FEATURES + EAGLE3_LOGITS_SUPERVISION
 EAGLE3_PACKING_FEATURES = ("position_ids", "seq_lens", "doc_remaining")
 
@@ -162,17 +176,6 @@ def feature_tensors(batch: object) -> dict[str, torch.Tensor]:
     return tensors
 
 
-def _logits_tensors(batch: object) -> dict[str, torch.Tensor]:
-    """What a producer stores from a backend's output: the logits encoding only (``ValueError`` otherwise)."""
-    tensors = feature_tensors(batch)
-    if "logits" not in tensors:
-        raise ValueError(
-            "FeatureProducer requires batch.logits (it stores the logits encoding only), but the target backend "
-            "returned a batch without 'logits' (a precomputed draft-vocab encoding 'target_probs' + 'position_mask')"
-        )
-    return tensors
-
-
 def eagle3_logits_tensors(
     *,
     aux_hidden_states: torch.Tensor,
@@ -185,7 +188,7 @@ def eagle3_logits_tensors(
     doc_remaining: torch.Tensor | None = None,
 ) -> dict[str, torch.Tensor]:
     """The tensors of a logits-supervised sample, keyed in schema order; packing ones only when given (all three)."""
-    return _logits_tensors(
+    return feature_tensors(
         {
             "aux_hidden_states": aux_hidden_states,
             "input_ids": input_ids,
@@ -316,6 +319,181 @@ class Eagle3TargetBackend(abc.ABC):
         raise NotImplementedError(f"{type(self).__name__} has no draft-vocabulary mapping")
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class DraftVocab:
+    """A draft vocabulary: which target token ids the draft model predicts (the EAGLE-3 draft-vocab map).
+
+    ``selected_token_ids [D]`` (integer): the target id of each draft id, all
+    distinct; ``selected_token_mask [V]`` (bool, ``V`` the target
+    vocabulary): ``True`` exactly at those ids. This is the pair an
+    ``Eagle3TargetBackend.set_vocab_mapping`` takes; a draft checkpoint's
+    ``d2t``/``t2d`` buffers give it through ``from_d2t``. ``TypeError`` /
+    ``ValueError`` naming the offending tensor when the two do not describe
+    one map. The tensors are copied (``int64``, ``bool``), so later changes
+    to the caller's do not reach it.
+    """
+
+    selected_token_ids: torch.Tensor
+    selected_token_mask: torch.Tensor
+
+    def __post_init__(self) -> None:
+        ids, mask = self.selected_token_ids, self.selected_token_mask
+        for name, value in (("selected_token_ids", ids), ("selected_token_mask", mask)):
+            if not isinstance(value, torch.Tensor):
+                raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+            if value.dim() != 1 or value.numel() == 0:
+                raise ValueError(f"{name} must be a non-empty 1-D tensor, got shape {tuple(value.shape)}")
+        if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
+            raise TypeError(f"selected_token_ids must hold integer token ids, got dtype {ids.dtype}")
+        if mask.dtype != torch.bool:
+            raise TypeError(f"selected_token_mask must be a bool tensor, got dtype {mask.dtype}")
+        ids, mask = ids.detach().to("cpu", torch.int64).clone(), mask.detach().cpu().clone()
+        vocab = mask.numel()
+        outside = ids[(ids < 0) | (ids >= vocab)]
+        if outside.numel():
+            raise ValueError(
+                f"selected_token_ids {outside[:8].tolist()} lie outside the target vocabulary [0, {vocab}) that "
+                "selected_token_mask spans"
+            )
+        if torch.unique(ids).numel() != ids.numel():
+            raise ValueError(
+                f"selected_token_ids repeat a token id ({ids.numel()} ids, {torch.unique(ids).numel()} distinct)"
+            )
+        marked = torch.zeros(vocab, dtype=torch.bool)
+        marked[ids] = True
+        if not torch.equal(marked, mask):
+            differ = torch.nonzero(marked != mask).flatten()[:8].tolist()
+            raise ValueError(f"selected_token_mask must be True exactly at selected_token_ids; it differs at {differ}")
+        object.__setattr__(self, "selected_token_ids", ids)
+        object.__setattr__(self, "selected_token_mask", mask)
+
+    @classmethod
+    def from_d2t(cls, d2t: torch.Tensor, t2d: torch.Tensor) -> DraftVocab:
+        """The map of an EAGLE-3 draft checkpoint's buffers: ``d2t [D]`` offsets (target id = draft id +
+        ``d2t[draft id]``) and ``t2d [V]`` bool (the selected target ids)."""
+        if not isinstance(d2t, torch.Tensor):
+            raise TypeError(f"d2t must be a torch.Tensor of offsets, got {type(d2t).__name__}")
+        # A float d2t stays float here, and the constructor refuses it by name.
+        return cls(d2t + torch.arange(d2t.numel(), device=d2t.device), t2d)
+
+    @property
+    def size(self) -> int:
+        """``D``: the draft vocabulary's size (the last dimension of ``target_probs``)."""
+        return self.selected_token_ids.numel()
+
+    @property
+    def target_size(self) -> int:
+        """``V``: the target vocabulary's size (the last dimension of the ``logits`` it projects)."""
+        return self.selected_token_mask.numel()
+
+    def project(self, logits: torch.Tensor, loss_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(target_probs [B, T, D] float32, position_mask [B, T, 1] bool)`` of ``logits [B, T, V]``.
+
+        ``target_probs`` is the softmax over the draft ids' logits alone;
+        ``position_mask`` keeps the positions ``loss_mask`` supervises whose
+        target top-1 token is in the draft vocabulary (the draft cannot
+        predict the others). The reference's remote target server computes
+        the same, to the bit. ``ValueError`` when ``logits`` does not span
+        this map's target vocabulary or ``loss_mask`` is not ``[B, T]``.
+        """
+        if logits.dim() != 3 or logits.shape[-1] != self.target_size:
+            raise ValueError(
+                f"logits must be [batch, tokens, {self.target_size}] (the draft map's target vocabulary), got "
+                f"shape {tuple(logits.shape)}"
+            )
+        if tuple(loss_mask.shape) != tuple(logits.shape[:2]):
+            raise ValueError(
+                f"loss_mask must be {tuple(logits.shape[:2])} like logits' positions, got {tuple(loss_mask.shape)}"
+            )
+        in_draft = self.selected_token_mask.to(logits.device)[logits.argmax(dim=-1)]
+        position_mask = (in_draft & loss_mask.bool()).unsqueeze(-1)
+        kept = logits.index_select(-1, self.selected_token_ids.to(logits.device))
+        return torch.softmax(kept.float(), dim=-1), position_mask
+
+
+def project_to_draft_vocab(batch: object, vocab: DraftVocab) -> Eagle3TargetBatch:
+    """``batch`` (logits-supervised, an object or mapping with the schema's fields) with its ``logits`` replaced by
+    their projection onto ``vocab`` (``target_probs`` + ``position_mask``, see ``DraftVocab.project``); every other
+    feature is passed on as it is. ``ValueError`` when ``batch`` carries no ``logits``."""
+    tensors = feature_tensors(batch)
+    logits = tensors.pop("logits", None)
+    if logits is None:
+        raise ValueError(
+            f"project_to_draft_vocab needs a logits-supervised batch, got one with {list(tensors)} (a draft-vocab "
+            "encoding is stored as it is)"
+        )
+    tensors["target_probs"], tensors["position_mask"] = vocab.project(logits, tensors["loss_mask"])
+    return Eagle3TargetBatch.from_tensors(tensors)
+
+
+class DraftVocabTarget(Eagle3TargetBackend):
+    """A logits-producing EAGLE-3 target whose batches come out projected onto a draft vocabulary.
+
+    ``generate_batch`` runs ``target.generate_batch`` with the same
+    arguments, by keyword, and returns its batch with ``logits [B, T, V]``
+    replaced by ``target_probs [B, T, D]`` + ``position_mask [B, T, 1]``
+    (``project_to_draft_vocab``), so ``FeatureProducer(DraftVocabTarget(...),
+    store, ...)`` stores the draft-vocab encoding the reference's remote
+    target server ships, never the full-vocabulary logits. The map is
+    ``vocab`` or the last ``set_vocab_mapping(selected_token_ids,
+    selected_token_mask)`` (what ``FeatureProducer.set_vocab_mapping``
+    forwards); ``generate_batch`` before either raises ``RuntimeError``.
+    ``target`` is any backend with ``generate_batch`` returning logits (this
+    package's, the reference's ``HFEagle3TargetModel``). Thread-safe: a map
+    set while a forward runs applies from the next batch.
+    """
+
+    def __init__(self, target: object, vocab: DraftVocab | None = None) -> None:
+        if not callable(getattr(target, "generate_batch", None)):
+            raise TypeError(f"target must have a generate_batch(...) method, got {type(target).__name__}")
+        if vocab is not None and not isinstance(vocab, DraftVocab):
+            raise TypeError(f"vocab must be a DraftVocab or None, got {type(vocab).__name__}")
+        self.target = target
+        self._vocab = vocab
+        self._lock = threading.Lock()
+
+    @property
+    def vocab(self) -> DraftVocab | None:
+        """The draft-vocab map batches are projected with (``None`` until one is given)."""
+        with self._lock:
+            return self._vocab
+
+    def set_vocab_mapping(self, selected_token_ids: torch.Tensor, selected_token_mask: torch.Tensor) -> None:
+        """Project later batches onto this map (checked as ``DraftVocab`` checks it; a refused map changes
+        nothing)."""
+        vocab = DraftVocab(selected_token_ids, selected_token_mask)
+        with self._lock:
+            self._vocab = vocab
+
+    def get_input_embeddings(self) -> torch.nn.Module:
+        """The wrapped target's input embeddings."""
+        return self.target.get_input_embeddings()  # type: ignore[attr-defined,no-any-return]
+
+    def generate_batch(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        loss_mask: torch.Tensor,
+        position_ids: torch.Tensor | None = None,
+        seq_lens: torch.Tensor | None = None,
+        doc_remaining: torch.Tensor | None = None,
+    ) -> Eagle3TargetBatch:
+        """The wrapped target's batch for these inputs, its logits projected onto the draft vocabulary."""
+        vocab = self.vocab
+        if vocab is None:
+            raise RuntimeError(
+                f"DraftVocabTarget over {type(self.target).__name__} has no draft-vocab map: pass vocab= or call "
+                "set_vocab_mapping(selected_token_ids, selected_token_mask) first"
+            )
+        packing = {"position_ids": position_ids, "seq_lens": seq_lens, "doc_remaining": doc_remaining}
+        given = {name: value for name, value in packing.items() if value is not None}
+        with torch.no_grad():
+            batch = self.target.generate_batch(  # type: ignore[attr-defined]
+                input_ids=input_ids, attention_mask=attention_mask, loss_mask=loss_mask, **given
+            )
+            return project_to_draft_vocab(batch, vocab)
+
+
 def shift_left(tensor: torch.Tensor) -> torch.Tensor:
     """``tensor [B, T, ...]`` moved one position left along ``T``, the last position zero: a new tensor."""
     shifted = torch.zeros_like(tensor)
@@ -405,7 +583,7 @@ EAGLE3_SCHEMA = register(
         optional_features=LOGITS_SUPERVISION + PROBS_SUPERVISION + PACKING_FEATURES,
         validate_ref=validate_eagle3_ref,
         feature_tensors=feature_tensors,
-        produced_tensors=_logits_tensors,
+        produced_tensors=feature_tensors,
         check_inputs=_check_inputs,
         batch_type=Eagle3TargetBatch,
         backend_type=Eagle3TargetBackend,

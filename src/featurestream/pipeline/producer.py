@@ -18,15 +18,19 @@ from featurestream.stores.base import FeatureStore
 
 __all__ = ["FeatureProducer", "TargetBackend"]
 
+_PACKING_INPUTS = ("position_ids", "seq_lens", "doc_remaining")
+
 
 class TargetBackend(Protocol):
     """What a producer drives: a target model that computes an algorithm's supervision.
 
     ``generate_batch`` receives ``input_ids``, ``attention_mask``,
     ``loss_mask``, ``position_ids``, ``seq_lens`` and ``doc_remaining`` as
-    keywords (the last three ``None`` unless packing) and returns an object
-    (or mapping) with the schema's features; for EAGLE-3
-    ``aux_hidden_states, input_ids, attention_mask, loss_mask, logits``.
+    keywords (the last three ``None`` unless packing; a ``generate_batch``
+    that does not declare them gets the first three only) and returns an
+    object (or mapping) with the schema's features; for EAGLE-3
+    ``aux_hidden_states, input_ids, attention_mask, loss_mask`` and the
+    supervision, ``logits`` or ``target_probs, position_mask``.
     The algorithm is inferred from the backend's base class (for EAGLE-3,
     ``featurestream.eagle3.Eagle3TargetBackend`` or the reference package's
     ``Eagle3TargetBackend``), else from the batch class ``generate_batch``
@@ -107,6 +111,9 @@ class FeatureProducer:
         self._closed = False
         # Decided once: the keyword is an allowance a store declares, and reference-contract stores lack it.
         self._take_ownership = _accepts_keyword(store.put, "take_ownership")
+        # A backend whose generate_batch takes no packing keywords (the reference's remote EAGLE-3 client) is
+        # called with the three inputs it takes.
+        self._packing_keywords = _accepts_keywords(target_backend.generate_batch, _PACKING_INPUTS)
 
     @property
     def target_backend(self) -> TargetBackend:
@@ -151,7 +158,9 @@ class FeatureProducer:
 
         Errors: inputs the schema refuses (EAGLE-3: partial packing metadata)
         -> ``ValueError`` before the forward; a backend output the schema
-        refuses (EAGLE-3: no ``logits``) -> ``ValueError``, nothing stored;
+        refuses (EAGLE-3: no supervision) -> ``ValueError``, nothing stored;
+        packing metadata for a backend whose ``generate_batch`` takes none ->
+        ``ValueError`` before the forward;
         a required feature missing from the output, or a dtype or shape
         outside its rules -> ``ValueError`` naming the sample and the
         feature, nothing stored; an output of another algorithm's batch
@@ -172,6 +181,13 @@ class FeatureProducer:
             "doc_remaining": doc_remaining,
         }
         self.schema.check_inputs(inputs)
+        if not self._packing_keywords:
+            given = [name for name in _PACKING_INPUTS if inputs.pop(name) is not None]
+            if given:
+                raise ValueError(
+                    f"{type(self.target_backend).__name__}.generate_batch takes no packing metadata, but {given} "
+                    "were given: pass unpacked batches to this backend"
+                )
         with torch.no_grad():
             batch = self.target_backend.generate_batch(**inputs)
         where = f"sample {sample_id!r}" if sample_id is not None else f"run {self.run_id!r}'s next sample"
@@ -302,6 +318,18 @@ def _accepts_keyword(function: Callable[..., object], name: str) -> bool:
         return False
     parameter = parameters.get(name)
     return parameter is not None and parameter.kind in (parameter.KEYWORD_ONLY, parameter.POSITIONAL_OR_KEYWORD)
+
+
+def _accepts_keywords(function: Callable[..., object], names: tuple[str, ...]) -> bool:
+    """Whether ``function`` can be passed every one of ``names`` by keyword (a ``**kwargs`` takes any; a callable
+    without a signature is assumed to)."""
+    try:
+        parameters = inspect.signature(function).parameters.values()
+    except (TypeError, ValueError):
+        return True
+    if any(parameter.kind is parameter.VAR_KEYWORD for parameter in parameters):
+        return True
+    return all(_accepts_keyword(function, name) for name in names)
 
 
 def _describe(specs: Any) -> str:
