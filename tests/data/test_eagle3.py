@@ -311,3 +311,33 @@ def test_the_draft_vocab_encoding_shrinks_the_stored_supervision_by_the_vocabula
     assert (logits_bytes, probs_bytes) == (tokens * target_vocab * 4, tokens * (draft * 4 + 1))
     assert round(logits_bytes / probs_bytes, 2) == 4.75
     assert full.estimated_bytes - logits_bytes == projected.estimated_bytes - probs_bytes, "the rest is unchanged"
+
+
+def test_a_backend_without_packing_keywords_gets_the_three_inputs_it_takes_and_refuses_packing() -> None:
+    # The reference's RemoteEagle3TargetModel.generate_batch(input_ids, attention_mask, loss_mask) has this shape.
+    tensors = eagle3_sample(0)
+
+    class ThreeInputs(eagle3.Eagle3TargetBackend):
+        def __init__(self) -> None:
+            self.calls: list[tuple[torch.Tensor, ...]] = []
+
+        def generate_batch(  # type: ignore[override]
+            self, input_ids: torch.Tensor, attention_mask: torch.Tensor, loss_mask: torch.Tensor
+        ) -> dict[str, torch.Tensor]:
+            self.calls.append((input_ids, attention_mask, loss_mask))
+            return {name: tensor.clone() for name, tensor in tensors.items()}
+
+    target, store = ThreeInputs(), LocalFeatureStore()
+    producer = FeatureProducer(target, store, run_id="r")
+    inputs = {name: tensors[name] for name in ("input_ids", "attention_mask", "loss_mask")}
+    assert list(producer.produce(**inputs).feature_keys) == list(tensors)
+    packing = {
+        "position_ids": torch.arange(4)[None],
+        "seq_lens": torch.tensor([[4]]),
+        "doc_remaining": torch.zeros(1, 4),
+    }
+    with pytest.raises(
+        ValueError, match=r"ThreeInputs\.generate_batch takes no packing metadata, but \['position_ids'"
+    ):
+        producer.produce(**inputs, **packing)
+    assert len(target.calls) == 1 and store.health().sample_count == 1, "refused before the forward, nothing stored"
