@@ -359,6 +359,8 @@ class SampleRef:
 
 _REF_FIELDS = frozenset(field.name for field in dataclasses.fields(SampleRef))
 _SPEC_FIELDS = frozenset(field.name for field in dataclasses.fields(FeatureSpec))
+_REF_FIELD_COUNT = len(_REF_FIELDS)
+_SPEC_FIELD_COUNT = len(_SPEC_FIELDS)
 
 
 def check_tensor_free(ref: SampleRef) -> None:
@@ -368,14 +370,14 @@ def check_tensor_free(ref: SampleRef) -> None:
     field when it was built, so it passes in O(features); anything else (a subclass, an extra attribute) is
     walked in full.
     """
-    if (
-        type(ref) is SampleRef
-        and ref.__dict__.keys() == _REF_FIELDS
-        and all(
-            type(spec) is FeatureSpec and spec.__dict__.keys() == _SPEC_FIELDS for spec in ref.feature_specs.values()
-        )
-    ):
-        return
+    # Every queue put passes here. An attribute added to a ref or spec after it was built (``object.__setattr__``)
+    # shows as one more entry in its ``__dict__``: counting them says so at a fraction of comparing key sets.
+    if type(ref) is SampleRef and len(ref.__dict__) == _REF_FIELD_COUNT:
+        for spec in ref.feature_specs.values():
+            if type(spec) is not FeatureSpec or len(spec.__dict__) != _SPEC_FIELD_COUNT:
+                break
+        else:
+            return
     try:
         assert_no_tensors(ref)
     except ValueError as exc:
