@@ -1,20 +1,19 @@
 """Store calls a queue owes its store, and the end of every queue operation: shared by both queue backends.
 
 A ``scrub`` or ``unretain`` that raised is owed: kept in an ordered ``{sample id: (call, ref)}`` backlog
-and retried later. The queue holds its lock around these, except ``finish_operation``.
+and retried later. The queue holds its lock around these, except ``run_deferred``.
 """
 
 from __future__ import annotations
 
 import collections
 import logging
-import threading
 from collections.abc import Callable
 
 from featurestream.common.refs import SampleRef
 from featurestream.stores.base import FeatureStore
 
-__all__ = ["Owed", "Outbox", "StoreFault", "call_or_owe", "finish_operation", "pay_owed"]
+__all__ = ["Owed", "Outbox", "StoreFault", "call_or_owe", "pay_owed", "run_deferred"]
 
 logger = logging.getLogger(__name__)
 
@@ -58,19 +57,10 @@ def pay_owed(store: FeatureStore, owed: Owed, on_fault: StoreFault, on_paid: Cal
         on_paid(sample_id, call)
 
 
-def finish_operation(outbox: Outbox, store: FeatureStore, lock: threading.Lock, on_fault: StoreFault) -> None:
-    """After an operation released ``lock``: run its queued callbacks, then the store's ``gc``.
-
-    A callback that raises is logged and ignored; a ``gc`` that raises is reported to ``on_fault`` (under
-    ``lock``) and ignored.
-    """
+def run_deferred(outbox: Outbox) -> None:
+    """After an operation released its lock: run the callbacks it queued; one that raises is logged and ignored."""
     for callback, argument in outbox:
         try:
             callback(argument)
         except Exception:
             logger.exception("queue callback %r raised; the queue carries on", callback)
-    try:
-        store.gc()
-    except Exception as exc:
-        with lock:
-            on_fault("gc", None, exc)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -62,6 +63,8 @@ logger = logging.getLogger(__name__)
 
 Tracer = Callable[[str, dict[str, object]], None]
 
+_NUMBERS = (int, float)  # the exact types of a plain number of seconds (``bool`` is no number here)
+
 
 class QueueOptions(TypedDict, total=False):
     """The keyword options every backend takes and hands to ``FrontEnd`` unchanged (``**options``)."""
@@ -78,29 +81,30 @@ class Signal:
     """A condition of the queue's lock that notifies only when someone waits on it.
 
     ``threading.Condition.notify`` checks lock ownership and walks its waiters on every call, and the queue
-    signals on every put and settle, nearly always with nobody waiting. ``_waiting`` is read and changed only
-    under the queue's lock (``Condition.wait`` re-acquires it before returning or raising).
+    signals on every put and settle, nearly always with nobody waiting. ``waiting`` (how many threads wait) is
+    read and changed only under the queue's lock (``Condition.wait`` re-acquires it before returning or raising);
+    the hot paths read it themselves and call ``notify`` only when someone waits.
     """
 
-    __slots__ = ("_condition", "_waiting")
+    __slots__ = ("_condition", "waiting")
 
     def __init__(self, lock: threading.Lock) -> None:
         self._condition = threading.Condition(lock)
-        self._waiting = 0
+        self.waiting = 0
 
     def wait(self, timeout: float) -> None:
-        self._waiting += 1
+        self.waiting += 1
         try:
             self._condition.wait(timeout)
         finally:
-            self._waiting -= 1
+            self.waiting -= 1
 
     def notify(self) -> None:
-        if self._waiting:
+        if self.waiting:
             self._condition.notify()
 
     def notify_all(self) -> None:
-        if self._waiting:
+        if self.waiting:
             self._condition.notify_all()
 
 
@@ -301,7 +305,8 @@ class FrontEnd:
         once).
         """
         wait = poll_interval if timeout is None else timeout
-        check_seconds("timeout" if timeout is not None else "poll_interval", wait)
+        if type(wait) not in _NUMBERS or not 0 <= wait < math.inf:  # a plain number passes without the call
+            check_seconds("timeout" if timeout is not None else "poll_interval", wait)
         leases = self._lease_up_to(1, wait)
         return leases[0] if leases else None
 
@@ -330,7 +335,8 @@ class FrontEnd:
         later (see ``LeaseQueue``) and ``ack`` returns ``True``.
         """
         check_lease(lease, "ack")
-        return self._settle("ack", [lease])[0]
+        with self._op:
+            return self._engine.settle("ack", [lease])[0]
 
     def fail(self, lease: Lease) -> bool:
         """Give ``lease``'s sample back: redelivered from the tail, or dead once deliveries are spent.
@@ -340,7 +346,8 @@ class FrontEnd:
         non-lease.
         """
         check_lease(lease, "fail")
-        return self._settle("fail", [lease])[0]
+        with self._op:
+            return self._engine.settle("fail", [lease])[0]
 
     def lose(self, lease: Lease) -> bool:
         """The store lost ``lease``'s sample (``SampleLostError``): dead-letter it now, reason ``lost``.
@@ -349,7 +356,8 @@ class FrontEnd:
         dead letter's bytes are never kept. Returns ``False`` for a stale lease (nothing changed).
         """
         check_lease(lease, "lose")
-        return self._settle("lose", [lease])[0]
+        with self._op:
+            return self._engine.settle("lose", [lease])[0]
 
     def ack_many(self, leases: Iterable[Lease]) -> None:
         """``ack`` every lease of ``leases``, in order, in one operation; each stale one is rejected on its own.
@@ -497,7 +505,8 @@ class FrontEnd:
         return batch
 
     def _check_ref(self, ref: object) -> None:
-        self._require_store()
+        if self._handle is not None:  # ``_require_store``'s test, without its frame on every put
+            self._require_store()
         check_ref_for(self._store, ref)
 
     def _require_store(self) -> None:
@@ -519,7 +528,7 @@ class FrontEnd:
 
     def _check_local(self, ref: SampleRef) -> None:
         """The front end's own refusals of a put, after the engine's: a scrub still owed, bytes gone."""
-        if self._owes_scrub(ref.sample_id):
+        if self._owed and self._owes_scrub(ref.sample_id):
             raise errors.ScrubOwed(ref.sample_id)
         self._check_resident(ref)
 
@@ -609,7 +618,7 @@ class FrontEnd:
 
     def _scrub(self, ref: SampleRef) -> None:
         """The queue is done with ``ref`` for good: its store scrubs it now, or the scrub is owed."""
-        if self._owe("scrub", ref):
+        if call_or_owe(self._store, self._owed, "scrub", ref, self._store_fault) and self._not_full.waiting:
             self._not_full.notify_all()
 
     def _owe(self, call: str, ref: SampleRef) -> bool:
@@ -693,7 +702,8 @@ class FrontEnd:
             self._tracer(events.DEAD_LETTER, {"sample_id": event.model.sample_id})
         if event.scrub is not None:
             self._scrub(event.scrub)
-        self._not_full.notify_all()
+        if self._not_full.waiting:
+            self._not_full.notify_all()
 
     def _on_reclaimed(self, event: Reclaimed) -> None:
         fire(LEASE_MACHINE, "reclaim", event.model)

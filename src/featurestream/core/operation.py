@@ -6,7 +6,7 @@ import contextlib
 import threading
 from collections.abc import Callable, Iterator
 
-from featurestream.core.backlog import Outbox, Owed, StoreFault, finish_operation
+from featurestream.core.backlog import Outbox, Owed, StoreFault, run_deferred
 from featurestream.stores.base import FeatureStore
 
 __all__ = ["Operation"]
@@ -15,7 +15,8 @@ __all__ = ["Operation"]
 class Operation:
     """``with queue._op:`` -- hold ``lock`` for the body, after retrying owed store calls (``pay_owed``, when
     ``owed`` is not empty); then, even if the body (or that retry) raised, release it and run the callbacks the
-    body ``defer``red and ``store``'s gc outside it (``backlog.finish_operation``, faults to ``on_fault``).
+    body ``defer``red (``backlog.run_deferred``) and ``store``'s gc outside it; a ``gc`` that raises is reported
+    to ``on_fault`` (under ``lock``) and ignored.
 
     One reusable object per queue rather than a generator context manager: every queue call enters one, and
     this costs a fraction of ``contextlib.contextmanager``'s frame and generator. Thread-safe: what it keeps
@@ -44,9 +45,18 @@ class Operation:
                 raise
 
     def __exit__(self, *exc_info: object) -> None:
-        outbox, self._outbox = self._outbox, []
-        self._lock.release()
-        finish_operation(outbox, self._store, self._lock, self._on_fault)
+        outbox = self._outbox
+        if outbox:  # rarely: a dead letter's callback, a backpressure step
+            self._outbox = []
+            self._lock.release()
+            run_deferred(outbox)
+        else:
+            self._lock.release()
+        try:
+            self._store.gc()
+        except Exception as exc:
+            with self._lock:
+                self._on_fault("gc", None, exc)
 
     def defer(self, callback: Callable[..., None], argument: object) -> None:
         """Run ``callback(argument)`` once this operation has released the lock (lock held)."""

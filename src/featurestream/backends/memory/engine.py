@@ -32,11 +32,15 @@ from featurestream.core.engine import (
 )
 from featurestream.core.frontend import Signal
 from featurestream.core.lease import LOST_REASON, DeadLetter, Lease
-from featurestream.core.machines import LIFECYCLE, LIFECYCLE_MACHINE, fire
+from featurestream.core.machines import LEASE, LIFECYCLE, LIFECYCLE_MACHINE, fire
 from featurestream.core.resume import MemoryLedger, TrainingLedger
+from featurestream.core.stats import QUEUE_STATS_GAUGES, STATS_FIELDS
 from featurestream.stores.base import StoreHealth
 
 __all__ = ["MemoryEngine"]
+
+# What the engine counts: ``QueueStats``' counters but the front end's own ``store_errors``.
+_COUNTERS = tuple(name for name in STATS_FIELDS if name not in QUEUE_STATS_GAUGES and name != "store_errors")
 
 
 class _Record(LeaseModel):
@@ -45,7 +49,10 @@ class _Record(LeaseModel):
     __slots__ = ("deadline", "lease", "leased_at", "redelivery_count", "ref")
 
     def __init__(self, ref: SampleRef, redelivery_count: int) -> None:
-        super().__init__(ref.sample_id)
+        # ``LeaseModel``'s fields, set here: one frame less on every put.
+        self.sample_id = ref.sample_id
+        self.lease_id = None
+        self.state = LEASE.initial
         self.ref = ref
         self.redelivery_count = redelivery_count
         self.lease: Lease | None = None
@@ -96,41 +103,45 @@ class MemoryEngine:
         self._kept: dict[str, int] = {}  # dead letters whose bytes stay retained for a requeue -> their size
         self._kept_bytes = 0
         self._lifecycle = _Flag(LIFECYCLE.initial)
-        self._counts: collections.Counter[str] = collections.Counter()
+        # A plain dict with every counter present: a Counter (a dict subclass) misses CPython's fast path for
+        # ``d[key] += 1``, which the hot path takes three times per sample.
+        self._counts: dict[str, int] = dict.fromkeys(_COUNTERS, 0)
 
     # -- admitting ------------------------------------------------------------
     def screen(self, batch: list[SampleRef], check: Callable[[SampleRef], None]) -> None:
-        self._reap_due()
+        """Raise what a put of the first refused ref is refused with (counting a dedup refusal); change nothing
+        else. Every put passes here, so the checks are written inline."""
+        if self._deadlines:
+            self._reap_due()
+        held = self._held
         for ref in batch:
-            self._check_admissible(ref)
+            sample_id = ref.sample_id
+            if self._lifecycle.state != "open":
+                raise errors.put_refused("closed", sample_id)
+            if sample_id in held:
+                raise errors.put_refused("held", sample_id, held[sample_id].state)
+            outcome = self._recent_terminal.get(sample_id)
+            if outcome is not None:
+                self._counts["dedup_refused"] += 1
+                self._report(DedupRefused(sample_id, self._fields(sample_id=sample_id) if self._traced else None))
+                raise errors.put_refused("settled", sample_id, outcome)
+            if sample_id in self._kept:
+                raise errors.put_refused("kept", sample_id)
             check(ref)
-
-    def _check_admissible(self, ref: SampleRef) -> None:
-        """Raise what a put of ``ref`` is refused with (counting a dedup refusal); change nothing else."""
-        self._require_open(ref)
-        sample_id = ref.sample_id
-        if sample_id in self._held:
-            raise errors.put_refused("held", sample_id, self._held[sample_id].state)
-        outcome = self._recent_terminal.get(sample_id)
-        if outcome is not None:
-            self._counts["dedup_refused"] += 1
-            self._report(DedupRefused(sample_id, self._fields(sample_id=sample_id) if self._traced else None))
-            raise errors.put_refused("settled", sample_id, outcome)
-        if sample_id in self._kept:
-            raise errors.put_refused("kept", sample_id)
 
     def admit(self, batch: list[SampleRef], health: StoreHealth | None, *, if_idle: bool) -> Refusal | None:
         # The front end asks ``if_idle`` only of a queue it saw hold nothing, under this same lock: nothing to
         # re-check.
+        counts, traced = self._counts, self._traced
         for ref in batch:
-            self._counts["put"] += 1
+            counts["put"] += 1
             record = _Record(ref, 0)
             self._push_pending(record)
-            trace = None
-            if self._traced:
+            if traced:
                 extra = {} if health is None else {"resident_bytes": health.resident_bytes}
-                trace = self._fields(record, **extra)
-            self._report(Admitted(ref.sample_id, trace))
+                self._report(Admitted(ref.sample_id, self._fields(record, **extra)))
+            # Untraced, an Admitted carries nothing the front end acts on (it only traces it), so none is
+            # reported, as the Redis engine reports none for an untraced put.
         return None
 
     def abandon(self, sample_ids: list[str]) -> set[str]:
@@ -156,13 +167,19 @@ class MemoryEngine:
     def _push_pending(self, record: _Record) -> None:
         self._pending.append(record)
         self._held[record.ref.sample_id] = record
-        self._not_empty.notify()
+        if self._not_empty.waiting:
+            self._not_empty.notify()
 
     # -- leasing ----------------------------------------------------------------
     def lease(self, n: int, wait: float) -> tuple[list[Lease], Any]:
-        self._reap_due()
-        if self._pending:
-            return [self._lease_head() for _ in range(min(n, len(self._pending)))], None
+        if self._deadlines:
+            self._reap_due()
+        pending = self._pending
+        if pending:
+            now = self._clock()  # read after the reap, which may trace (and take time)
+            if n == 1:  # acquire: no comprehension to build for one lease
+                return [self._lease_head(now)], None
+            return [self._lease_head(now) for _ in range(min(n, len(pending)))], None
         if self._lifecycle.state == "drained":
             return [], None
         return [], True
@@ -175,65 +192,86 @@ class MemoryEngine:
                 seconds = min(seconds, max(self._deadlines[0][0] - self._clock(), 0.0))
             self._not_empty.wait(seconds)
 
-    def _lease_head(self) -> Lease:
+    def _lease_head(self, now: float) -> Lease:
+        """Lease the head of the pending FIFO at ``now`` (the clock read by the call, once)."""
         record = self._pending.popleft()
-        record.leased_at = self._clock()
-        lease = Lease(
-            ref=record.ref,
-            deadline=record.leased_at + self._vt.seconds,
-            visibility_timeout=self._vt,
-            redelivery_count=record.redelivery_count,
-        )
+        record.leased_at = now
+        vt = self._vt
+        record.deadline = deadline = now + vt.seconds
+        lease = Lease(record.ref, deadline, vt, record.redelivery_count)
         record.lease = lease
-        record.lease_id = lease.lease_id
-        self._live[lease.lease_id] = record
-        self._set_deadline(record, lease.deadline)
+        record.lease_id = lease_id = lease.lease_id
+        self._live[lease_id] = record
+        heapq.heappush(self._deadlines, (deadline, lease_id))
         self._counts["leased"] += 1
-        trace = self._fields(record, lease_id=lease.lease_id, deadline=record.deadline) if self._traced else None
+        trace = self._fields(record, lease_id=lease_id, deadline=record.deadline) if self._traced else None
         self._report(Leased(record, lease, trace))
         return lease
 
-    def _set_deadline(self, record: _Record, deadline: float) -> None:
-        assert record.lease is not None
-        record.deadline = record.lease.deadline = deadline
-        heapq.heappush(self._deadlines, (deadline, record.lease.lease_id))
-        # Extends and settles leave dead heap entries; rebuild before they dominate.
+    def _set_deadline(self, record: _Record, lease: Lease, deadline: float) -> None:
+        """``record``'s live ``lease`` (extended) expires at ``deadline``."""
+        record.deadline = lease.deadline = deadline
+        heapq.heappush(self._deadlines, (deadline, lease.lease_id))
         if len(self._deadlines) > 2 * len(self._live) + 1024:
-            self._deadlines = [(live.deadline, lease_id) for lease_id, live in self._live.items()]
+            self._prune_deadlines()
+
+    def _prune_deadlines(self) -> None:
+        """Extends and settles leave dead heap entries: drop them all once no lease is live, else rebuild the heap
+        before they dominate (amortised O(1): each entry was pushed once)."""
+        live = self._live
+        if not live:
+            self._deadlines.clear()
+        else:
+            self._deadlines = [(record.deadline, lease_id) for lease_id, record in live.items()]
             heapq.heapify(self._deadlines)
 
     def _live_record(self, lease: Lease, action: str) -> _Record | None:
+        """The record of the live ``lease`` (the very object ``acquire`` returned), else ``None``: reported
+        ``Stale`` and counted."""
         lease_id = getattr(lease, "lease_id", None)
         record = self._live.get(lease_id) if isinstance(lease_id, int) else None
         if record is None or record.lease is not lease:
-            forged = record is not None  # this lease id is live, but the object is a copy of its lease
-            self._counts["stale_rejected"] += 1
-            trace = None
-            if self._traced:
-                sample_id = getattr(getattr(lease, "ref", None), "sample_id", None)
-                n = getattr(lease, "redelivery_count", None)
-                trace = self._fields(op=action, lease_id=lease_id, sample_id=sample_id, n=n, forged=forged)
-            self._report(Stale(action, lease, _stale_reason(forged), trace))
+            self._reject(lease, action, lease_id, forged=record is not None)
             return None
         return record
 
+    def _reject(self, lease: Lease, action: str, lease_id: object, *, forged: bool) -> None:
+        """Report ``lease`` stale (``forged``: its id is live, but the object is a copy of the live lease)."""
+        self._counts["stale_rejected"] += 1
+        trace = None
+        if self._traced:
+            sample_id = getattr(getattr(lease, "ref", None), "sample_id", None)
+            n = getattr(lease, "redelivery_count", None)
+            trace = self._fields(op=action, lease_id=lease_id, sample_id=sample_id, n=n, forged=forged)
+        self._report(Stale(action, lease, _stale_reason(forged), trace))
+
     # -- settling -------------------------------------------------------------------
     def settle(self, action: str, leases: list[Lease]) -> list[bool]:
-        self._reap_due()
+        if self._deadlines:
+            self._reap_due()
+        if len(leases) == 1:  # ack / fail / lose: no comprehension to build for one lease
+            return [self._settle_one(action, leases[0])]
         return [self._settle_one(action, lease) for lease in leases]
 
     def _settle_one(self, action: str, lease: Lease) -> bool:
         trigger = "ack" if action == "ack" else "fail"
-        record = self._live_record(lease, trigger)
-        if record is None:
+        # ``_live_record``, inline: every settle passes here.
+        lease_id = getattr(lease, "lease_id", None)
+        live = self._live
+        record = live.get(lease_id) if isinstance(lease_id, int) else None
+        if record is None or record.lease is not lease:
+            self._reject(lease, trigger, lease_id, forged=record is not None)
             return False
-        del self._live[lease.lease_id]
+        del live[lease_id]
+        if not live or len(self._deadlines) > 2 * len(live) + 1024:
+            self._prune_deadlines()
         if trigger == "ack":
             self._counts["acked"] += 1
             self._release_hold(record.ref.sample_id, "acked")
             trace = self._fields(record, lease_id=lease.lease_id) if self._traced else None
             self._report(Settled(record, "ack", record.ref, trace))
-            self._maybe_drained()
+            if self._lifecycle.state == "draining":
+                self._maybe_drained()
         else:
             self._counts["failed"] += 1
             self._redeliver(record, "fail", "failed", lost=action == "lose")
@@ -244,7 +282,7 @@ class MemoryEngine:
         record = self._live_record(lease, "extend")
         if record is None:
             return False
-        self._set_deadline(record, self._clock() + seconds)
+        self._set_deadline(record, lease, self._clock() + seconds)
         self._counts["extended"] += 1
         trace = self._fields(record, lease_id=lease.lease_id, deadline=record.deadline) if self._traced else None
         self._report(Extended(record, trace))
