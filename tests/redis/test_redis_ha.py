@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -18,13 +20,14 @@ import pytest
 
 redis = pytest.importorskip("redis", reason="redis-py is missing: pip install 'featurestream[redis]'")
 
-from featurestream import LocalFeatureStore  # noqa: E402
+from featurestream import LocalFeatureStore, SharedDirFeatureStore  # noqa: E402
 from featurestream import VisibilityTimeout as VT  # noqa: E402
 from featurestream.backends.redis.link import NotPrimary, NotReplicated, PrimaryLost, ReplicasMissing  # noqa: E402
 from featurestream.backends.redis.queue import RedisSampleRefQueue, list_queues  # noqa: E402
 from featurestream.backends.redis.sentinel import SentinelServiceError  # noqa: E402
 from featurestream.cli import main  # noqa: E402
 from featurestream.testing import sample_tensors  # noqa: E402
+from featurestream.testing.resume import check_history, latest_checkpoint  # noqa: E402
 from featurestream.testing.sentinel import ReplicatedRedis  # noqa: E402
 from featurestream.testing.servers import free_port  # noqa: E402
 
@@ -243,10 +246,17 @@ def test_bad_sentinel_input_is_refused_naming_what_is_wrong(cluster: ReplicatedR
     assert named in str(caught.value)
     dead = [("127.0.0.1", free_port()), ("127.0.0.1", free_port())]
     with pytest.raises(SentinelServiceError, match=r"none of the 2 sentinels answers"):
-        RedisSampleRefQueue(LocalFeatureStore(), sentinels=dead, service_name=cluster.service, name="x")
+        RedisSampleRefQueue(
+            LocalFeatureStore(), sentinels=dead, service_name=cluster.service, name="x", reconnect_timeout=0.5
+        )
     with pytest.raises(ReplicasMissing, match=r"min_replicas=3 but .* has [01] replica\(s\) connected"):
         RedisSampleRefQueue(
-            LocalFeatureStore(), sentinels=sentinels, service_name=cluster.service, name="x", min_replicas=3
+            LocalFeatureStore(),
+            sentinels=sentinels,
+            service_name=cluster.service,
+            name="x",
+            min_replicas=3,
+            reconnect_timeout=0.5,
         )
     with pytest.raises(TypeError, match=r"each sentinel must be a \(host, port\) pair, got 'localhost'"):
         RedisSampleRefQueue(LocalFeatureStore(), sentinels=["localhost"], service_name="s", name="x")
@@ -289,7 +299,12 @@ def test_a_service_whose_primary_is_down_is_named(tmp_path: Path) -> None:
         with pytest.raises(SentinelServiceError, match=r"report its primary 127.0.0.1:\d+ down") as caught:
             _wait_reported_down(
                 lambda: RedisSampleRefQueue(
-                    store, name="lonely", sentinel_password="s3cret-sentinel", min_replicas=0, **connection
+                    store,
+                    name="lonely",
+                    sentinel_password="s3cret-sentinel",
+                    min_replicas=0,
+                    reconnect_timeout=1.0,
+                    **connection,
                 )
             )
         assert "s3cret" not in str(caught.value)
@@ -398,3 +413,61 @@ def test_a_retried_restore_reports_the_keys_its_first_run_rolled_back(make: Any)
     again = ledger._change(ledger._restore, keys, [0, 1, "same-token"])  # the retry after a lost reply
     assert first == again and [key.decode() for key in first[1]] == ["b"]
     assert ledger.progress().restores == 2  # the one before the commits, and this one once
+
+
+@pytest.mark.slow
+def test_sigkilled_primary_host_and_trainer_train_every_prompt_once(cluster: ReplicatedRedis, tmp_path: Path) -> None:
+    """tests/redis/test_redis_resume.py's SIGKILL run with the Redis host lost instead of one server restarted:
+    a trainer and a producer process through Sentinel; the trainer SIGKILLed twice (restored from its latest
+    checkpoint) and the primary twice (each time a replica promoted and the old primary restarted as a replica)."""
+    cluster.wait_healthy()
+    n = 40
+    shared, checkpoints = tmp_path / "shared", tmp_path / "checkpoints"
+    checkpoints.mkdir()
+    SharedDirFeatureStore(shared, max_samples=None, max_bytes=1 << 30)
+    sentinels = ",".join(f"{host}:{port}" for host, port in cluster.sentinel_addresses)
+    common = ["--sentinel", sentinels, "--service", cluster.service, "--name", f"ha-resume-{uuid.uuid4().hex}"]
+    common += ["--store-dir", str(shared), "--prompts", str(n), "--visibility", "3.0"]
+    roles = {
+        "trainer": [*common, "--checkpoints", str(checkpoints), "--every", "2", "--step-seconds", "0.1"],
+        "producer": common,
+    }
+    errors = {role: tmp_path / f"{role}.err" for role in roles}
+
+    def spawn(role: str) -> subprocess.Popen[bytes]:
+        command = [sys.executable, "-m", "featurestream.testing.resume", role, *roles[role]]
+        with errors[role].open("ab") as err:
+            return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=err)
+
+    procs = {role: spawn(role) for role in roles}
+    victims = ["trainer", "primary", "trainer", "primary"]
+    give_up = time.monotonic() + 240
+    try:
+        while procs["trainer"].poll() != 0:
+            assert time.monotonic() < give_up, f"no end by the deadline; victims left {victims}"
+            for role, proc in procs.items():
+                code = proc.poll()
+                assert code in (None, 0), f"{role} exited with {code}: {errors[role].read_text()[-3000:]}"
+            time.sleep(1.0)
+            if not victims or procs["trainer"].poll() == 0:
+                continue
+            victim = victims.pop(0)
+            if victim == "primary":
+                old = cluster.kill_primary()
+                cluster.wait_failover(old)
+                cluster.restart(old)
+            else:
+                procs["trainer"].send_signal(signal.SIGKILL)
+                procs["trainer"].wait(30)
+                procs["trainer"] = spawn("trainer")
+        procs["producer"].wait(60)
+        assert procs["producer"].returncode == 0, errors["producer"].read_text()[-3000:]
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(30)
+    assert not victims, f"the run ended before every kill: {victims} left"
+    final = latest_checkpoint(checkpoints)
+    assert final is not None
+    assert check_history(final["history"], n) is None, check_history(final["history"], n)

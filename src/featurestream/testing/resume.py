@@ -196,14 +196,21 @@ def _open(args: argparse.Namespace) -> tuple[LeaseQueue, FeatureStore]:
     from featurestream.stores.shared_dir import SharedDirFeatureStore
 
     store = SharedDirFeatureStore(args.store_dir, max_samples=None, max_bytes=1 << 30)
-    queue = RedisSampleRefQueue(store, VisibilityTimeout(args.visibility), url=args.url, name=args.name)
+    # through Sentinel: "--sentinel HOST:PORT,HOST:PORT --service NAME" (a replicated Redis that fails over)
+    target: dict[str, Any] = {"url": args.url}
+    if args.sentinel:
+        addresses = [address.rsplit(":", 1) for address in args.sentinel.split(",")]
+        target = {"sentinels": [(host, int(port)) for host, port in addresses], "service_name": args.service}
+    queue = RedisSampleRefQueue(store, VisibilityTimeout(args.visibility), name=args.name, **target)
     return queue, store
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("role", choices=("trainer", "producer"))
-    parser.add_argument("--url", required=True)
+    parser.add_argument("--url", help="the Redis server (or --sentinel and --service)")
+    parser.add_argument("--sentinel", default="", help="HOST:PORT,HOST:PORT...: the sentinels of a replicated Redis")
+    parser.add_argument("--service", help="with --sentinel: the service the sentinels monitor")
     parser.add_argument("--name", required=True)
     parser.add_argument("--store-dir", required=True)
     parser.add_argument("--checkpoints", help="trainer: the checkpoint directory")

@@ -214,9 +214,9 @@ class Link:
 
     def _check_replicas(self) -> None:
         """``ReplicasMissing`` when the primary has fewer replicas connected than ``min_replicas`` for
-        ``FIRST_CONTACT_TIMEOUT`` seconds (at most ``reconnect_timeout``: a replica resyncing after a failover
-        is back within a second or so)."""
-        give_up = time.monotonic() + min(self._reconnect_timeout, FIRST_CONTACT_TIMEOUT)
+        ``reconnect_timeout`` seconds: right after a failover the promoted primary has none until the others
+        (or the old primary, restarted) resync, and a process started then waits for them as its calls would."""
+        give_up = time.monotonic() + self._reconnect_timeout
         while True:
             info = self.retrying(self.redis.info, "replication")
             connected = int(info.get("connected_slaves", 0))

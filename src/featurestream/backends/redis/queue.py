@@ -158,6 +158,7 @@ class RedisSampleRefQueue(FrontEnd):
             ready = client or sentinel.open_client(
                 url or (None if sentinels else os.environ.get("FEATURESTREAM_REDIS_URL", DEFAULT_REDIS_URL)),
                 sentinels, service_name, password=password, sentinel_password=sentinel_password,
+                patience=reconnect_timeout,
             )  # fmt: skip
             return self._join(context, Link(ready, name, self._library, reconnect_timeout, replicas), store, clock)
 
@@ -223,7 +224,9 @@ class RedisSampleRefQueue(FrontEnd):
         check_seconds("reconnect_timeout", reconnect_timeout)
         sentinel.check_min_replicas(min_replicas, sentinels)
         connection = {"sentinels": sentinels, "service_name": service_name, "password": password}
-        client = sentinel.open_client(url, **connection, sentinel_password=sentinel_password)
+        client = sentinel.open_client(
+            url, **connection, sentinel_password=sentinel_password, patience=reconnect_timeout
+        )
         try:
             first_contact(client, name, reconnect_timeout)
             layout, *settings = client.hmget(
@@ -271,7 +274,10 @@ def list_queues(
     ``NotRedisServer`` as for a queue's first connection.
     """
     check_seconds("reconnect_timeout", reconnect_timeout)
-    client = sentinel.open_client(url, sentinels, service_name, password=password, sentinel_password=sentinel_password)
+    client = sentinel.open_client(
+        url, sentinels, service_name, password=password, sentinel_password=sentinel_password,
+        patience=reconnect_timeout,
+    )  # fmt: skip
     try:
         first_contact(client, None, reconnect_timeout)
         prefix, suffix = "featurestream:{", "}:meta"

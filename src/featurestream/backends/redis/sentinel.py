@@ -12,6 +12,7 @@ contains one.
 from __future__ import annotations
 
 import socket
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -85,12 +86,15 @@ def connect(
     *,
     password: str | None = None,
     sentinel_password: str | None = None,
+    patience: float = 0.0,
 ) -> redis.Redis:
-    """A client of ``service_name``'s primary, found through ``sentinels`` (checked at once).
+    """A client of ``service_name``'s primary, found through ``sentinels``.
 
     ``password`` is the Redis servers' (primary and replicas), ``sentinel_password`` the sentinels'.
-    ``SentinelServiceError`` (naming the service and the sentinels) when no sentinel answers, none knows the
-    service, or they report its primary down; ``TypeError`` / ``ValueError`` for malformed arguments.
+    ``SentinelServiceError`` (naming the service and the sentinels) at once when no sentinel monitors the
+    service, and after ``patience`` seconds (a failover in progress: the process was started while its
+    primary was lost) when none answers or they still report its primary down; ``TypeError`` /
+    ``ValueError`` for malformed arguments.
     """
     addresses = sentinel_addresses(sentinels)
     if not isinstance(service_name, str) or not service_name:
@@ -107,15 +111,23 @@ def connect(
         socket_keepalive_options=_KEEPALIVE,
         **timeouts,
     )
-    try:
-        manager.discover_master(service_name)
-    except redis.sentinel.MasterNotFoundError:
-        raise SentinelServiceError(_diagnose(manager, service_name, addresses)) from None
-    return manager.master_for(service_name)
+    give_up = time.monotonic() + patience
+    delay = 0.05
+    while True:
+        try:
+            manager.discover_master(service_name)
+            return manager.master_for(service_name)
+        except redis.sentinel.MasterNotFoundError:
+            known, why = _diagnose(manager, service_name, addresses)
+            if not known or time.monotonic() + delay > give_up:
+                raise SentinelServiceError(why) from None
+        time.sleep(delay)
+        delay = min(delay * 2, 0.5)
 
 
-def _diagnose(manager: redis.sentinel.Sentinel, service_name: str, addresses: Sequence[Address]) -> str:
-    """Why no sentinel named a usable primary of ``service_name``: unreachable, unknown, or reported down."""
+def _diagnose(manager: redis.sentinel.Sentinel, service_name: str, addresses: Sequence[Address]) -> tuple[bool, str]:
+    """Why no sentinel named a usable primary of ``service_name`` (unreachable, unknown, or reported down),
+    and whether that may pass (every answering sentinel monitors no such service: it will not)."""
     known: set[str] = set()
     states: list[str] = []
     unreachable = 0
@@ -132,11 +144,11 @@ def _diagnose(manager: redis.sentinel.Sentinel, service_name: str, addresses: Se
             states.append(f"{state['ip']}:{state['port']} {'down' if flags else 'not a usable primary'}")
     target = where(service_name, addresses)
     if unreachable == len(addresses):
-        return f"cannot reach {target}: none of the {len(addresses)} sentinels answers"
+        return True, f"cannot reach {target}: none of the {len(addresses)} sentinels answers"
     if not states:
         others = ", ".join(repr(name) for name in sorted(known)) or "none"
-        return f"cannot reach {target}: no sentinel monitors service {service_name!r} (they monitor: {others})"
-    return f"cannot reach {target}: the sentinels report its primary {'; '.join(sorted(set(states)))}"
+        return False, f"cannot reach {target}: no sentinel monitors service {service_name!r} (they monitor: {others})"
+    return True, f"cannot reach {target}: the sentinels report its primary {'; '.join(sorted(set(states)))}"
 
 
 def open_client(
@@ -146,9 +158,11 @@ def open_client(
     *,
     password: str | None,
     sentinel_password: str | None,
+    patience: float = 0.0,
 ) -> redis.Redis:
     """The client a queue, an operator's handle or ``list_queues`` makes: through ``sentinels`` when given
-    (with ``service_name``), else at ``url``; ``ValueError`` for a mix of the two."""
+    (with ``service_name``, waiting up to ``patience`` seconds for a primary, see ``connect``), else at
+    ``url``; ``ValueError`` for a mix of the two."""
     if sentinels is None:
         if service_name is not None or sentinel_password is not None:
             raise ValueError("service_name and sentinel_password need sentinels=[(host, port), ...]")
@@ -159,7 +173,7 @@ def open_client(
         return redis.Redis.from_url(url, **({} if password is None else {"password": password}))
     if url is not None:
         raise ValueError(f"pass either a url or sentinels, not both (url={_redacted(url)}, sentinels={sentinels!r})")
-    return connect(sentinels, service_name, password=password, sentinel_password=sentinel_password)
+    return connect(sentinels, service_name, password=password, sentinel_password=sentinel_password, patience=patience)
 
 
 def check_min_replicas(min_replicas: object, sentinels: object) -> int:
