@@ -10,7 +10,9 @@ give them; no packing metadata) and the producer stores it, once in a
 once in a ``SharedDirFeatureStore`` (the bytes of the files it writes, headers
 included). Each is divided by the token count. The layers captured are the
 reference recipes' defaults: EAGLE-3's three auxiliary layers, DFlash's and
-DSpark's one target layer per draft layer for a five-layer draft.
+DSpark's one target layer per draft layer for a five-layer draft. The draft-vocab
+row projects EAGLE-3's logits onto a 32k draft vocabulary before storing
+(``DraftVocabTarget``: ``target_probs`` float32 + ``position_mask``).
 
 This is arithmetic made visible rather than a timing: the numbers depend on
 the shape only, and the script prints them as the Markdown table
@@ -31,11 +33,12 @@ import torch
 from featurestream import LocalFeatureStore, SharedDirFeatureStore
 from featurestream.pipeline.dflash import DFlashTargetBatch
 from featurestream.pipeline.dspark import DSparkTargetBatch
-from featurestream.pipeline.eagle3 import Eagle3TargetBatch
+from featurestream.pipeline.eagle3 import DraftVocab, DraftVocabTarget, Eagle3TargetBatch
 from featurestream.pipeline.eagle12 import EagleTargetBatch
 from featurestream.pipeline.producer import FeatureProducer
 from featurestream.stores.base import FeatureStore
 
+DRAFT_VOCAB = 32_000
 DRAFT_LAYERS = 5  # the DFlash and DSpark recipes' default draft depth: one target layer per draft layer
 
 
@@ -83,6 +86,13 @@ def eagle3(tokens: int, shape: Shape) -> Eagle3TargetBatch:
     )
 
 
+def draft_vocab(tokens: int, shape: Shape) -> DraftVocabTarget:
+    selected = torch.randperm(shape.vocab)[:DRAFT_VOCAB]
+    mask = torch.zeros(shape.vocab, dtype=torch.bool)
+    mask[selected] = True
+    return DraftVocabTarget(FixedTarget(eagle3(tokens, shape)), DraftVocab(selected, mask))
+
+
 def dflash(tokens: int, shape: Shape, *, logits: bool = False) -> DFlashTargetBatch:
     given = ids(tokens, shape)
     return DFlashTargetBatch(
@@ -117,6 +127,7 @@ def eagle12(tokens: int, shape: Shape) -> EagleTargetBatch:
 # (row label, algorithm, layers captured, the backend of one batch)
 ROWS: tuple[tuple[str, str, str, Callable[[int, Shape], object]], ...] = (
     ("EAGLE-3, full-vocab logits", "eagle3", "3 aux layers", lambda t, s: FixedTarget(eagle3(t, s))),
+    (f"EAGLE-3, {DRAFT_VOCAB // 1000}k draft vocab", "eagle3", "3 aux layers", draft_vocab),
     ("DFlash (DFlash 2, Domino)", "dflash", f"{DRAFT_LAYERS} layers", lambda t, s: FixedTarget(dflash(t, s))),
     (
         "JetSpec (DFlash + logits)",
