@@ -48,6 +48,7 @@ __all__ = [
     "FIRST_CONTACT_TIMEOUT",
     "REPLICATION_WAIT",
     "RETRYABLE",
+    "SENTINEL_RETRY_DELAY",
     "Link",
     "NotPrimary",
     "NotRedisServer",
@@ -70,6 +71,10 @@ FIRST_CONTACT_TIMEOUT = 3.0
 # How long one WAIT blocks (at most what is left of reconnect_timeout) before the call is retried as after a
 # lost reply: short enough that a failover is noticed within a second or so of it.
 REPLICATION_WAIT = 1.0
+
+
+# The longest pause between retries through Sentinel (1 s at a URL).
+SENTINEL_RETRY_DELAY = 0.25
 
 
 class RedisUnreachable(FeatureStreamError, redis.ConnectionError):
@@ -190,6 +195,9 @@ class Link:
         self._sentinel = sentinel.describe(client)
         self._where = self._sentinel or describe(client)
         self._fence = self.prefix + "fence"
+        # the longest pause between retries: through Sentinel a promoted replica is usually ready within a
+        # second or two of the loss, and a short pause finds it sooner
+        self._max_delay = 1.0 if self._sentinel is None else SENTINEL_RETRY_DELAY
         pool = client.connection_pool
         # the hot path's own connection (see the module docstring); None: every call takes redis-py's path
         self._conn: redis.connection.AbstractConnection | None = None
@@ -264,7 +272,8 @@ class Link:
         except RETRYABLE:
             pass
         except redis.ReadOnlyError as exc:
-            raise self._not_primary(exc) from None
+            if self._sentinel is None:  # through Sentinel: a demoted primary, retried on the promoted one
+                raise self._not_primary(exc) from None
         except redis.ResponseError as exc:
             if "function not found" not in str(exc).lower() and not _transient(exc):
                 raise
@@ -403,7 +412,7 @@ class Link:
                     ) from exc
                 logger.warning("Redis unreachable at %s (%s); retrying in %.2fs", self._where, exc, delay)
                 time.sleep(delay)
-                delay = min(delay * 2, 1.0)
+                delay = min(delay * 2, self._max_delay)
 
     def snapshot(self) -> tuple[dict[Any, Any], int]:
         """The ``stats`` hash and the number of live leases, read together (one MULTI/EXEC)."""
