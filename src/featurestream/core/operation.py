@@ -44,7 +44,7 @@ class Operation:
                 self.__exit__()
                 raise
 
-    def __exit__(self, *exc_info: object) -> None:
+    def __exit__(self, exc_type: object = None, exc: object = None, traceback: object = None) -> None:
         outbox = self._outbox
         if outbox:  # rarely: a dead letter's callback, a backpressure step
             self._outbox = []

@@ -111,7 +111,7 @@ class MemoryEngine:
     def screen(self, batch: list[SampleRef], check: Callable[[SampleRef], None]) -> None:
         """Raise what a put of the first refused ref is refused with (counting a dedup refusal); change nothing
         else. Every put passes here, so the checks are written inline."""
-        if self._deadlines:
+        if self._deadlines and self._deadlines[0][0] <= self._clock():  # something is due: ``_reap_due``
             self._reap_due()
         held = self._held
         for ref in batch:
@@ -172,7 +172,7 @@ class MemoryEngine:
 
     # -- leasing ----------------------------------------------------------------
     def lease(self, n: int, wait: float) -> tuple[list[Lease], Any]:
-        if self._deadlines:
+        if self._deadlines and self._deadlines[0][0] <= self._clock():  # something is due: ``_reap_due``
             self._reap_due()
         pending = self._pending
         if pending:
@@ -216,14 +216,10 @@ class MemoryEngine:
             self._prune_deadlines()
 
     def _prune_deadlines(self) -> None:
-        """Extends and settles leave dead heap entries: drop them all once no lease is live, else rebuild the heap
-        before they dominate (amortised O(1): each entry was pushed once)."""
-        live = self._live
-        if not live:
-            self._deadlines.clear()
-        else:
-            self._deadlines = [(record.deadline, lease_id) for lease_id, record in live.items()]
-            heapq.heapify(self._deadlines)
+        """Extends and settles leave dead heap entries: rebuild the heap from the live leases before they
+        dominate (amortised O(1): each entry was pushed once); a settle leaving no live lease clears it."""
+        self._deadlines = [(record.deadline, lease_id) for lease_id, record in self._live.items()]
+        heapq.heapify(self._deadlines)
 
     def _live_record(self, lease: Lease, action: str) -> _Record | None:
         """The record of the live ``lease`` (the very object ``acquire`` returned), else ``None``: reported
@@ -247,7 +243,7 @@ class MemoryEngine:
 
     # -- settling -------------------------------------------------------------------
     def settle(self, action: str, leases: list[Lease]) -> list[bool]:
-        if self._deadlines:
+        if self._deadlines and self._deadlines[0][0] <= self._clock():  # something is due: ``_reap_due``
             self._reap_due()
         if len(leases) == 1:  # ack / fail / lose: no comprehension to build for one lease
             return [self._settle_one(action, leases[0])]
@@ -263,7 +259,9 @@ class MemoryEngine:
             self._reject(lease, trigger, lease_id, forged=record is not None)
             return False
         del live[lease_id]
-        if not live or len(self._deadlines) > 2 * len(live) + 1024:
+        if not live:
+            self._deadlines.clear()  # every entry left is a settled or extended lease's
+        elif len(self._deadlines) > 2 * len(live) + 1024:
             self._prune_deadlines()
         if trigger == "ack":
             self._counts["acked"] += 1
