@@ -197,7 +197,7 @@ class ReplicatedRedis:
             raise
 
     def wait_healthy(self, timeout: float = 30.0) -> None:
-        """Until the last failover has settled: every sentinel names the same primary, which answers as one,
+        """Until the last failover has settled: a majority of the sentinels name one primary, which answers as one,
         every other running server replicates from it with its link up, and the sentinels see them all."""
         give_up = time.monotonic() + timeout
         while not self._settled():
@@ -208,11 +208,9 @@ class ReplicatedRedis:
         self._wait_sentinels(timeout)
 
     def _settled(self) -> bool:
-        addresses = {sentinel.primary() for sentinel in self.sentinels}
-        if len(addresses) != 1 or None in addresses:
+        address = self._named()
+        if address is None:
             return False
-        (address,) = addresses
-        assert address is not None
         for server in self.servers:
             if server.process is None:
                 continue
@@ -230,14 +228,22 @@ class ReplicatedRedis:
                 return False
         return True
 
-    def primary(self) -> RedisNode:
-        """The server the sentinels name as primary now (a majority of those answering)."""
+    def _named(self) -> tuple[str, int] | None:
+        """The primary a majority of the sentinels name now (``None`` when no majority agrees): one sentinel
+        may lag, e.g. in TILT mode after a stall on a busy machine."""
         votes: dict[tuple[str, int], int] = {}
         for sentinel in self.sentinels:
             address = sentinel.primary()
             if address is not None:
                 votes[address] = votes.get(address, 0) + 1
-        address = max(votes, key=votes.__getitem__)
+        best = max(votes, key=votes.__getitem__, default=None)
+        return best if best is not None and 2 * votes[best] > len(self.sentinels) else None
+
+    def primary(self) -> RedisNode:
+        """The server a majority of the sentinels name as primary now."""
+        address = self._named()
+        if address is None:
+            raise LookupError("no majority of the sentinels names a primary")
         return next(server for server in self.servers if server.port == address[1])
 
     def kill_primary(self) -> RedisNode:
@@ -247,17 +253,14 @@ class ReplicatedRedis:
         return primary
 
     def wait_failover(self, old: RedisNode, timeout: float = 30.0) -> RedisNode:
-        """Once every sentinel names another primary than ``old`` and that server answers as primary: it."""
+        """Once a majority of the sentinels name another primary than ``old`` and it answers as one: it."""
         give_up = time.monotonic() + timeout
         while time.monotonic() < give_up:
-            addresses = {sentinel.primary() for sentinel in self.sentinels}
-            if len(addresses) == 1 and None not in addresses:
-                (address,) = addresses
-                assert address is not None
-                if address[1] != old.port:
-                    server = next(server for server in self.servers if server.port == address[1])
-                    if self._role(server) == "master":
-                        return server
+            address = self._named()
+            if address is not None and address[1] != old.port:
+                server = next(server for server in self.servers if server.port == address[1])
+                if self._role(server) == "master":
+                    return server
             time.sleep(0.05)
         raise TimeoutError(f"no failover away from port {old.port} within {timeout} s")
 
@@ -272,7 +275,11 @@ class ReplicatedRedis:
         """Until the current primary (the first server before the sentinels run) has ``count`` replicas online."""
         give_up = time.monotonic() + timeout
         while time.monotonic() < give_up:
-            primary = self.primary() if any(s.process is not None for s in self.sentinels) else self.servers[0]
+            try:
+                primary = self.primary() if any(s.process is not None for s in self.sentinels) else self.servers[0]
+            except LookupError:  # the sentinels are between two views: ask again
+                time.sleep(0.05)
+                continue
             client = primary.client()
             try:
                 info = client.info("replication")

@@ -118,8 +118,8 @@ def connect(
             manager.discover_master(service_name)
             return manager.master_for(service_name)
         except redis.sentinel.MasterNotFoundError:
-            known, why = _diagnose(manager, service_name, addresses)
-            if not known or time.monotonic() + delay > give_up:
+            may_pass, why = _diagnose(manager, service_name, addresses)
+            if not may_pass or time.monotonic() + delay > give_up:
                 raise SentinelServiceError(why) from None
         time.sleep(delay)
         delay = min(delay * 2, 0.5)
