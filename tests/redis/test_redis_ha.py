@@ -22,7 +22,13 @@ redis = pytest.importorskip("redis", reason="redis-py is missing: pip install 'f
 
 from featurestream import LocalFeatureStore, SharedDirFeatureStore  # noqa: E402
 from featurestream import VisibilityTimeout as VT  # noqa: E402
-from featurestream.backends.redis.link import NotPrimary, NotReplicated, PrimaryLost, ReplicasMissing  # noqa: E402
+from featurestream.backends.redis.link import (  # noqa: E402
+    NotPrimary,
+    NotReplicated,
+    PrimaryLost,
+    RedisUnreachable,
+    ReplicasMissing,
+)
 from featurestream.backends.redis.queue import RedisSampleRefQueue, list_queues  # noqa: E402
 from featurestream.backends.redis.sentinel import SentinelServiceError  # noqa: E402
 from featurestream.cli import main  # noqa: E402
@@ -277,35 +283,35 @@ def test_a_replica_given_as_the_primary_is_refused(cluster: ReplicatedRedis) -> 
         RedisSampleRefQueue(LocalFeatureStore(), url=url, name=f"ha-{uuid.uuid4().hex}")
 
 
-def test_a_service_whose_primary_is_down_is_named(tmp_path: Path) -> None:
-    """No replica to promote: once the sentinels flag the primary down, connecting says so; a queue already
-    connected gives up after reconnect_timeout with PrimaryLost naming the service and sentinels."""
-    with ReplicatedRedis(tmp_path, replicas=0, sentinel_password="s3cret-sentinel") as lonely:
-        connection = {"sentinels": lonely.sentinel_addresses, "service_name": lonely.service}
+def test_a_service_whose_primary_is_down_is_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Passwords on the servers and the sentinels work (the CLI's from the environment) and are never printed.
+    No replica to promote: a queue already connected gives up after reconnect_timeout with PrimaryLost naming
+    the service and sentinels; once the sentinels flag the primary down, connecting says so."""
+    secrets = {"password": "s3cret-server", "sentinel_password": "s3cret-sentinel"}
+    with ReplicatedRedis(tmp_path, replicas=0, **secrets) as lonely:
+        connection = {"sentinels": lonely.sentinel_addresses, "service_name": lonely.service, **secrets}
         store = LocalFeatureStore()
-        queue = RedisSampleRefQueue(
-            store,
-            name="lonely",
-            reconnect_timeout=1.0,
-            sentinel_password="s3cret-sentinel",
-            min_replicas=0,
-            **connection,
-        )
-        ref = store.put("s", sample_tensors(0))
+        queue = RedisSampleRefQueue(store, name="lonely", reconnect_timeout=1.0, min_replicas=0, **connection)
+        first, second = _refs(store, 2, "lonely")
+        queue.put(first)
+        with pytest.raises(RedisUnreachable, match=r"Sentinel service 'featurestream'") as refused:
+            RedisSampleRefQueue(store, name="lonely", reconnect_timeout=1.0, **{**connection, "password": "wr0ng"})
+        assert "wr0ng" not in str(refused.value) and "s3cret" not in str(refused.value)
+        monkeypatch.setenv("FEATURESTREAM_REDIS_PASSWORD", secrets["password"])
+        monkeypatch.setenv("FEATURESTREAM_SENTINEL_PASSWORD", secrets["sentinel_password"])
+        target = [arg for host, port in lonely.sentinel_addresses for arg in ("--sentinel", f"{host}:{port}")]
+        assert main(["status", *target, "--service", lonely.service, "--name", "lonely", "--json"]) == 0
+        out = capsys.readouterr().out
+        assert json.loads(out)["pending"] == 1 and "s3cret" not in out
         lonely.kill_primary()
         with pytest.raises(PrimaryLost, match=r"Sentinel service 'featurestream' \(sentinels 127.0.0.1:"):
-            queue.put(ref)
+            queue.put(second)
         queue.disconnect()
         with pytest.raises(SentinelServiceError, match=r"report its primary 127.0.0.1:\d+ down") as caught:
             _wait_reported_down(
-                lambda: RedisSampleRefQueue(
-                    store,
-                    name="lonely",
-                    sentinel_password="s3cret-sentinel",
-                    min_replicas=0,
-                    reconnect_timeout=1.0,
-                    **connection,
-                )
+                lambda: RedisSampleRefQueue(store, name="lonely", min_replicas=0, reconnect_timeout=1.0, **connection)
             )
         assert "s3cret" not in str(caught.value)
 

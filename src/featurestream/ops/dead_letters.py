@@ -43,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
         if args.ids and args.all:
             return _say(command, "pass either sample ids or --all, not both", 2)
     try:
-        with open_target(args) as queue:
+        with open_target(args, repairs=args.action != "list") as queue:
             if args.action == "list":
                 return _list(queue, args)
             return _repair(queue, args, command)

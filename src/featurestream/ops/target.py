@@ -112,14 +112,18 @@ def _connection(args: argparse.Namespace) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def open_target(args: argparse.Namespace) -> Iterator[Any]:
+def open_target(args: argparse.Namespace, *, repairs: bool = False) -> Iterator[Any]:
     """Open the queue ``args.name`` at ``args.redis`` (or through ``args.sentinel``); connection errors inside
     the block become ``TargetError``.
 
-    The handle is disconnected when the block ends.
+    Through Sentinel a handle that ``repairs`` (requeues, purges) waits for a replica as any queue does
+    (``min_replicas=1``); one that only reads does not, so status works while the replicas are down. The
+    handle is disconnected when the block ends.
     """
     where = f"queue {args.name!r} at {describe_target(args)}"
     connection = _connection(args)
+    if args.sentinel and not repairs:
+        connection["min_replicas"] = 0
     try:
         import redis
         from featurestream.backends.redis.link import NotRedisServer, RedisUnreachable
