@@ -35,7 +35,7 @@ from featurestream.cli import main  # noqa: E402
 from featurestream.testing import sample_tensors  # noqa: E402
 from featurestream.testing.resume import check_history, latest_checkpoint  # noqa: E402
 from featurestream.testing.sentinel import ReplicatedRedis  # noqa: E402
-from featurestream.testing.servers import free_port  # noqa: E402
+from featurestream.tools.servers import free_port  # noqa: E402
 
 # Long enough for a failover (about 1-2 s here) and the old primary's restart as a replica.
 RECONNECT = 30.0

@@ -17,7 +17,7 @@ from types import TracebackType
 from typing import Self
 
 import redis
-from featurestream.testing.servers import HOST, ServerProcess, free_port
+from featurestream.tools.servers import HOST, ServerProcess, free_port
 
 __all__ = ["RedisNode", "ReplicatedRedis", "SentinelNode"]
 
