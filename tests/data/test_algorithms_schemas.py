@@ -77,7 +77,9 @@ def test_a_sample_streams_producer_to_loader_unchanged(algorithm: FeatureAlgorit
     with FeatureDataLoader(queue, store, algorithm=algorithm, prefetch=0) as loader:
         batches = list(loader)
     batch_type = BUILTINS[algorithm][0]
-    assert [type(batch) for batch in batches] == [batch_type, batch_type]
+    # Once the reference's module is imported in this process (an earlier compat test may have), the loader
+    # yields the reference's class, a subclass of ours.
+    assert len(batches) == 2 and all(isinstance(batch, batch_type) for batch in batches)
     for batch, expected in zip(batches, samples, strict=True):
         assert list(batch.tensors()) == [name for name in batch_type.FEATURES.order if name in expected]
         assert all(torch.equal(batch[name], tensor) for name, tensor in expected.items())
