@@ -89,7 +89,8 @@ _frozen = dataclasses.dataclass(frozen=True, slots=True)
 
 @_event
 class Admitted:
-    """A sample was enqueued (traced ``Put``)."""
+    """A sample was enqueued (traced ``Put``). The front end only traces it, so an untraced engine may leave it
+    unreported (both engines do: it is the one event of the in-process put)."""
 
     sample_id: str
     trace: Trace | None
