@@ -142,9 +142,13 @@ class HFEagle3TargetModel(HFCaptureModel, Eagle3ForwardBackend):
         """Record the draft vocabulary: the target token ids it keeps and the mask of them over the target vocab.
 
         The mapping is stored (``selected_token_ids``, ``selected_token_mask``)
-        for the trainer side; ``generate_batch`` keeps emitting the full
-        target-vocabulary ``logits`` (the producer requires them), from which
-        a draft-vocab trainer selects ``logits[..., selected_token_ids]``.
+        for the trainer side; it does not change ``generate_batch``, which
+        keeps emitting the full target-vocabulary ``logits``, from which a
+        draft-vocab trainer may select ``logits[..., selected_token_ids]``.
+        To stream the draft-vocab supervision instead (``target_probs`` +
+        ``position_mask``, which ``FeatureProducer`` stores as it stores
+        ``logits``), wrap this model in ``featurestream.eagle3.DraftVocabTarget``:
+        it projects each batch onto the map before anything is stored.
         ``None, None`` clears the mapping.
         """
         if selected_token_ids is None and selected_token_mask is None:
