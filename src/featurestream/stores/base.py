@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from featurestream.common.errors import FeatureStreamError
 from featurestream.common.refs import FeatureAlgorithm, SampleRef
 
 __all__ = ["REF_FIELD_DEFAULTS", "FeatureStore", "SampleLostError", "StoreHandle", "StoreHealth", "new_handle_id"]
@@ -25,7 +26,7 @@ def new_handle_id() -> int:
     return next(_handle_ids)
 
 
-class SampleLostError(KeyError):
+class SampleLostError(FeatureStreamError, KeyError):
     """A sample a ref names is gone from a store that never freed it on purpose (its bytes were lost).
 
     Its owner process died, the store evicted it, or the store's server
