@@ -10,6 +10,13 @@ either supervision; ``DraftVocabTarget`` projects a logits-producing target
 onto a draft vocabulary (``DraftVocab``) before anything is stored, which
 shrinks the supervision from the target's vocabulary to the draft's.
 
+Each feature's dtype and shape has a rule (``EAGLE3_FEATURES``, see
+``check_feature_specs``): checked by ``FeatureProducer`` on a backend's
+output before anything is stored (``produced_tensors``) and by the loader on
+a ref's ``feature_specs`` before the sample is read (``validate_eagle3_ref``);
+either error names the sample, the feature, what was expected and what came.
+An ``Eagle3TargetBatch`` built directly checks only its feature names.
+
 The reference's public names (``EAGLE3_*``, ``eagle3_logits_tensors``,
 ``eagle3_logits_feature_specs``, ``validate_eagle3_packing_inputs``,
 ``validate_eagle3_ref``) are defined here; featurestream's shorter names
@@ -42,12 +49,14 @@ from featurestream.common.refs import (
     FeatureSpec,
     SampleRef,
 )
+from featurestream.pipeline.features import MASK_DTYPES, FeatureRule, FeatureSet
 from featurestream.pipeline.schemas import AlgorithmSchema, register
 
 __all__ = [
     "CORE_FEATURES",
     "EAGLE3_CORE_FEATURES",
     "EAGLE3_DRAFT_VOCAB_SUPERVISION",
+    "EAGLE3_FEATURES",
     "EAGLE3_LOGITS_SUPERVISION",
     "EAGLE3_PACKING_FEATURES",
     "EAGLE3_SCHEMA",
@@ -65,10 +74,12 @@ __all__ = [
     "Eagle3TargetBatch",
     "ForwardInputs",
     "check_feature_names",
+    "check_feature_specs",
     "eagle3_logits_feature_specs",
     "eagle3_logits_tensors",
     "feature_tensors",
     "packed_attention_allowed",
+    "produced_tensors",
     "project_to_draft_vocab",
     "shift_left",
     "validate_eagle3_packing_inputs",
@@ -92,6 +103,50 @@ LOGITS_SUPERVISION = EAGLE3_LOGITS_SUPERVISION
 PROBS_SUPERVISION = EAGLE3_DRAFT_VOCAB_SUPERVISION
 PACKING_FEATURES = EAGLE3_PACKING_FEATURES
 FEATURE_ORDER = CORE_FEATURES + LOGITS_SUPERVISION + PROBS_SUPERVISION + PACKING_FEATURES
+
+# Each feature's dtype and shape (the reference's Eagle3TargetBatch and its trainer): the hidden states, logits and
+# draft-vocab probabilities float, token ids integer, masks bool/integer/float; ``aux_hidden_states [B, S, 3H]``,
+# ``logits [B, S, V]`` and ``target_probs [B, S, D]`` have a last dimension of any size (neither H nor the
+# vocabularies are known here). Which features a sample carries is check_feature_names' business (exactly one
+# supervision, packing all-or-none); these rules check only the specs.
+_CORE_RULES = (
+    FeatureRule("aux_hidden_states", ("floating",), ("B", "S", "*")),
+    FeatureRule("input_ids", ("integer",), ("B", "S")),
+    FeatureRule("attention_mask", MASK_DTYPES, ("B", "S")),
+    FeatureRule("loss_mask", MASK_DTYPES, ("B", "S")),
+    FeatureRule("logits", ("floating",), ("B", "S", "*"), required=False),
+    FeatureRule("target_probs", ("floating",), ("B", "S", "*"), required=False),
+)
+# The packing metadata, unshifted: per-document ``position_ids [B, S]``, document lengths ``seq_lens [B, D]`` and
+# ``doc_remaining [B, S]``, which the trainer only compares with the step index (``step < doc_remaining``), so a
+# float one works as well as an integer one.
+_PACKING_RULES = (
+    FeatureRule("position_ids", ("integer",), ("B", "S"), required=False),
+    FeatureRule("seq_lens", ("integer",), ("B", "*"), required=False),
+    FeatureRule("doc_remaining", ("integer", "floating"), ("B", "S"), required=False),
+)
+
+
+def _feature_set(position_mask: tuple[int | str, ...]) -> FeatureSet:
+    rule = FeatureRule("position_mask", MASK_DTYPES, position_mask, required=False)
+    return FeatureSet("eagle3", (*_CORE_RULES, rule, *_PACKING_RULES))
+
+
+# ``position_mask`` is ``[B, S, 1]`` as the reference's remote server and ``DraftVocab.project`` make it; a
+# squeezed ``[B, S]`` one (what recipes build from a loss mask) was streamed before these rules and still is.
+# Errors quote the reference's ``[B, S, 1]``.
+EAGLE3_FEATURES = _feature_set(("B", "S", 1))
+_SQUEEZED_POSITION_MASK_FEATURES = _feature_set(("B", "S"))
+
+
+def check_feature_specs(specs: Mapping[str, tuple[tuple[int, ...], torch.dtype]], sample: str | None = None) -> None:
+    """``ValueError`` naming the sample (when given), the feature, what was expected and what came, for the first
+    feature (in ``FEATURE_ORDER``) whose dtype or shape breaks its EAGLE-3 rule; ``B`` and ``S`` must agree across
+    features. ``specs`` maps feature name -> ``(shape, dtype)``."""
+    position_mask = specs.get("position_mask")
+    squeezed = position_mask is not None and len(position_mask[0]) == 2
+    (_SQUEEZED_POSITION_MASK_FEATURES if squeezed else EAGLE3_FEATURES).check_specs(specs, sample)
+
 
 # Features whose trainer keyword differs from the feature name.
 _TRAINER_KEYWORDS = {"logits": "target_logits"}
@@ -143,7 +198,8 @@ def check_feature_names(names: Iterable[str]) -> None:
 
 
 def validate_eagle3_ref(ref: SampleRef) -> None:
-    """Raise ``ValueError`` when ``ref`` is not an EAGLE-3 v1 sample (checked before materialising)."""
+    """Raise ``ValueError`` when ``ref`` is not an EAGLE-3 v1 sample (checked before materialising): its algorithm,
+    schema version, feature names, then each feature's dtype and shape (``check_feature_specs``)."""
     if ref.algorithm is not FeatureAlgorithm.EAGLE3:
         raise ValueError(
             f"sample {ref.sample_id!r}: ref.algorithm must be FeatureAlgorithm.EAGLE3 (got {ref.algorithm!r}) "
@@ -157,6 +213,7 @@ def validate_eagle3_ref(ref: SampleRef) -> None:
         check_feature_names(ref.feature_keys)
     except ValueError as exc:
         raise ValueError(f"sample {ref.sample_id!r}: {exc}") from None
+    check_feature_specs({name: (spec.shape, spec.dtype) for name, spec in ref.feature_specs.items()}, ref.sample_id)
 
 
 validate_ref = validate_eagle3_ref
@@ -173,6 +230,15 @@ def feature_tensors(batch: object) -> dict[str, torch.Tensor]:
         if not isinstance(value, torch.Tensor):
             raise TypeError(f"eagle3 feature {name!r} must be a torch.Tensor, got {type(value).__name__}")
     check_feature_names(tensors)
+    return tensors
+
+
+def produced_tensors(batch: object) -> dict[str, torch.Tensor]:
+    """What ``FeatureProducer`` stores of a backend's output: ``feature_tensors(batch)`` whose every dtype and shape
+    also passes its EAGLE-3 rule (``check_feature_specs``), else ``ValueError`` naming the feature, what was
+    expected and what came (the producer adds the sample and stores nothing)."""
+    tensors = feature_tensors(batch)
+    check_feature_specs({name: (tuple(tensor.shape), tensor.dtype) for name, tensor in tensors.items()})
     return tensors
 
 
@@ -583,7 +649,7 @@ EAGLE3_SCHEMA = register(
         optional_features=LOGITS_SUPERVISION + PROBS_SUPERVISION + PACKING_FEATURES,
         validate_ref=validate_eagle3_ref,
         feature_tensors=feature_tensors,
-        produced_tensors=feature_tensors,
+        produced_tensors=produced_tensors,
         check_inputs=_check_inputs,
         batch_type=Eagle3TargetBatch,
         backend_type=Eagle3TargetBackend,
