@@ -13,11 +13,9 @@ from __future__ import annotations
 import shutil
 import time
 from pathlib import Path
-from types import TracebackType
-from typing import Self
 
 import redis
-from featurestream.tools.servers import HOST, ServerProcess, free_port
+from featurestream.tools.servers import HOST, ServerProcess, Started, free_port
 
 __all__ = ["RedisNode", "ReplicatedRedis", "SentinelNode"]
 
@@ -31,7 +29,26 @@ def _binary() -> str:
     return binary
 
 
-class RedisNode(ServerProcess):
+class _RedisProcess(ServerProcess):
+    """A ``redis-server`` process, data server or sentinel, that clients reach on ``HOST:port`` with ``password``."""
+
+    port: int
+    password: str | None
+
+    def client(self) -> redis.Redis:
+        return redis.Redis(host=HOST, port=self.port, password=self.password, socket_connect_timeout=0.5)
+
+    def ready(self) -> bool:
+        client = self.client()
+        try:
+            return bool(client.ping())
+        except redis.ConnectionError:  # not listening yet, or still loading its data (BusyLoadingError is one)
+            return False
+        finally:
+            client.close()
+
+
+class RedisNode(_RedisProcess):
     """One data server; ``replicaof`` (host, port) starts it as a replica of that primary."""
 
     name = "redis-server"
@@ -63,20 +80,8 @@ class RedisNode(ServerProcess):
             *follow,
         ]  # fmt: skip
 
-    def client(self) -> redis.Redis:
-        return redis.Redis(host=HOST, port=self.port, password=self.password, socket_connect_timeout=0.5)
 
-    def ready(self) -> bool:
-        client = self.client()
-        try:
-            return bool(client.ping())
-        except (redis.ConnectionError, redis.BusyLoadingError):
-            return False
-        finally:
-            client.close()
-
-
-class SentinelNode(ServerProcess):
+class SentinelNode(_RedisProcess):
     """One sentinel watching ``primary`` as ``SERVICE`` (quorum 2); its config file is its own (it rewrites it)."""
 
     name = "redis-sentinel"
@@ -114,18 +119,6 @@ class SentinelNode(ServerProcess):
     def command(self) -> list[str]:
         return [self.binary, str(self.config), "--sentinel", "--loglevel", "warning"]
 
-    def client(self) -> redis.Redis:
-        return redis.Redis(host=HOST, port=self.port, password=self.password, socket_connect_timeout=0.5)
-
-    def ready(self) -> bool:
-        client = self.client()
-        try:
-            return bool(client.ping())
-        except redis.ConnectionError:
-            return False
-        finally:
-            client.close()
-
     def primary(self) -> tuple[str, int] | None:
         """The primary this sentinel names for ``SERVICE`` now (``None`` when it cannot be asked)."""
         client = self.client()
@@ -138,7 +131,7 @@ class SentinelNode(ServerProcess):
         return None if found is None else (str(found[0]), int(found[1]))
 
 
-class ReplicatedRedis:
+class ReplicatedRedis(Started):
     """A primary, ``replicas`` replicas and ``sentinels`` sentinels (quorum 2), started in ``directory``.
 
     ``sentinel_addresses`` is what a queue's ``sentinels=`` takes, with ``service_name=SERVICE``. ``password``
@@ -328,12 +321,3 @@ class ReplicatedRedis:
     def stop(self) -> None:
         for process in [*self.sentinels, *self.servers]:
             process.stop(kill=True)
-
-    def __enter__(self) -> Self:
-        self.start()
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()

@@ -12,7 +12,7 @@ import time
 from types import TracebackType
 from typing import IO, Self
 
-__all__ = ["HOST", "ServerProcess", "free_port", "listening"]
+__all__ = ["HOST", "ServerProcess", "Started", "free_port", "listening"]
 
 HOST = "127.0.0.1"
 _POLL = 0.01
@@ -32,7 +32,29 @@ def listening(port: int) -> bool:
         return sock.connect_ex((HOST, port)) == 0
 
 
-class ServerProcess(abc.ABC):
+class Started(abc.ABC):
+    """Something ``start`` runs and ``stop`` ends: a ``with`` block starts it and stops it on the way out, also
+    when the block raises."""
+
+    @abc.abstractmethod
+    def start(self) -> None:
+        """Run it; return once it serves."""
+
+    @abc.abstractmethod
+    def stop(self) -> None:
+        """End it (a no-op when it does not run)."""
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+
+class ServerProcess(Started):
     """One server process: ``command`` says how to run it, ``ready`` when it serves; ``restart(kill=True)``
     SIGKILLs it and starts it again with the same command (same ports, same files).
 
@@ -102,12 +124,3 @@ class ServerProcess(abc.ABC):
         if self._output is not None:
             self._output.close()
             self._output = None
-
-    def __enter__(self) -> Self:
-        self.start()
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
