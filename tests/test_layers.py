@@ -64,6 +64,16 @@ def test_the_data_plane_imports_nothing_from_the_control_plane() -> None:
     assert not {path: names for path, names in offenders.items() if names}
 
 
+def test_the_shared_vocabulary_imports_no_other_featurestream_package() -> None:
+    offenders = {
+        str(path.relative_to(PACKAGE)): sorted(
+            n for n in imported(path) if n.startswith("featurestream.") and not n.startswith("featurestream.common")
+        )
+        for path in (PACKAGE / "common").rglob("*.py")
+    }
+    assert offenders and not {path: names for path, names in offenders.items() if names}
+
+
 def test_the_tools_import_nothing_from_the_test_kit_whose_old_server_paths_are_aliases() -> None:
     import featurestream.testing.mooncake
     import featurestream.testing.servers
