@@ -49,7 +49,7 @@ from featurestream.common.refs import (
     FeatureSpec,
     SampleRef,
 )
-from featurestream.pipeline.features import MASK_DTYPES, FeatureRule, FeatureSet
+from featurestream.pipeline.features import MASK_DTYPES, FeatureRule, FeatureSet, TargetBackendBase
 from featurestream.pipeline.schemas import AlgorithmSchema, register
 
 __all__ = [
@@ -353,28 +353,13 @@ class Eagle3TargetBatch:
         return list(self.tensors())
 
 
-class Eagle3TargetBackend(abc.ABC):
+class Eagle3TargetBackend(TargetBackendBase):
     """A target model that computes EAGLE-3 supervision; ``FeatureProducer`` infers EAGLE-3 from this base.
 
-    ``generate_batch`` runs one forward and returns an ``Eagle3TargetBatch``
-    (or any object or mapping with its fields) whose tensors are fresh.
+    ``generate_batch`` (the contract of ``TargetBackendBase``) runs one forward and returns an
+    ``Eagle3TargetBatch`` (or any object or mapping with its fields) whose tensors are fresh; the reference's
+    recipes also call it with ``(input_ids, attention_mask, loss_mask)`` positionally.
     """
-
-    @abc.abstractmethod
-    def generate_batch(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor,
-        loss_mask: torch.Tensor,
-        position_ids: torch.Tensor | None = None,
-        seq_lens: torch.Tensor | None = None,
-        doc_remaining: torch.Tensor | None = None,
-    ) -> object:
-        """One no-grad forward over the batch; packing metadata is passed through.
-
-        ``FeatureProducer`` passes every argument by keyword; the reference's recipes also call a target with
-        ``(input_ids, attention_mask, loss_mask)`` positionally.
-        """
 
     def get_input_embeddings(self) -> torch.nn.Module:
         """The target's input embedding (a draft head may share it)."""
