@@ -21,7 +21,9 @@ from typing import Any
 
 __all__ = [
     "TargetError",
+    "add_server_arguments",
     "add_target_arguments",
+    "connection_keywords",
     "describe_target",
     "list_target_queues",
     "open_target",
@@ -42,13 +44,28 @@ def add_target_arguments(parser: argparse.ArgumentParser, *, name_required: bool
     """``--redis URL`` (default ``$FEATURESTREAM_REDIS_URL``) or ``--sentinel HOST:PORT ... --service NAME``,
     ``--name NAME`` and ``--json``."""
     default_url = os.environ.get("FEATURESTREAM_REDIS_URL")
-    server = parser.add_mutually_exclusive_group(required=default_url is None)
-    server.add_argument(
-        "--redis",
-        metavar="redis://HOST:PORT/DB",
-        default=default_url,
-        help="the Redis server holding the queue (default: $FEATURESTREAM_REDIS_URL)",
+    add_server_arguments(
+        parser,
+        redis_help="the Redis server holding the queue (default: $FEATURESTREAM_REDIS_URL)",
+        default_url=default_url,
+        required=default_url is None,
     )
+    parser.add_argument(
+        "--name",
+        required=name_required,
+        help="the queue name (RedisSampleRefQueue(name=...))"
+        + ("" if name_required else "; omit it to list the queues"),
+    )
+    parser.add_argument("--json", action="store_true", help="print JSON for scripts instead of a table")
+
+
+def add_server_arguments(
+    parser: argparse.ArgumentParser, *, redis_help: str, default_url: str | None = None, required: bool = False
+) -> None:
+    """``--redis URL`` or (argparse refuses both) ``--sentinel HOST:PORT`` (repeatable) with ``--service NAME``;
+    ``connection_keywords`` checks the pairing and turns them into a queue's keywords."""
+    server = parser.add_mutually_exclusive_group(required=required)
+    server.add_argument("--redis", metavar="redis://HOST:PORT/DB", default=default_url, help=redis_help)
     server.add_argument(
         "--sentinel",
         metavar="HOST:PORT",
@@ -57,13 +74,6 @@ def add_target_arguments(parser: argparse.ArgumentParser, *, name_required: bool
         help="a sentinel of a replicated Redis (repeat for each sentinel; with --service)",
     )
     parser.add_argument("--service", metavar="NAME", help="the service the sentinels monitor (with --sentinel)")
-    parser.add_argument(
-        "--name",
-        required=name_required,
-        help="the queue name (RedisSampleRefQueue(name=...))"
-        + ("" if name_required else "; omit it to list the queues"),
-    )
-    parser.add_argument("--json", action="store_true", help="print JSON for scripts instead of a table")
 
 
 def redact(url: str) -> str:
@@ -94,8 +104,9 @@ def describe_target(args: argparse.Namespace) -> str:
     return redact(args.redis)
 
 
-def _connection(args: argparse.Namespace) -> dict[str, Any]:
-    """The keywords that reach the target (``url`` first); ``TargetError`` for --sentinel without --service."""
+def connection_keywords(args: argparse.Namespace) -> dict[str, Any]:
+    """The keywords that reach the server ``add_server_arguments`` names (``url``, ``None`` through Sentinel,
+    first), passwords from the environment; ``TargetError`` for --sentinel without --service or the reverse."""
     if not args.sentinel:
         if args.service is not None:
             raise TargetError("--service needs --sentinel HOST:PORT (the sentinels to ask)")
@@ -121,7 +132,7 @@ def open_target(args: argparse.Namespace, *, repairs: bool = False) -> Iterator[
     handle is disconnected when the block ends.
     """
     where = f"queue {args.name!r} at {describe_target(args)}"
-    connection = _connection(args)
+    connection = connection_keywords(args)
     if args.sentinel and not repairs:
         connection["min_replicas"] = 0
     try:
@@ -153,7 +164,7 @@ def list_target_queues(args: argparse.Namespace) -> dict[str, str]:
     """The queues on the server ``args.redis`` or through ``args.sentinel`` (name -> lifecycle state); every
     failure is a ``TargetError``."""
     where = f"the queues at {describe_target(args)}"
-    connection = _connection(args)
+    connection = connection_keywords(args)
     try:
         import redis
         from featurestream.backends.redis.link import NotRedisServer, RedisUnreachable

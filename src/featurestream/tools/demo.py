@@ -43,6 +43,7 @@ from featurestream.core import events
 from featurestream.core.lease import VisibilityTimeout
 from featurestream.core.queue import LeaseLost, SampleRefQueue
 from featurestream.monitor.metrics import Metrics, MetricsLogger
+from featurestream.ops.target import TargetError, add_server_arguments, connection_keywords, describe_target
 from featurestream.pipeline.async_pipeline import AsyncFeaturePipeline
 from featurestream.pipeline.loader import FeatureDataLoader
 from featurestream.pipeline.producer import FeatureProducer
@@ -141,7 +142,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         choices=("local", "shared-dir", "mooncake"),
         default="local",
         help="feature store (local); mooncake: a mooncake_master of its own, the trainer in a separate process "
-        "(needs --redis and featurestream[mooncake])",
+        "(needs --redis or --sentinel, and featurestream[mooncake])",
     )
     parser.add_argument("--dir", metavar="PATH", help="shared-dir store directory (default: a fresh temporary one)")
     parser.add_argument("--samples", type=_positive_int, default=300, metavar="N", help="samples to stream (300)")
@@ -171,33 +172,42 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--render", metavar="PATH", help="draw the queue's final state snapshot to PATH (.svg/.png need graphviz)"
     )
-    parser.add_argument(
-        "--redis",
-        metavar="redis://HOST:PORT/DB",
-        help="run the queue on this Redis server (RedisSampleRefQueue, a fresh queue name per run; needs redis-py)",
+    add_server_arguments(
+        parser,
+        redis_help="run the queue on this Redis server (RedisSampleRefQueue, a fresh queue name per run; needs "
+        "redis-py); or on a replicated Redis through --sentinel (passwords from $FEATURESTREAM_REDIS_PASSWORD and "
+        "$FEATURESTREAM_SENTINEL_PASSWORD)",
     )
+
+
+def over_redis(args: argparse.Namespace) -> bool:
+    """Whether the queue lives on Redis (``--redis`` or ``--sentinel``) rather than in this process."""
+    return bool(getattr(args, "redis", None) or getattr(args, "sentinel", None))
 
 
 def make_queue(store: FeatureStore, args: argparse.Namespace, tracer: Any) -> SampleRefQueue:
     """The demo's queue (the one place a queue backend is chosen)."""
-    if getattr(args, "redis", None):
-        import uuid
-
-        from featurestream.backends.redis.queue import RedisSampleRefQueue  # redis-py is optional: import on use
-
-        return RedisSampleRefQueue(
-            store,
-            VisibilityTimeout(args.visibility_timeout),
-            max_deliveries=MAX_DELIVERIES,
-            tracer=tracer,
-            url=args.redis,
-            name=f"demo-{uuid.uuid4().hex[:12]}",
-        )
+    if over_redis(args):
+        return redis_queue(store, args, tracer, f"demo-{uuid.uuid4().hex[:12]}")
     return SampleRefQueue(
         store,
         VisibilityTimeout(args.visibility_timeout),
         max_deliveries=MAX_DELIVERIES,
         tracer=tracer,
+    )
+
+
+def redis_queue(store: FeatureStore, args: argparse.Namespace, tracer: Any, name: str) -> SampleRefQueue:
+    """An instance of the Redis queue ``name`` at ``--redis`` or through ``--sentinel`` (checked by ``run``)."""
+    from featurestream.backends.redis.queue import RedisSampleRefQueue  # redis-py is optional: import on use
+
+    return RedisSampleRefQueue(
+        store,
+        VisibilityTimeout(args.visibility_timeout),
+        max_deliveries=MAX_DELIVERIES,
+        tracer=tracer,
+        name=name,
+        **connection_keywords(args),
     )
 
 
@@ -358,6 +368,11 @@ def run(args: argparse.Namespace) -> int:
     if args.visibility_timeout <= 0:
         print("featurestream demo: --visibility-timeout must be > 0", file=sys.stderr)
         return 2
+    try:
+        connection_keywords(args)  # --sentinel and --service go together (the operator commands' rule)
+    except TargetError as exc:
+        print(f"featurestream demo: {exc}", file=sys.stderr)
+        return 2
     torch.set_num_threads(1)  # one core for the producer thread, one for training
     config = TinyConfig()
     try:
@@ -442,10 +457,12 @@ def _leftover_files(directory: str, run_id: str) -> list[str]:
 
 
 def _queue_description(queue: object, args: argparse.Namespace) -> str:
-    """In-process, or the Redis queue's server and name (what ``featurestream status --name`` needs)."""
-    if not getattr(args, "redis", None):
+    """In-process, or the Redis queue's name and where it lives, password hidden (what ``featurestream status``
+    needs)."""
+    if not over_redis(args):
         return "in-process"
-    return f"RedisSampleRefQueue {getattr(queue, 'name', '?')!r} at {args.redis} (featurestream status --name)"
+    name = getattr(queue, "name", "?")
+    return f"RedisSampleRefQueue {name!r} at {describe_target(args)} (featurestream status --name)"
 
 
 def summary(

@@ -1,11 +1,12 @@
-"""``featurestream demo --store mooncake --redis URL``: the producer and the trainer in separate processes.
+"""``featurestream demo --store mooncake --redis URL`` (or ``--sentinel HOST:PORT --service NAME``): the producer
+and the trainer in separate processes.
 
-The demo's own process starts a ``mooncake_master`` (127.0.0.1, free ports),
-hosts the samples in its ``MooncakeFeatureStore`` segment and runs the
-producer pipeline; a spawned trainer process (its own Mooncake client without
-a segment, its own ``RedisSampleRefQueue`` instance on the same queue) runs the
-consumers, fetching every tensor from the producer's segment through Mooncake's
-transfer engine. The trainer reports what it trained, acked and lost back to the
+The demo's own process starts a ``mooncake_master`` (127.0.0.1, free ports), hosts the samples in its
+``MooncakeFeatureStore`` segment and runs the producer pipeline; a spawned trainer process (its own Mooncake
+client without a segment, its own ``RedisSampleRefQueue`` instance on the same queue) runs the consumers,
+fetching every tensor from the producer's segment through Mooncake's transfer engine. The trainer reaches the
+queue as the demo was told to, the URL or the sentinels and service riding on its pickled arguments (no command
+line) and any password in the environment it inherits. It reports what it trained, acked and lost back to the
 demo process, whose summary checks the same promises as the in-process demo.
 """
 
@@ -22,17 +23,17 @@ from typing import Any
 
 import torch
 
-from featurestream.core.lease import VisibilityTimeout
 from featurestream.pipeline.async_pipeline import AsyncFeaturePipeline
 from featurestream.pipeline.producer import FeatureProducer
 from featurestream.tools.demo import (
     BATCH_SIZE,
-    MAX_DELIVERIES,
     SEQ_LEN,
     Telemetry,
     Trainer,
     consume,
     make_queue,
+    over_redis,
+    redis_queue,
     store_caps,
     summary,
 )
@@ -49,10 +50,10 @@ def run_across_processes(
     args: argparse.Namespace, target: Any, target_description: str, config: TinyConfig, sample_bytes: int, run_id: str
 ) -> int:
     """Run the demo with the trainer in a child process; the exit status of ``demo.run``."""
-    if not getattr(args, "redis", None):
+    if not over_redis(args):
         print(
             "featurestream demo: --store mooncake runs the trainer in another process, whose queue must be shared: "
-            "pass --redis redis://HOST:PORT/DB",
+            "pass --redis redis://HOST:PORT/DB or --sentinel HOST:PORT --service NAME",
             file=sys.stderr,
         )
         return 2
@@ -151,21 +152,13 @@ def _train(
     results: Any,
 ) -> None:
     """The trainer process: ``args.consumers`` consumer threads over its own Mooncake client and queue instance."""
-    from featurestream.backends.redis.queue import RedisSampleRefQueue
     from featurestream.stores.mooncake import MooncakeFeatureStore
 
     torch.set_num_threads(1)
     errors: list[BaseException] = []
     store = MooncakeFeatureStore(**store_kwargs, **caps)
     telemetry = Telemetry()
-    queue = RedisSampleRefQueue(
-        store,
-        VisibilityTimeout(args.visibility_timeout),
-        max_deliveries=MAX_DELIVERIES,
-        tracer=telemetry,
-        url=args.redis,
-        name=queue_name,
-    )
+    queue = redis_queue(store, args, telemetry, queue_name)
     draft = TinyEagle3Draft(config, seed=args.seed + 1)
     trainer = Trainer(draft, torch.optim.AdamW(draft.parameters(), lr=3e-3))
     threads = [
