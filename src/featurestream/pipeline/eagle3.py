@@ -49,7 +49,14 @@ from featurestream.common.refs import (
     FeatureSpec,
     SampleRef,
 )
-from featurestream.pipeline.features import MASK_DTYPES, FeatureRule, FeatureSet, TargetBackendBase
+from featurestream.pipeline.features import (
+    MASK_DTYPES,
+    FeatureRule,
+    FeatureSet,
+    ForwardInputs,
+    TargetBackendBase,
+    TargetInputs,
+)
 from featurestream.pipeline.schemas import AlgorithmSchema, register
 
 __all__ = [
@@ -361,10 +368,6 @@ class Eagle3TargetBackend(TargetBackendBase):
     recipes also call it with ``(input_ids, attention_mask, loss_mask)`` positionally.
     """
 
-    def get_input_embeddings(self) -> torch.nn.Module:
-        """The target's input embedding (a draft head may share it)."""
-        raise NotImplementedError(f"{type(self).__name__} does not expose its input embeddings")
-
     def set_vocab_mapping(self, selected_token_ids: torch.Tensor, selected_token_mask: torch.Tensor) -> None:
         """Restrict supervision to a draft vocabulary (the target token ids kept, and their mask)."""
         raise NotImplementedError(f"{type(self).__name__} has no draft-vocabulary mapping")
@@ -520,15 +523,7 @@ class DraftVocabTarget(Eagle3TargetBackend):
         """The wrapped target's input embeddings."""
         return self.target.get_input_embeddings()  # type: ignore[attr-defined,no-any-return]
 
-    def generate_batch(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor,
-        loss_mask: torch.Tensor,
-        position_ids: torch.Tensor | None = None,
-        seq_lens: torch.Tensor | None = None,
-        doc_remaining: torch.Tensor | None = None,
-    ) -> Eagle3TargetBatch:
+    def target_batch(self, inputs: TargetInputs) -> Eagle3TargetBatch:
         """The wrapped target's batch for these inputs, its logits projected onto the draft vocabulary."""
         vocab = self.vocab
         if vocab is None:
@@ -536,11 +531,16 @@ class DraftVocabTarget(Eagle3TargetBackend):
                 f"DraftVocabTarget over {type(self.target).__name__} has no draft-vocab map: pass vocab= or call "
                 "set_vocab_mapping(selected_token_ids, selected_token_mask) first"
             )
-        packing = {"position_ids": position_ids, "seq_lens": seq_lens, "doc_remaining": doc_remaining}
+        # Packing keywords only when given: a wrapped target that takes none (the reference's remote client) works.
+        packing = {
+            "position_ids": inputs.position_ids,
+            "seq_lens": inputs.seq_lens,
+            "doc_remaining": inputs.doc_remaining,
+        }
         given = {name: value for name, value in packing.items() if value is not None}
         with torch.no_grad():
             batch = self.target.generate_batch(  # type: ignore[attr-defined]
-                input_ids=input_ids, attention_mask=attention_mask, loss_mask=loss_mask, **given
+                input_ids=inputs.input_ids, attention_mask=inputs.attention_mask, loss_mask=inputs.loss_mask, **given
             )
             return project_to_draft_vocab(batch, vocab)
 
@@ -572,51 +572,27 @@ def packed_attention_allowed(seq_lens: torch.Tensor, length: int) -> torch.Tenso
     return (document[:, :, None] == document[:, None, :]) & causal
 
 
-@dataclasses.dataclass(frozen=True)
-class ForwardInputs:
-    """What the model of an ``Eagle3ForwardBackend`` sees of a batch (``loss_mask`` and ``doc_remaining`` never
-    reach it): the tokens, their attention mask and, for a packed batch, the per-document ``position_ids`` and
-    the document lengths ``seq_lens``."""
-
-    input_ids: torch.Tensor
-    attention_mask: torch.Tensor
-    position_ids: torch.Tensor | None = None
-    seq_lens: torch.Tensor | None = None
-
-
 class Eagle3ForwardBackend(Eagle3TargetBackend):
     """An ``Eagle3TargetBackend`` defined by one forward: subclasses implement ``forward_features``.
 
-    ``generate_batch`` runs ``forward_features(ForwardInputs(input_ids,
-    attention_mask, position_ids, seq_lens))`` under ``torch.no_grad()`` and returns an
-    ``Eagle3TargetBatch`` in the EAGLE-3 token alignment (module docstring):
-    ``logits``, ``input_ids`` and ``loss_mask`` shifted left, the
-    ``aux_hidden_states``, ``attention_mask`` and packing metadata as they
-    are (``loss_mask`` and ``doc_remaining`` are never seen by the model).
+    ``generate_batch`` runs ``forward_features`` on its inputs (a
+    ``TargetInputs``, read as the ``ForwardInputs`` it extends) under
+    ``torch.no_grad()`` and returns an ``Eagle3TargetBatch`` in the EAGLE-3
+    token alignment (module docstring): ``logits``, ``input_ids`` and
+    ``loss_mask`` shifted left, the ``aux_hidden_states``,
+    ``attention_mask`` and packing metadata as they are.
     """
 
-    def generate_batch(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor,
-        loss_mask: torch.Tensor,
-        position_ids: torch.Tensor | None = None,
-        seq_lens: torch.Tensor | None = None,
-        doc_remaining: torch.Tensor | None = None,
-    ) -> Eagle3TargetBatch:
+    def target_batch(self, inputs: TargetInputs) -> Eagle3TargetBatch:
         """One no-grad forward over the batch: EAGLE-3 supervision with logits, in the EAGLE-3 token alignment."""
         with torch.no_grad():
-            inputs = ForwardInputs(input_ids, attention_mask, position_ids, seq_lens)
             aux_hidden_states, logits = self.forward_features(inputs)
-        return Eagle3TargetBatch(
+        return inputs.batch(
+            Eagle3TargetBatch,
             aux_hidden_states=aux_hidden_states,
-            input_ids=shift_left(input_ids),
-            attention_mask=attention_mask,
-            loss_mask=shift_left(loss_mask),
+            input_ids=shift_left(inputs.input_ids),
+            loss_mask=shift_left(inputs.loss_mask),
             logits=shift_left(logits),
-            position_ids=position_ids,
-            seq_lens=seq_lens,
-            doc_remaining=doc_remaining,
         )
 
     @abc.abstractmethod

@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import functools
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from types import MappingProxyType
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 import torch
 
@@ -36,7 +37,9 @@ __all__ = [
     "FeatureBatch",
     "FeatureRule",
     "FeatureSet",
+    "ForwardInputs",
     "TargetBackendBase",
+    "TargetInputs",
     "declare_schema",
     "register_algorithm",
 ]
@@ -283,14 +286,80 @@ class FeatureBatch:
         return list(self.tensors())
 
 
-class TargetBackendBase(abc.ABC):
+@dataclasses.dataclass(frozen=True)
+class ForwardInputs:
+    """What a target model's forward sees of a batch (``loss_mask`` and ``doc_remaining`` never reach it): the
+    tokens, their attention mask and, for a packed batch, the per-document ``position_ids`` and the document lengths
+    ``seq_lens``."""
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    position_ids: torch.Tensor | None = None
+    seq_lens: torch.Tensor | None = None
+
+
+_Batch = TypeVar("_Batch")
+
+
+@dataclasses.dataclass(frozen=True)
+class TargetInputs(ForwardInputs):
+    """The six arguments of one ``generate_batch`` call as one value: the ``ForwardInputs`` (what the forward
+    reads) and, keyword-only, the ``loss_mask`` and ``doc_remaining`` the batch carries past it."""
+
+    loss_mask: torch.Tensor = dataclasses.field(kw_only=True)
+    doc_remaining: torch.Tensor | None = dataclasses.field(default=None, kw_only=True)
+
+    def batch(self, batch_type: type[_Batch], /, **features: torch.Tensor | None) -> _Batch:
+        """``batch_type(**features)`` (a dataclass batch), each input it has a field for passed through as it came
+        unless ``features`` gives that field (a shifted ``input_ids`` ...)."""
+        passed = {name: getattr(self, name) for name in _passed_inputs(batch_type) if name not in features}
+        return batch_type(**passed, **features)
+
+
+_INPUT_NAMES = tuple(field.name for field in dataclasses.fields(TargetInputs))
+
+
+@functools.cache
+def _passed_inputs(batch_type: type) -> tuple[str, ...]:
+    """The inputs ``batch_type`` has fields for (read once per batch class: every forward builds a batch)."""
+    fields = {field.name for field in dataclasses.fields(batch_type)}
+    return tuple(name for name in _INPUT_NAMES if name in fields)
+
+
+class _TargetBackendMeta(abc.ABCMeta):
+    """``ABCMeta`` where ``generate_batch`` and ``target_batch`` are one method in either of two forms.
+
+    A class that writes ``generate_batch`` itself (the reference's form)
+    owes no ``target_batch``; one whose ``generate_batch`` is still
+    ``TargetBackendBase``'s (which calls ``target_batch``) owes
+    ``target_batch``, and while it lacks it lists both as abstract, so the
+    ``TypeError`` on instantiation names the method a reader knows.
+    """
+
+    def __new__(
+        mcls, name: str, bases: tuple[type, ...], namespace: dict[str, Any], /, **kwargs: Any
+    ) -> _TargetBackendMeta:
+        cls = super().__new__(mcls, name, bases, namespace, **kwargs)
+        abstract = cls.__abstractmethods__
+        if "target_batch" in abstract:
+            owner = next(klass for klass in cls.__mro__ if "generate_batch" in vars(klass))
+            # Only TargetBackendBase declares target_batch beside the generate_batch that calls it.
+            bundled = "target_batch" in vars(owner)
+            cls.__abstractmethods__ = abstract | {"generate_batch"} if bundled else abstract - {"target_batch"}
+        return cls
+
+
+class TargetBackendBase(abc.ABC, metaclass=_TargetBackendMeta):
     """A target model an algorithm's producer drives: one no-grad forward per ``generate_batch``.
 
     Each algorithm's backend base class (``DFlashTargetBackend`` ...) derives
-    from this; ``FeatureProducer`` infers the algorithm from it.
+    from this; ``FeatureProducer`` infers the algorithm from it. A backend
+    implements ``generate_batch`` itself (the reference's form) or
+    ``target_batch``, which this class's ``generate_batch`` calls with the
+    arguments in one ``TargetInputs``; a class with neither cannot be
+    instantiated (``TypeError``).
     """
 
-    @abc.abstractmethod
     def generate_batch(
         self,
         input_ids: torch.Tensor,
@@ -302,6 +371,15 @@ class TargetBackendBase(abc.ABC):
     ) -> object:
         """One forward over the batch, returning the algorithm's batch (fresh tensors); packing metadata is
         passed through. ``FeatureProducer`` passes every argument by keyword."""
+        inputs = TargetInputs(
+            input_ids, attention_mask, position_ids, seq_lens, loss_mask=loss_mask, doc_remaining=doc_remaining
+        )
+        return self.target_batch(inputs)
+
+    @abc.abstractmethod
+    def target_batch(self, inputs: TargetInputs) -> object:
+        """What ``generate_batch`` returns for ``inputs``: the algorithm's batch (``inputs.batch`` builds it with
+        the inputs passed through)."""
 
     def get_input_embeddings(self) -> torch.nn.Module:
         """The target's input embedding (a draft head may share it)."""

@@ -26,7 +26,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from featurestream.pipeline.eagle3 import ForwardInputs, packed_attention_allowed
+from featurestream.pipeline.eagle3 import packed_attention_allowed
+from featurestream.pipeline.features import ForwardInputs
 
 __all__ = ["HFCaptureModel", "Tap", "check_layer_ids", "find_decoder_layers", "find_final_norm"]
 

@@ -24,11 +24,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import torch
 from torch import nn
 
 from featurestream.pipeline.dflash import DFlashTargetBackend, DFlashTargetBatch
-from featurestream.pipeline.eagle3 import ForwardInputs
+from featurestream.pipeline.features import TargetInputs
 from featurestream.pipeline.hf_capture import HFCaptureModel, Tap, check_layer_ids
 
 __all__ = ["HFDFlashTargetModel"]
@@ -60,32 +59,14 @@ class HFDFlashTargetModel(HFCaptureModel, DFlashTargetBackend):
         if capture_logits:
             self._require_lm_head()
 
-    def generate_batch(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor,
-        loss_mask: torch.Tensor,
-        position_ids: torch.Tensor | None = None,
-        seq_lens: torch.Tensor | None = None,
-        doc_remaining: torch.Tensor | None = None,
-    ) -> DFlashTargetBatch:
-        """One no-grad forward over ``input_ids [B, T]``: the captured layers' states as DFlash context.
+    def target_batch(self, inputs: TargetInputs) -> DFlashTargetBatch:
+        """One no-grad forward over ``inputs.input_ids [B, T]`` (``generate_batch``'s arguments): the captured
+        layers' states as DFlash context.
 
         ``ValueError`` for packing (``seq_lens`` given) without
         ``position_ids``, a model whose forward takes none, or a
         FlashAttention model given more than one row.
         """
         taps = [Tap(self._layers[layer], key=layer, slot=slot) for slot, layer in enumerate(self.target_layer_ids)]
-        inputs = ForwardInputs(input_ids, attention_mask, position_ids, seq_lens)
         captured = self.capture(inputs, taps, logits=self.capture_logits)
-        assert captured.concatenated is not None
-        return DFlashTargetBatch(
-            hidden_states=captured.concatenated,
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            loss_mask=loss_mask,
-            logits=captured.logits,
-            position_ids=position_ids,
-            seq_lens=seq_lens,
-            doc_remaining=doc_remaining,
-        )
+        return inputs.batch(DFlashTargetBatch, hidden_states=captured.concatenated, logits=captured.logits)

@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from featurestream.pipeline.dspark import DSparkTargetBackend, DSparkTargetBatch
-from featurestream.pipeline.eagle3 import ForwardInputs
+from featurestream.pipeline.features import TargetInputs
 from featurestream.pipeline.hf_capture import HFCaptureModel, Tap, check_layer_ids, find_final_norm
 
 __all__ = ["HFDSparkTargetModel"]
@@ -99,15 +99,12 @@ class HFDSparkTargetModel(HFCaptureModel, DSparkTargetBackend):
         (``seq_lens`` given) without ``position_ids``, a model whose forward
         takes none, or a FlashAttention model given more than one row.
         """
-        inputs = ForwardInputs(input_ids, attention_mask, position_ids, seq_lens)
+        inputs = TargetInputs(
+            input_ids, attention_mask, position_ids, seq_lens, loss_mask=loss_mask, doc_remaining=doc_remaining
+        )
         captured = self.capture(inputs, self._taps, logits=False, extra=mm_kwargs)
-        assert captured.concatenated is not None
-        return DSparkTargetBatch(
+        return inputs.batch(
+            DSparkTargetBatch,
             target_hidden_states=captured.concatenated,
             target_last_hidden_states=captured.states[_LAST_HIDDEN],
-            input_ids=input_ids,
-            loss_mask=loss_mask,
-            position_ids=position_ids,
-            seq_lens=seq_lens,
-            doc_remaining=doc_remaining,
         )

@@ -18,8 +18,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from featurestream.pipeline.eagle3 import ForwardInputs, shift_left
+from featurestream.pipeline.eagle3 import shift_left
 from featurestream.pipeline.eagle12 import EagleTargetBackend, EagleTargetBatch
+from featurestream.pipeline.features import TargetInputs
 from featurestream.pipeline.hf_capture import HFCaptureModel, Tap, find_final_norm
 
 __all__ = ["HFEagleTargetModel"]
@@ -45,33 +46,22 @@ class HFEagleTargetModel(HFCaptureModel, EagleTargetBackend):
         """The target's LM head (a draft head may share it)."""
         return self._lm_head
 
-    def generate_batch(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor,
-        loss_mask: torch.Tensor,
-        position_ids: torch.Tensor | None = None,
-        seq_lens: torch.Tensor | None = None,
-        doc_remaining: torch.Tensor | None = None,
-    ) -> EagleTargetBatch:
-        """One no-grad forward over ``input_ids [B, T]``: the final hidden states and their shifted supervision.
+    def target_batch(self, inputs: TargetInputs) -> EagleTargetBatch:
+        """One no-grad forward over ``inputs.input_ids [B, T]`` (``generate_batch``'s arguments): the final hidden
+        states and their shifted supervision.
 
         ``ValueError`` for packing (``seq_lens`` given) without
         ``position_ids``, a model whose forward takes none, or a
         FlashAttention model given more than one row.
         """
-        inputs = ForwardInputs(input_ids, attention_mask, position_ids, seq_lens)
         hidden = self.capture(inputs, self._taps, logits=False).states["final_norm"]
         with torch.no_grad():
             logits = self._lm_head(hidden)
-        return EagleTargetBatch(
+        return inputs.batch(
+            EagleTargetBatch,
             input_hidden_states=hidden,
             target_hidden_states=shift_left(hidden),
             target_logits=shift_left(logits),
-            input_ids=shift_left(input_ids),
-            attention_mask=attention_mask,
-            loss_mask=shift_left(loss_mask),
-            position_ids=position_ids,
-            seq_lens=seq_lens,
-            doc_remaining=doc_remaining,
+            input_ids=shift_left(inputs.input_ids),
+            loss_mask=shift_left(inputs.loss_mask),
         )

@@ -43,12 +43,8 @@ from torch import nn
 
 from featurestream.pipeline.dflash import DFlashTargetBackend, DFlashTargetBatch
 from featurestream.pipeline.dspark import DSparkTargetBackend, DSparkTargetBatch
-from featurestream.pipeline.eagle3 import (
-    Eagle3ForwardBackend,
-    Eagle3TargetBatch,
-    ForwardInputs,
-    packed_attention_allowed,
-)
+from featurestream.pipeline.eagle3 import Eagle3ForwardBackend, Eagle3TargetBatch, packed_attention_allowed
+from featurestream.pipeline.features import ForwardInputs, TargetInputs
 
 __all__ = [
     "HF_FAMILIES",
@@ -208,65 +204,27 @@ class _TinyContextTarget:
         """The target's LM head (the DSpark draft copies it)."""
         return self.model.lm_head
 
-    def _states(
-        self,
-        input_ids: torch.Tensor,
-        position_ids: torch.Tensor | None,
-        seq_lens: torch.Tensor | None,
-        mask: torch.Tensor,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def _states(self, inputs: ForwardInputs) -> tuple[torch.Tensor, torch.Tensor]:
         with torch.no_grad():
-            return self.model.states(input_ids, mask, position_ids, seq_lens)
+            return self.model.states(inputs.input_ids, inputs.attention_mask, inputs.position_ids, inputs.seq_lens)
 
 
 class TinyDFlashTarget(_TinyContextTarget, DFlashTargetBackend):
     """``TinyTargetModel`` as a DFlash target: its three tapped layers' outputs as ``hidden_states [B, T, 3H]``."""
 
-    def generate_batch(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor,
-        loss_mask: torch.Tensor,
-        position_ids: torch.Tensor | None = None,
-        seq_lens: torch.Tensor | None = None,
-        doc_remaining: torch.Tensor | None = None,
-    ) -> DFlashTargetBatch:
+    def target_batch(self, inputs: TargetInputs) -> DFlashTargetBatch:
         """One no-grad forward; every feature in the input's positions (DFlash shifts nothing)."""
-        _, context = self._states(input_ids, position_ids, seq_lens, attention_mask)
-        return DFlashTargetBatch(
-            hidden_states=context,
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            loss_mask=loss_mask,
-            position_ids=position_ids,
-            seq_lens=seq_lens,
-            doc_remaining=doc_remaining,
-        )
+        _, context = self._states(inputs)
+        return inputs.batch(DFlashTargetBatch, hidden_states=context)
 
 
 class TinyDSparkTarget(_TinyContextTarget, DSparkTargetBackend):
     """``TinyTargetModel`` as a DSpark target: the three tapped layers' outputs and the final-norm output."""
 
-    def generate_batch(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor,
-        loss_mask: torch.Tensor,
-        position_ids: torch.Tensor | None = None,
-        seq_lens: torch.Tensor | None = None,
-        doc_remaining: torch.Tensor | None = None,
-    ) -> DSparkTargetBatch:
+    def target_batch(self, inputs: TargetInputs) -> DSparkTargetBatch:
         """One no-grad forward; every feature in the input's positions (DSpark shifts nothing)."""
-        last_hidden, context = self._states(input_ids, position_ids, seq_lens, attention_mask)
-        return DSparkTargetBatch(
-            target_hidden_states=context,
-            target_last_hidden_states=last_hidden,
-            input_ids=input_ids,
-            loss_mask=loss_mask,
-            position_ids=position_ids,
-            seq_lens=seq_lens,
-            doc_remaining=doc_remaining,
-        )
+        last_hidden, context = self._states(inputs)
+        return inputs.batch(DSparkTargetBatch, target_hidden_states=context, target_last_hidden_states=last_hidden)
 
 
 def tiny_hf_causal_lm(
