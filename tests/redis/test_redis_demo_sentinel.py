@@ -78,12 +78,17 @@ def test_the_demo_runs_through_sentinel(
     assert '"acked": 24' in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("store", ["local", "mooncake"])
 def test_the_demo_survives_a_sigkilled_primary(
-    cluster: ReplicatedRedis, target: list[str], capsys: pytest.CaptureFixture[str]
+    store: str, cluster: ReplicatedRedis, target: list[str], capsys: pytest.CaptureFixture[str]
 ) -> None:
     """An operator's handle watches the run's queue; once a few samples are acked the primary is SIGKILLed,
     a replica promoted and the old primary restarted as a replica. The run still ends with every check ok:
-    each sample acked and trained once, nothing left leased or resident."""
+    each sample acked exactly once and trained on, nothing left leased or resident (with Mooncake: both
+    processes follow the failover). Training itself is at least once here: a step whose lease expired during
+    the failover is trained again after its redelivery (exactly once takes the training ledger, docs/resume.md)."""
+    if store == "mooncake" and (reason := missing_reason()) is not None:
+        pytest.skip(reason)
     connection = {"sentinels": cluster.sentinel_addresses, "service_name": cluster.service, **SECRETS}
     before = set(list_queues(None, **connection))
     old = cluster.primary()
@@ -114,7 +119,7 @@ def test_the_demo_survives_a_sigkilled_primary(
     killer = threading.Thread(target=kill_mid_run)
     killer.start()
     try:
-        status = main(["demo", *target, *RUN])
+        status = main(["demo", *target, "--store", store, *RUN])
     finally:
         killer.join(120)
     assert not killer.is_alive(), "the kill, failover or restart hung"
