@@ -151,3 +151,20 @@ def test_bad_sentinel_arguments_are_refused_naming_the_value(
         assert f"must be HOST:PORT with a port in 1..65535, got {malformed!r}" in capsys.readouterr().err
     assert main(["demo", "--store", "mooncake", "--samples", "2"]) == 2
     assert "pass --redis redis://HOST:PORT/DB or --sentinel HOST:PORT --service NAME" in capsys.readouterr().err
+
+
+@pytest.mark.usefixtures("target")  # the passwords in the environment
+def test_the_demo_at_a_url_takes_the_password_from_the_environment_and_never_prints_one(
+    cluster: ReplicatedRedis, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--redis`` shares the operator commands' rules too: the password from the environment (or in the URL,
+    hidden in the summary)."""
+    port = cluster.primary().port
+    assert main(["demo", "--redis", f"redis://127.0.0.1:{port}/0", *RUN]) == 0
+    out = capsys.readouterr().out
+    assert "FAILED" not in out and f"at redis://127.0.0.1:{port}/0 (featurestream status" in out
+    url = f"redis://:{SECRETS['password']}@127.0.0.1:{port}/0"
+    assert main(["demo", "--redis", url, *RUN]) == 0
+    out = capsys.readouterr().out
+    assert "FAILED" not in out and f"at redis://:***@127.0.0.1:{port}/0 (featurestream status" in out
+    assert "s3cret" not in out
