@@ -30,27 +30,7 @@ from featurestream.backends.redis.wire import (
 )
 from featurestream.common import errors
 from featurestream.common.refs import SampleRef
-from featurestream.core.engine import (
-    Admitted,
-    Closed,
-    DeadLettered,
-    DedupRefused,
-    Drained,
-    EngineContext,
-    Event,
-    Extended,
-    Holds,
-    Leased,
-    LeaseModel,
-    Purged,
-    Reclaimed,
-    Refusal,
-    Released,
-    Requeued,
-    Settled,
-    Stale,
-    Trace,
-)
+from featurestream.core import engine as contract
 from featurestream.core.lease import DeadLetter, Lease
 from featurestream.core.machines import HELD
 from featurestream.stores.base import StoreHealth
@@ -102,7 +82,7 @@ def _pending(counters: dict[Any, Any]) -> int:
 
 
 # A lease this call expects the server to report on: (the trigger, its lease, its model, if known yet).
-_Expected = tuple[str, Lease, "LeaseModel | None"]
+_Expected = tuple[str, Lease, "contract.LeaseModel | None"]
 
 
 class RedisEngine:
@@ -119,7 +99,7 @@ class RedisEngine:
 
     def __init__(
         self,
-        context: EngineContext,
+        context: contract.EngineContext,
         link: Link,
         name: str,
         *,
@@ -158,7 +138,7 @@ class RedisEngine:
         self._issued: weakref.WeakValueDictionary[int, RedisLease] = weakref.WeakValueDictionary()
         # Lease id -> its lease machine model, for the leases this instance was issued (and, briefly, settled:
         # so a second settle the server reports names the state the first left). See _lease_model.
-        self._models: dict[int, LeaseModel] = {}
+        self._models: dict[int, contract.LeaseModel] = {}
         self._prune_at = 1024  # prune the models once they exceed this (twice those kept at the last prune, + 1024)
         # Samples this instance put and has not seen settled; their settles elsewhere arrive on the feed.
         self._mine: dict[str, SampleRef] = {}
@@ -225,7 +205,7 @@ class RedisEngine:
             offending = next((ref for ref in batch if ref.sample_id == _text(rest[0])), batch[0])
             raise _refusal(status, offending, rest[1])  # nothing was retained: nothing to undo
 
-    def admit(self, batch: list[SampleRef], health: StoreHealth | None, *, if_idle: bool) -> Refusal | None:
+    def admit(self, batch: list[SampleRef], health: StoreHealth | None, *, if_idle: bool) -> contract.Refusal | None:
         self._producing = True
         if len(batch) == 1:
             return self._put_one(batch[0], health, if_idle)
@@ -248,9 +228,9 @@ class RedisEngine:
         unretain = [ref for ref in batch if not flags[ref.sample_id] and ref is not offending]
         if not flags[offending.sample_id]:
             unretain.append(offending)
-        return Refusal(_refusal(status, offending, outcome), tuple(unretain))
+        return contract.Refusal(_refusal(status, offending, outcome), tuple(unretain))
 
-    def _put_one(self, ref: SampleRef, health: StoreHealth | None, if_idle: bool) -> Refusal | None:
+    def _put_one(self, ref: SampleRef, health: StoreHealth | None, if_idle: bool) -> contract.Refusal | None:
         wire = ref_to_json(ref).encode()
         status, reply_events, *rest = self._run("put", ref.sample_id, wire, self._token(), "idle" if if_idle else "")
         self._apply(reply_events, put_health=health)
@@ -261,9 +241,9 @@ class RedisEngine:
                 self._settled_since(ref, rest[0])
             return None
         if status == "busy":
-            return Refusal(None, (ref,))
+            return contract.Refusal(None, (ref,))
         held = bool(int(rest[0])) if status == "closed" else status in ("held", "kept")
-        return Refusal(_refusal(status, ref, rest[0] if rest else ""), () if held else (ref,))
+        return contract.Refusal(_refusal(status, ref, rest[0] if rest else ""), () if held else (ref,))
 
     def _settled_since(self, ref: SampleRef, settled: object) -> None:
         """A retried put whose first run's reply was lost: the server says whether the sample settled since
@@ -294,7 +274,7 @@ class RedisEngine:
         found = self._retrying(self._redis.hmget, self._key["refs"], list(sample_ids))
         return {sample_id for sample_id, value in zip(sample_ids, found, strict=True) if value is not None}
 
-    def training_ledger(self, holds: Holds) -> RedisTrainingLedger:
+    def training_ledger(self, holds: contract.Holds) -> RedisTrainingLedger:
         """A ledger under this queue's key namespace, as durable as the queue."""
         replicated = self._link.replicated if self._link.min_replicas else None
         return RedisTrainingLedger(self._redis, self._link.prefix, self._retrying, holds, replicated)
@@ -358,9 +338,9 @@ class RedisEngine:
             self._issued[lease_id] = lease
             model = models.get(lease_id)
             if model is None:
-                model = models[lease_id] = LeaseModel(lease.ref.sample_id, lease_id)
+                model = models[lease_id] = contract.LeaseModel(lease.ref.sample_id, lease_id)
             if expected is None:
-                self._report(Leased(model, lease, None))
+                self._report(contract.Leased(model, lease, None))
             else:
                 expected[_text(key)] = ("lease", lease, model)
             leases.append(lease)
@@ -377,7 +357,7 @@ class RedisEngine:
             lease_id: model for lease_id, model in self._models.items() if model.state in HELD and lease_id in issued
         }
 
-    def _lease_model(self, lease_id: int, trigger: str) -> LeaseModel:
+    def _lease_model(self, lease_id: int, trigger: str) -> contract.LeaseModel:
         """The model of a lease this instance was issued, for ``trigger`` the server reported on it; a lease it
         holds no model of cannot have been settled or extended by it: ``IllegalTransition``."""
         model = self._models.get(lease_id)
@@ -390,7 +370,7 @@ class RedisEngine:
         instance did not see reclaimed it."""
         model = self._models.get(lease_id)
         if model is not None and model.state == "leased":
-            self._report(Reclaimed(model, None))
+            self._report(contract.Reclaimed(model, None))
 
     def _proof(self, lease: object) -> tuple[str, str, str]:
         """(lease key, token, sample id) to present to the server; the token is empty unless ``lease``
@@ -436,11 +416,11 @@ class RedisEngine:
                 trace = {"sample_id": sample_id, "lease_id": lease.lease_id} if self._traced else None
                 self._forget(lease.ref)
                 model = self._lease_model(lease.lease_id, trigger)
-                self._report(Settled(model, trigger, lease.ref, trace, retried=True))
+                self._report(contract.Settled(model, trigger, lease.ref, trace, retried=True))
             else:
                 if token:
                     self._lost(lease.lease_id)
-                self._report(Stale(trigger, lease, _SETTLED_BEFORE if token else _NOT_ISSUED_HERE, None))
+                self._report(contract.Stale(trigger, lease, _SETTLED_BEFORE if token else _NOT_ISSUED_HERE, None))
             if token:
                 self._issued.pop(lease.lease_id, None)
         return [status in ("ok", "again") for status in statuses]
@@ -594,8 +574,8 @@ class RedisEngine:
                     trace = {"sample_id": first, "lease_id": int(second), **trace}
                 if kind == "reclaim":
                     lease_id = int(second)
-                    model = self._models.get(lease_id) or LeaseModel(first, lease_id, "leased")
-                    self._report(Reclaimed(model, trace))
+                    model = self._models.get(lease_id) or contract.LeaseModel(first, lease_id, "leased")
+                    self._report(contract.Reclaimed(model, trace))
                 elif expected is not None and second in expected:
                     self._report(self._expected_event(expected.pop(second), trace))
             elif kind == "retired":
@@ -609,7 +589,9 @@ class RedisEngine:
                     self._forget(dead.ref)
                 kept = kind == "kept"
                 self._report(
-                    DeadLettered(dead, kept, None if trace is None else {"sample_id": first, "kept": kept, **trace})
+                    contract.DeadLettered(
+                        dead, kept, None if trace is None else {"sample_id": first, "kept": kept, **trace}
+                    )
                 )
             elif trace is None:
                 continue  # an untraced call's event for nothing this instance acts on
@@ -618,44 +600,46 @@ class RedisEngine:
                     trace = {"sample_id": first, "resident_bytes": put_health.resident_bytes, **trace}
                 else:
                     trace = {"sample_id": first, **trace}
-                self._report(Admitted(first, trace))
+                self._report(contract.Admitted(first, trace))
             elif kind == "dedup":
-                self._report(DedupRefused(first, {"sample_id": first, **trace}))
+                self._report(contract.DedupRefused(first, {"sample_id": first, **trace}))
             elif kind == "requeue":
-                self._report(Requeued(first, {"sample_id": first, **trace}))
+                self._report(contract.Requeued(first, {"sample_id": first, **trace}))
             elif kind == "purge":
-                self._report(Purged(first, {"sample_id": first, **trace}))
+                self._report(contract.Purged(first, {"sample_id": first, **trace}))
             elif kind in ("stale", "forged"):  # forged: a copy of a live lease, not the object acquire returned
                 lease_key = int(second) if second else None
                 self._report(
-                    Stale(first, None, "", {"op": first, "lease_id": lease_key, "forged": kind == "forged", **trace})
+                    contract.Stale(
+                        first, None, "", {"op": first, "lease_id": lease_key, "forged": kind == "forged", **trace}
+                    )
                 )
             elif kind == "close":
-                self._report(Closed(trace))
+                self._report(contract.Closed(trace))
             else:  # drain
-                self._report(Drained(trace))
+                self._report(contract.Drained(trace))
 
-    def _expected_event(self, expected: _Expected, trace: Trace | None) -> Event:
+    def _expected_event(self, expected: _Expected, trace: contract.Trace | None) -> contract.Event:
         """The event of a trigger this call made on one of this instance's leases."""
         trigger, lease, model = expected
         if model is None:
             model = self._lease_model(lease.lease_id, trigger)
         if trigger == "lease":
-            return Leased(model, lease, trace)
+            return contract.Leased(model, lease, trace)
         if trigger == "extend":
-            return Extended(model, trace)
+            return contract.Extended(model, trace)
         return self._settle_event(trigger, lease, trace, model)
 
     def _settle_event(
-        self, trigger: str, lease: Lease, trace: Trace | None, model: LeaseModel | None = None
-    ) -> Settled:
+        self, trigger: str, lease: Lease, trace: contract.Trace | None, model: contract.LeaseModel | None = None
+    ) -> contract.Settled:
         """The ``Settled`` of this instance's own ack or fail of ``lease``; an ack's bytes are done with here."""
         if model is None:
             model = self._lease_model(lease.lease_id, trigger)
         if trigger == "ack":
             self._forget(lease.ref)
-            return Settled(model, "ack", lease.ref, trace)
-        return Settled(model, "fail", None, trace)
+            return contract.Settled(model, "ack", lease.ref, trace)
+        return contract.Settled(model, "fail", None, trace)
 
     def _report_unmatched(self, expected: dict[str, _Expected]) -> None:
         """Report what the server did not (an untraced call gets no events for its own triggers)."""
@@ -664,7 +648,7 @@ class RedisEngine:
 
     def _release(self, ref: SampleRef) -> None:
         self._forget(ref)
-        self._report(Released(ref))
+        self._report(contract.Released(ref))
 
     def _forget(self, ref: SampleRef) -> None:
         """This instance's store is about to scrub ``ref``: remember it as settled, no longer as put here."""

@@ -295,7 +295,7 @@ class Link:
 
     def replicated(self, commands: Callable[[redis.client.Pipeline], object]) -> Any:
         """The last reply of the commands ``commands`` adds to a pipeline, once they reached ``min_replicas``
-        replicas (without ``min_replicas``: run as they are, retried while Redis is unreachable).
+        replicas (``min_replicas`` >= 1: ``call`` and the training ledger use it only then).
 
         Each attempt is one round trip: the commands, the fence and ``WAIT``. An attempt that ends short of
         ``min_replicas`` is retried as after a lost reply (the commands must be safe to repeat: the library's
@@ -321,12 +321,10 @@ class Link:
             )
 
     def _attempt(self, commands: Callable[[redis.client.Pipeline], object], give_up: float) -> tuple[int, Any]:
-        """One round trip: ``commands``, then (``min_replicas``) the fence and a ``WAIT`` of at most
+        """One round trip: ``commands``, then the fence and a ``WAIT`` for ``min_replicas`` of at most
         ``REPLICATION_WAIT`` seconds; (the replicas that acknowledged, the last command's reply)."""
         with self.redis.pipeline(transaction=False) as pipe:
             commands(pipe)
-            if not self.min_replicas:
-                return 0, pipe.execute()[-1]
             # WAIT counts the replicas that have this connection's last write: the fence makes that everything
             # the primary holds now, even when the commands wrote nothing (a retry answered from memory).
             pipe.publish(self._fence, "")
