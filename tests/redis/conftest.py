@@ -21,6 +21,7 @@ from featurestream import FeatureStore, LocalFeatureStore  # noqa: E402 - after 
 from featurestream import VisibilityTimeout as VT  # noqa: E402
 from featurestream.backends.redis.queue import RedisSampleRefQueue  # noqa: E402 - needs redis-py
 from featurestream.testing import FakeClock  # noqa: E402
+from featurestream.testing.sentinel import ReplicatedRedis  # noqa: E402 - needs redis-py
 from featurestream.testing.servers import ServerProcess, free_port  # noqa: E402
 
 INSTALL_HINT = "install it (Debian/Ubuntu: apt-get install redis-server; macOS: brew install redis)"
@@ -118,6 +119,17 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServ
     """One in-memory server shared by the tests; each test uses its own queue name."""
     with running(tmp_path_factory.mktemp("redis"), appendonly=False) as server:
         yield server
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReplicatedRedis]:
+    """A primary, a replica and three sentinels (``ReplicatedRedis``), for one test module."""
+    try:
+        replicated = ReplicatedRedis(tmp_path_factory.mktemp("ha"))
+    except FileNotFoundError as exc:
+        pytest.skip(str(exc))
+    with replicated:
+        yield replicated
 
 
 @pytest.fixture

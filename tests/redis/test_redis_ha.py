@@ -41,16 +41,6 @@ from featurestream.tools.servers import free_port  # noqa: E402
 RECONNECT = 30.0
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReplicatedRedis]:
-    try:
-        replicated = ReplicatedRedis(tmp_path_factory.mktemp("ha"))
-    except FileNotFoundError as exc:
-        pytest.skip(str(exc))
-    with replicated:
-        yield replicated
-
-
 @pytest.fixture
 def make(cluster: ReplicatedRedis) -> Iterator[Callable[..., RedisSampleRefQueue]]:
     """Instances of one fresh queue through the cluster's sentinels (the cluster healthy again after the

@@ -1,13 +1,13 @@
 """The library's stateful suite (``featurestream.testing``) against the Redis backend on a real server.
 
-The Redis backend declares that its replies can be lost (``RedisLostReplies``, through ``replies=``): the machine's
-``lose_reply`` rule then makes a call run on the server while its reply is lost, and the client retries it.
+The Redis backend declares that its replies can be lost (``featurestream.testing.redis_faults.RedisLostReplies``,
+through ``replies=``): the machine's ``lose_reply`` rule then makes a call run on the server while its reply is
+lost, and the client retries it.
 """
 
 from __future__ import annotations
 
 import collections
-import threading
 import uuid
 from collections.abc import Callable, Collection, Iterator
 from typing import Any
@@ -21,76 +21,7 @@ from featurestream.testing import EXACT_CALLS, InvariantViolation, make_queue_ma
 
 redis = pytest.importorskip("redis", reason="redis-py is missing: pip install 'featurestream[redis]'")
 from featurestream.backends.redis.queue import RedisSampleRefQueue  # noqa: E402 - needs redis-py
-
-# The server function behind each queue call whose reply can be lost.
-FUNCTION_OF = {
-    "put": "put",
-    "put_many": "put_many",
-    "ack": "ack",
-    "ack_many": "ack",
-    "fail": "fail",
-    "fail_many": "fail",
-    "lose": "lose",
-    "extend": "extend",
-    "reclaim_expired": "reclaim",
-    "requeue_dead_letters": "requeue",
-    "purge_dead_letters": "purge",
-}
-
-
-class RedisLostReplies:
-    """``LosesReplies`` for one ``RedisSampleRefQueue``: an armed server function runs, and its reply is lost.
-
-    The queue's link sends a call on its own connection first; this drops that attempt's reply, so the client
-    sees the connection error a lost reply gives and retries through redis-py's path, which is left alone: each
-    armed call loses one reply. ``always`` names queue calls whose every first reply is lost, whatever ``clear``.
-    """
-
-    def __init__(self, queue: RedisSampleRefQueue, always: Collection[str] = ()) -> None:
-        self._lock = threading.Lock()
-        self._armed: dict[str, int | None] = {}
-        self._always = {FUNCTION_OF[call] for call in always}
-        self.lost_of: collections.Counter[str] = collections.Counter()  # replies lost, by server function
-        link = queue._link
-        send = link._request
-        called_as = {queue._library.function(function): function for function in FUNCTION_OF.values()}
-
-        def request(conn: Any, called: str, header: str, args: tuple[Any, ...]) -> Any:
-            reply = send(conn, called, header, args)
-            if self._take(called_as.get(called)):
-                raise redis.ConnectionError("the reply was lost")
-            return reply
-
-        link._request = request  # type: ignore[method-assign]
-
-    def _take(self, function: str | None) -> bool:
-        with self._lock:
-            if function is None or (function not in self._always and function not in self._armed):
-                return False
-            left = self._armed.get(function)
-            if function not in self._always and left is not None:
-                if left <= 1:
-                    del self._armed[function]
-                else:
-                    self._armed[function] = left - 1
-            self.lost_of[function] += 1
-            return True
-
-    def arm(self, call: str, times: int | None = 1) -> None:
-        with self._lock:
-            self._armed[FUNCTION_OF[call]] = times
-
-    def clear(self) -> None:
-        with self._lock:
-            self._armed.clear()
-
-    def armed(self) -> bool:
-        with self._lock:
-            return bool(self._armed)
-
-    def lost(self) -> int:
-        with self._lock:
-            return sum(self.lost_of.values())
+from featurestream.testing.redis_faults import RedisLostReplies  # noqa: E402 - needs redis-py
 
 
 @pytest.fixture(scope="module")

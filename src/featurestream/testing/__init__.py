@@ -15,7 +15,15 @@ See ``docs/testing.md``.
 """
 
 from featurestream.testing.clock import FakeClock
-from featurestream.testing.faults import EXACT_CALLS, UNTIL_CLEARED, FaultyStore, InjectedFault, LosesReplies
+from featurestream.testing.faults import (
+    EXACT_CALLS,
+    FAILOVER_MOMENTS,
+    UNTIL_CLEARED,
+    FailsOver,
+    FaultyStore,
+    InjectedFault,
+    LosesReplies,
+)
 from featurestream.testing.machine import InvariantViolation, MachineConfig, QueueMachine
 from featurestream.testing.producers import BlockedPut
 from featurestream.testing.profiles import PROFILES, register_profiles
@@ -30,8 +38,10 @@ from featurestream.testing.traces import (
 
 __all__ = [
     "EXACT_CALLS",
+    "FAILOVER_MOMENTS",
     "UNTIL_CLEARED",
     "BlockedPut",
+    "FailsOver",
     "FakeClock",
     "FaultyStore",
     "InjectedFault",

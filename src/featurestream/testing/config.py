@@ -24,7 +24,8 @@ class MachineConfig:
     ``store_faults=False`` keeps the store healthy (for traces of a spec
     without faults). ``store_losses`` bounds how many queued samples the store
     may lose in one run (the spec's ``MaxLosses``; 0 for traces, whose spec
-    has no lost bytes).
+    has no lost bytes). ``failovers`` bounds the primary's losses in one run
+    of a backend that declares them (each one costs seconds).
     """
 
     samples: int = 4
@@ -39,15 +40,17 @@ class MachineConfig:
     producer_rounds: int = 3
     store_faults: bool = True
     store_losses: int = 1
+    failovers: int = 1
 
     def __post_init__(self) -> None:
         for name in ("samples", "consumers", "max_deliveries", "dedup_window", "producers"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"MachineConfig.{name} must be an int >= 1, got {value!r}")
-        losses = self.store_losses
-        if isinstance(losses, bool) or not isinstance(losses, int) or losses < 0:
-            raise ValueError(f"MachineConfig.store_losses must be an int >= 0, got {losses!r}")
+        for name in ("store_losses", "failovers"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"MachineConfig.{name} must be an int >= 0, got {value!r}")
         rounds = self.producer_rounds
         if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 2:
             raise ValueError(f"MachineConfig.producer_rounds must be an int >= 2, got {rounds!r}")

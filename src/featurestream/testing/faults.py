@@ -1,5 +1,6 @@
 """Faults of the world around a queue: ``FaultyStore`` (store calls raise ``OSError``, or bytes vanish), and what a
-backend whose replies a network can lose offers the machine (``LosesReplies``)."""
+backend whose replies a network can lose (``LosesReplies``) or whose replicated server can lose its primary
+(``FailsOver``) offers the machine."""
 
 from __future__ import annotations
 
@@ -14,7 +15,17 @@ import torch
 from featurestream.common.refs import SampleRef
 from featurestream.stores.base import FeatureStore, SampleLostError, StoreHandle, StoreHealth
 
-__all__ = ["CALLS", "EXACT_CALLS", "QUEUE_CALLS", "UNTIL_CLEARED", "FaultyStore", "InjectedFault", "LosesReplies"]
+__all__ = [
+    "CALLS",
+    "EXACT_CALLS",
+    "FAILOVER_MOMENTS",
+    "QUEUE_CALLS",
+    "UNTIL_CLEARED",
+    "FailsOver",
+    "FaultyStore",
+    "InjectedFault",
+    "LosesReplies",
+]
 
 # Every store call a fault can be armed on; the queue makes the last five itself.
 CALLS = ("put", "get", "release", "retain", "scrub", "unretain", "health", "gc")
@@ -37,6 +48,10 @@ EXACT_CALLS = (
     "purge_dead_letters",
 )
 
+# When the primary dies around the call: with the call's effect on it alone, with the effect on the replicas
+# but the reply not sent, or just after the call returned.
+FAILOVER_MOMENTS = ("unreplicated", "replicated", "returned")
+
 
 class LosesReplies(Protocol):
     """A backend that a network separates from its server, declared by whoever builds its queue for the machine.
@@ -58,6 +73,32 @@ class LosesReplies(Protocol):
 
     def lost(self) -> int:
         """How many replies were lost so far."""
+
+
+class FailsOver(Protocol):
+    """A backend whose server is a primary with replicas that take over when it is lost, declared by whoever
+    builds its queue for the machine.
+
+    ``make_queue_machine(..., failovers=lambda queue: ...)`` returns one for each queue; the machine's
+    ``failover`` rule arms it (at most ``MachineConfig.failovers`` times a run) and its ``clear_faults`` rule
+    disarms it. The next queue call that changes the server's state meets the loss of the primary (the spec's
+    ``Failover``, ``spec/ReplicatedQueue.tla``) at the moment armed, a replica is promoted and the old primary
+    rejoins as a replica (``Resync``) before the call returns; the queue follows by itself, and the machine
+    checks the call as the one call it is.
+    """
+
+    def arm(self, at: str) -> None:
+        """Lose the primary around the next state-changing queue call made on this thread, ``at`` one of
+        ``FAILOVER_MOMENTS``."""
+
+    def clear(self) -> None:
+        """Disarm what ``arm`` armed."""
+
+    def armed(self) -> bool:
+        """Whether a call would meet a failover now."""
+
+    def failovers(self) -> int:
+        """How many failovers happened so far."""
 
 
 class InjectedFault(OSError):

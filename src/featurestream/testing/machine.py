@@ -46,7 +46,7 @@ from featurestream.stores.base import FeatureStore, StoreHealth
 from featurestream.testing.clock import FakeClock
 from featurestream.testing.config import BOUND, CALLBACK_MODES, MachineConfig
 from featurestream.testing.consuming import ConsumerActions
-from featurestream.testing.faults import FaultyStore, LosesReplies
+from featurestream.testing.faults import FailsOver, FaultyStore, LosesReplies
 from featurestream.testing.invariants import InvariantViolation
 from featurestream.testing.machine_state import ConsumerRecord, ProducerRecord, SampleRecord
 from featurestream.testing.producing import ProducerActions
@@ -68,6 +68,8 @@ class QueueMachine(ProducerActions, ConsumerActions, WorldActions, RuleBasedStat
     config: MachineConfig = MachineConfig()
     # Given for a backend whose replies can be lost (``make_queue_machine(replies=)``): the queue's reply faults.
     replies_of: Callable[[LeaseQueue], LosesReplies] | None = None
+    # Given for a backend whose primary can be lost (``make_queue_machine(failovers=)``): the queue's failovers.
+    failovers_of: Callable[[LeaseQueue], FailsOver] | None = None
 
     def make_store(self) -> FeatureStore:
         raise NotImplementedError("pass store_factory= to make_queue_machine or override make_store()")
@@ -102,6 +104,7 @@ class QueueMachine(ProducerActions, ConsumerActions, WorldActions, RuleBasedStat
             tracer=self.trace,
         )
         self.replies = None if self.replies_of is None else self.replies_of(self.queue)
+        self.failovers = None if self.failovers_of is None else self.failovers_of(self.queue)
         self.mirror = SpecMirror(
             SpecConstants(
                 samples=cfg.sample_ids,

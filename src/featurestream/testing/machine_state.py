@@ -25,7 +25,7 @@ from featurestream.spec.trace import TraceRecorder
 from featurestream.stores.base import FeatureStore, StoreHandle
 from featurestream.testing.clock import FakeClock
 from featurestream.testing.config import BOUND, MachineConfig
-from featurestream.testing.faults import FaultyStore, LosesReplies
+from featurestream.testing.faults import FailsOver, FaultyStore, LosesReplies
 from featurestream.testing.invariants import QueueInvariants
 from featurestream.testing.producers import BlockedPut
 from featurestream.testing.report import InjectedCallbackError
@@ -74,6 +74,7 @@ class MachineState(QueueInvariants):
     store: FaultyStore  # what the queue uses: faults armed by the rules, every call traced
     queue: LeaseQueue
     replies: LosesReplies | None
+    failovers: FailsOver | None
     mirror: SpecMirror
     samples: dict[str, SampleRecord]
     pending: collections.deque[str]

@@ -14,7 +14,7 @@ from featurestream.core.machines import SETTLED
 from featurestream.core.protocol import LeaseQueue
 from featurestream.core.queue import SampleRefQueue
 from featurestream.stores.base import FeatureStore, StoreHandle
-from featurestream.testing.faults import CALLS, EXACT_CALLS, LosesReplies
+from featurestream.testing.faults import CALLS, EXACT_CALLS, FAILOVER_MOMENTS, FailsOver, LosesReplies
 from featurestream.testing.machine import CALLBACK_MODES, MachineConfig, QueueMachine
 
 __all__ = ["checked", "make_queue_machine"]
@@ -49,6 +49,7 @@ def make_queue_machine(
     *,
     name: str = "QueueStateMachine",
     replies: Callable[[LeaseQueue], LosesReplies] | None = None,
+    failovers: Callable[[LeaseQueue], FailsOver] | None = None,
 ) -> type[QueueMachine]:
     """A ``RuleBasedStateMachine`` running the spec's actions against ``queue_factory(store_factory())``.
 
@@ -57,7 +58,10 @@ def make_queue_machine(
     ``queue_factory(store, **hooks)`` returns a queue with ``SampleRefQueue``'s
     constructor keywords (see ``QueueMachine``). ``replies(queue)``, for a
     backend whose replies a network can lose, returns the queue's
-    ``LosesReplies``: the machine then loses replies too (rule ``lose_reply``). Use it as
+    ``LosesReplies``: the machine then loses replies too (rule ``lose_reply``).
+    ``failovers(queue)``, for a backend whose replicated server can lose its
+    primary, returns the queue's ``FailsOver``: the machine then fails over
+    too (rule ``failover``, ``config.failovers`` times a run at most). Use it as
     ``TestMyStore = make_queue_machine(MyStore).TestCase``.
     """
     cfg = config or MachineConfig()
@@ -69,6 +73,7 @@ def make_queue_machine(
     class Machine(QueueMachine):
         config = cfg
         replies_of = None if replies is None else staticmethod(replies)
+        failovers_of = None if failovers is None else staticmethod(failovers)
         leases = Bundle("leases")
         handles = Bundle("handles")
 
@@ -227,6 +232,19 @@ def make_queue_machine(
         @checked
         def lose_reply(self, call: str, until_cleared: bool) -> None:
             self.do_lose_reply(call, until_cleared)
+
+        @precondition(
+            lambda self: (
+                self.failovers is not None
+                and not self.finished
+                and not self.failovers.armed()
+                and self.failovers.failovers() < cfg.failovers
+            )
+        )
+        @rule(at=st.sampled_from(FAILOVER_MOMENTS))
+        @checked
+        def failover(self, at: str) -> None:
+            self.do_failover(at)
 
         @precondition(lambda self: self._faults_armed())
         @rule()

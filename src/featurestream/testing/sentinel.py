@@ -5,13 +5,19 @@ separate package). ``kill_primary`` SIGKILLs whichever server is primary now, ``
 the sentinels agree on a promoted replica, and ``restart`` starts a killed server again as a replica of the
 current primary (as an operator brings a lost host back). Short ``down-after-milliseconds`` (1 s) and
 ``failover-timeout`` (2 s) make a failover take about two seconds; shorter, a busy machine's slow replies to
-the sentinels' pings set off failovers of a live primary (seen at 400 ms under load).
+the sentinels' pings set off failovers of a live primary (seen at 400 ms under load). ``promote`` does not wait
+for that: it asks a sentinel to fail over at once (``SENTINEL FAILOVER``), as the stateful kit's failovers do
+(``featurestream.testing.redis_faults``), and ``replicas_stopped`` keeps what the primary applies meanwhile off
+its replicas.
 """
 
 from __future__ import annotations
 
+import contextlib
 import shutil
+import signal
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import redis
@@ -256,6 +262,102 @@ class ReplicatedRedis(Started):
                     return server
             time.sleep(0.05)
         raise TimeoutError(f"no failover away from port {old.port} within {timeout} s")
+
+    def replicas(self) -> list[RedisNode]:
+        """The running servers other than the primary now."""
+        primary = self.primary()
+        return [server for server in self.servers if server.process is not None and server is not primary]
+
+    @contextlib.contextmanager
+    def replicas_stopped(self, *, cut: bool = False) -> Iterator[RedisNode]:
+        """SIGSTOP every replica for the block (``resume`` after, also when it raises); yields the primary.
+
+        A stopped replica acknowledges nothing, so a ``WAIT`` on the primary blocks, but what the primary sends
+        meanwhile still lands in the replica's socket buffer and is applied once it runs again. ``cut`` also has
+        the primary drop its replicas' connections (``CLIENT KILL TYPE replica``): then what it applies in the
+        block stays on it alone, to be lost with it. Keep the block well under ``down-after-milliseconds``: a
+        replica silent that long is down to the sentinels, and no longer promoted.
+        """
+        primary = self.primary()
+        stopped = self.replicas()
+        try:
+            for replica in stopped:
+                assert replica.process is not None
+                replica.process.send_signal(signal.SIGSTOP)
+            if cut:
+                client = primary.client()
+                try:
+                    client.client_kill_filter(_type="replica")
+                finally:
+                    client.close()
+            yield primary
+        finally:
+            self.resume()
+
+    def resume(self) -> None:
+        """SIGCONT every running server: those ``replicas_stopped`` stopped run again (the others ignore it)."""
+        for server in self.servers:
+            if server.process is not None:
+                server.process.send_signal(signal.SIGCONT)
+
+    @staticmethod
+    def waiting(server: RedisNode) -> bool:
+        """Whether a client of ``server`` is blocked in ``WAIT`` (a call's effect applied, its reply held back
+        until replicas have it); ``False`` when it cannot be asked."""
+        client = server.client()
+        try:
+            return any(c.get("cmd") == "wait" and "b" in c.get("flags", "") for c in client.client_list())
+        except redis.RedisError:
+            return False
+        finally:
+            client.close()
+
+    def promote(self, old: RedisNode, timeout: float = 30.0) -> RedisNode:
+        """Once ``old``, the primary, is dead: a replica promoted at once (``SENTINEL FAILOVER``, not after
+        ``down-after-milliseconds``), once it has applied everything ``old`` sent it; returns it.
+
+        A replica still reading what ``old`` sent before dying would be promoted without it, so this waits until
+        every replica has read to the end of the dead link (its ``master_link_status`` is down). A sentinel that
+        has no replica it would promote yet (``NOGOODSLAVE``) is asked again; one already failing over (``INPROG``)
+        is left to it.
+        """
+        give_up = time.monotonic() + timeout
+        replicas = [server for server in self.servers if server.process is not None and server is not old]
+        while not all(self._link_down(replica) for replica in replicas):
+            if time.monotonic() > give_up:
+                raise TimeoutError(f"the replicas still read from the dead primary {old.port} after {timeout} s")
+            time.sleep(0.01)
+        while not self._failover_started():
+            if time.monotonic() > give_up:
+                raise TimeoutError(f"no sentinel would fail over from the dead primary {old.port} within {timeout} s")
+            time.sleep(0.05)
+        return self.wait_failover(old, max(0.0, give_up - time.monotonic()))
+
+    @staticmethod
+    def _link_down(replica: RedisNode) -> bool:
+        client = replica.client()
+        try:
+            return client.info("replication").get("master_link_status") != "up"
+        except redis.RedisError:
+            return False
+        finally:
+            client.close()
+
+    def _failover_started(self) -> bool:
+        """Ask each sentinel to fail over until one has it under way; whether one has."""
+        for sentinel in self.sentinels:
+            client = sentinel.client()
+            try:
+                client.sentinel_failover(SERVICE)
+                return True
+            except redis.ResponseError as exc:
+                if "INPROG" in str(exc):
+                    return True
+            except redis.RedisError:
+                pass
+            finally:
+                client.close()
+        return False
 
     def restart(self, server: RedisNode) -> None:
         """Start a killed server again, as a replica of the current primary, and wait until it is in sync."""

@@ -127,14 +127,31 @@ class WorldActions(MachineState):
         assert self.replies is not None, "only a backend that declares lost replies (replies=) gets this rule"
         self.replies.arm(call, times=None if until_cleared else 1)
 
+    def do_failover(self, at: str) -> None:
+        """Failover: the primary is lost around the next queue call that changes the server's state, ``at`` one
+        of ``FAILOVER_MOMENTS``; a replica is promoted and the old primary resyncs as a replica (``Resync``)
+        before the call returns.
+
+        The queue follows by itself; the machine checks the call as the one call it is.
+        """
+        assert self.failovers is not None, "only a backend that declares failovers (failovers=) gets this rule"
+        self.failovers.arm(at)
+
     def _faults_armed(self) -> bool:
-        return self.store.armed() or (self.replies is not None and self.replies.armed())
+        return (
+            self.store.armed()
+            or (self.replies is not None and self.replies.armed())
+            or (self.failovers is not None and self.failovers.armed())
+        )
 
     def do_clear_faults(self) -> None:
-        """The store and the network heal; the next queue call pays what the queue owes the store."""
+        """The store and the network heal, and no failover is due; the next queue call pays what the queue owes
+        the store."""
         self.store.clear()
         if self.replies is not None:
             self.replies.clear()
+        if self.failovers is not None:
+            self.failovers.clear()
 
     def do_set_callbacks(self, mode: str) -> None:
         """From now on the queue's callbacks record only, raise, or call the queue back."""
