@@ -147,30 +147,28 @@ class TinyTargetModel(nn.Module, Eagle3ForwardBackend):
 
         With ``seq_lens`` (packing) each document attends to itself only and ``attention_mask`` is not used.
         """
-        last_hidden, aux_hidden_states = self.states(input_ids, attention_mask, position_ids, seq_lens)
+        mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask
+        last_hidden, aux_hidden_states = self.states(ForwardInputs(input_ids, mask, position_ids, seq_lens))
         return self.lm_head(last_hidden), aux_hidden_states
 
-    def states(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor | None = None,
-        position_ids: torch.Tensor | None = None,
-        seq_lens: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(final-norm output [B, T, H], aux_hidden_states [B, T, 3H])``: ``forward`` without the LM head."""
+    def states(self, inputs: ForwardInputs) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(final-norm output [B, T, H], aux_hidden_states [B, T, 3H])`` for ``inputs``: ``forward`` without the
+        LM head."""
+        input_ids = inputs.input_ids
         length = input_ids.shape[1]
         if length > self.config.max_seq_len:
             raise ValueError(f"sequence length {length} exceeds max_seq_len {self.config.max_seq_len}")
+        position_ids = inputs.position_ids
         if position_ids is None:
             position_ids = torch.arange(length, device=input_ids.device).expand_as(input_ids)
         allowed = None
-        if seq_lens is not None:
-            allowed = packed_attention_allowed(seq_lens.to(input_ids.device), length)
-        elif attention_mask is not None and not bool(attention_mask.all()):
+        if inputs.seq_lens is not None:
+            allowed = packed_attention_allowed(inputs.seq_lens.to(input_ids.device), length)
+        elif not bool(inputs.attention_mask.all()):
             causal = torch.ones(length, length, dtype=torch.bool, device=input_ids.device).tril()
             # A padded query row would see no key at all; letting it see itself keeps softmax finite.
             itself = torch.eye(length, dtype=torch.bool, device=input_ids.device)
-            allowed = (causal & attention_mask.bool()[:, None, :]) | itself
+            allowed = (causal & inputs.attention_mask.bool()[:, None, :]) | itself
         x = self.embed(input_ids) + self.positions(position_ids)
         taps = []
         for index, block in enumerate(self.blocks):
@@ -186,8 +184,8 @@ class TinyTargetModel(nn.Module, Eagle3ForwardBackend):
     def forward_features(self, inputs: ForwardInputs) -> tuple[torch.Tensor, torch.Tensor]:
         """``(aux_hidden_states, logits)``, not shifted: ``generate_batch`` (the producer's backend protocol)
         aligns them."""
-        logits, aux_hidden_states = self(inputs.input_ids, inputs.attention_mask, inputs.position_ids, inputs.seq_lens)
-        return aux_hidden_states, logits
+        last_hidden, aux_hidden_states = self.states(inputs)
+        return aux_hidden_states, self.lm_head(last_hidden)
 
 
 class _TinyContextTarget:
@@ -206,7 +204,7 @@ class _TinyContextTarget:
 
     def _states(self, inputs: ForwardInputs) -> tuple[torch.Tensor, torch.Tensor]:
         with torch.no_grad():
-            return self.model.states(inputs.input_ids, inputs.attention_mask, inputs.position_ids, inputs.seq_lens)
+            return self.model.states(inputs)
 
 
 class TinyDFlashTarget(_TinyContextTarget, DFlashTargetBackend):
