@@ -38,7 +38,8 @@ from __future__ import annotations
 import abc
 import dataclasses
 import threading
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
+from types import MappingProxyType
 
 import torch
 
@@ -51,6 +52,7 @@ from featurestream.common.refs import (
 )
 from featurestream.pipeline.features import (
     MASK_DTYPES,
+    FeatureBatch,
     FeatureRule,
     FeatureSet,
     ForwardInputs,
@@ -134,9 +136,24 @@ _PACKING_RULES = (
 )
 
 
+class _Eagle3FeatureSet(FeatureSet):
+    """EAGLE-3's rules, whose names follow ``check_feature_names`` (exactly one supervision, packing all-or-none).
+
+    Its ``tensors_of`` checks names only: an ``Eagle3TargetBatch`` built
+    directly is not held to the dtype and shape rules (as the reference's is
+    not); the producer and the loader apply them (``check_feature_specs``).
+    """
+
+    def check_names(self, names: Iterable[str]) -> None:
+        check_feature_names(names)
+
+    def tensors_of(self, batch: object, sample: str | None = None) -> dict[str, torch.Tensor]:
+        return self.present(batch, sample)
+
+
 def _feature_set(position_mask: tuple[int | str, ...]) -> FeatureSet:
     rule = FeatureRule("position_mask", MASK_DTYPES, position_mask, required=False)
-    return FeatureSet("eagle3", (*_CORE_RULES, rule, *_PACKING_RULES))
+    return _Eagle3FeatureSet("eagle3", (*_CORE_RULES, rule, *_PACKING_RULES))
 
 
 # ``position_mask`` is ``[B, S, 1]`` as the reference's remote server and ``DraftVocab.project`` make it; a
@@ -154,9 +171,6 @@ def check_feature_specs(specs: Mapping[str, tuple[tuple[int, ...], torch.dtype]]
     squeezed = position_mask is not None and len(position_mask[0]) == 2
     (_SQUEEZED_POSITION_MASK_FEATURES if squeezed else EAGLE3_FEATURES).check_specs(specs, sample)
 
-
-# Features whose trainer keyword differs from the feature name.
-_TRAINER_KEYWORDS = {"logits": "target_logits"}
 
 _PACKING_TOGETHER = "pass position_ids, seq_lens, and doc_remaining together (packing metadata is all-or-none)"
 
@@ -228,16 +242,7 @@ validate_ref = validate_eagle3_ref
 
 def feature_tensors(batch: object) -> dict[str, torch.Tensor]:
     """The schema's tensors of ``batch`` (attributes or a mapping), validated, in ``FEATURE_ORDER``."""
-    if isinstance(batch, Mapping):
-        found = {name: batch.get(name) for name in FEATURE_ORDER}
-    else:
-        found = {name: getattr(batch, name, None) for name in FEATURE_ORDER}
-    tensors = {name: value for name, value in found.items() if value is not None}
-    for name, value in tensors.items():
-        if not isinstance(value, torch.Tensor):
-            raise TypeError(f"eagle3 feature {name!r} must be a torch.Tensor, got {type(value).__name__}")
-    check_feature_names(tensors)
-    return tensors
+    return EAGLE3_FEATURES.tensors_of(batch)
 
 
 def produced_tensors(batch: object) -> dict[str, torch.Tensor]:
@@ -300,15 +305,21 @@ def _check_inputs(inputs: Mapping[str, torch.Tensor | None]) -> None:
 
 
 @dataclasses.dataclass
-class Eagle3TargetBatch:
+class Eagle3TargetBatch(FeatureBatch):
     """One materialised EAGLE-3 sample: what the draft trainer steps on.
 
     The reference's field set and order. Validated on construction
-    (``ValueError`` for a broken feature set); ``to_trainer_inputs()`` gives
-    the trainer's forward keywords.
+    (``ValueError`` for a broken feature set: names only, see
+    ``check_feature_names``); ``to_trainer_inputs()`` gives the trainer's
+    forward keywords for the encoding the batch carries: the core features,
+    then ``target_logits`` (the ``logits``) or ``target_probs`` +
+    ``position_mask``, then the packing metadata when present.
     Features read as attributes or by name (``batch["logits"]``), so code
     written against a plain ``dict`` batch keeps working.
     """
+
+    FEATURES = EAGLE3_FEATURES
+    TRAINER_KEYWORDS = MappingProxyType({"logits": "target_logits"})
 
     aux_hidden_states: torch.Tensor
     input_ids: torch.Tensor
@@ -320,44 +331,6 @@ class Eagle3TargetBatch:
     position_ids: torch.Tensor | None = None
     seq_lens: torch.Tensor | None = None
     doc_remaining: torch.Tensor | None = None
-
-    def __post_init__(self) -> None:
-        feature_tensors(self)
-
-    @classmethod
-    def from_tensors(cls, tensors: Mapping[str, torch.Tensor]) -> Eagle3TargetBatch:
-        """Build a batch from name -> tensor; ``ValueError`` for names outside the schema."""
-        check_feature_names(tensors)
-        return cls(**tensors)
-
-    def tensors(self) -> dict[str, torch.Tensor]:
-        """The features present, in schema order."""
-        return feature_tensors(self)
-
-    def to_trainer_inputs(self) -> dict[str, torch.Tensor]:
-        """The draft trainer's forward keywords for the encoding this batch carries, named as the reference's
-        EAGLE-3 trainer takes them.
-
-        The core features, then ``target_logits`` (the ``logits``) or
-        ``target_probs`` + ``position_mask``, then the packing metadata when
-        present; absent (``None``) features are left out.
-        """
-        return {_TRAINER_KEYWORDS.get(name, name): tensor for name, tensor in self.tensors().items()}
-
-    def __getitem__(self, name: str) -> torch.Tensor:
-        value = getattr(self, name, None) if name in FEATURE_ORDER else None
-        if value is None:
-            raise KeyError(name)
-        return value
-
-    def __contains__(self, name: object) -> bool:
-        return isinstance(name, str) and name in FEATURE_ORDER and getattr(self, name) is not None
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.tensors())
-
-    def keys(self) -> list[str]:
-        return list(self.tensors())
 
 
 class Eagle3TargetBackend(TargetBackendBase):

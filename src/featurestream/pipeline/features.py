@@ -199,6 +199,13 @@ class FeatureSet:
 
     def tensors_of(self, batch: object, sample: str | None = None) -> dict[str, torch.Tensor]:
         """The features of ``batch`` (attributes or a mapping; ``None`` means absent), checked, in batch order."""
+        tensors = self.present(batch, sample)
+        self.check_specs({name: (tuple(t.shape), t.dtype) for name, t in tensors.items()}, sample)
+        return tensors
+
+    def present(self, batch: object, sample: str | None = None) -> dict[str, torch.Tensor]:
+        """``tensors_of`` without the dtype and shape rules: the features present, each a tensor, their names
+        checked (``check_names``)."""
         if isinstance(batch, Mapping):
             found = {name: batch.get(name) for name in self.order}
         else:
@@ -211,7 +218,6 @@ class FeatureSet:
                     f"{where}{self.label} feature {name!r} must be a torch.Tensor, got {type(value).__name__}"
                 )
         self.check_names(tensors)
-        self.check_specs({name: (tuple(t.shape), t.dtype) for name, t in tensors.items()}, sample)
         return tensors
 
     def check_ref(self, ref: SampleRef, algorithm: FeatureAlgorithm | str, schema_version: int) -> None:
