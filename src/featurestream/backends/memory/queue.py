@@ -49,6 +49,9 @@ class SampleRefQueue(FrontEnd):
     _engine_class: type[MemoryEngine] = MemoryEngine
     _engine: MemoryEngine
 
+    # ``FrontEnd``'s six positional parameters are written out again here and in ``RedisSampleRefQueue``: a def
+    # cannot inherit parameters, and each constructor is a public signature of its own (``inspect.signature``
+    # and type checkers read it), so none can take another's.
     def __init__(
         self,
         store: FeatureStore,

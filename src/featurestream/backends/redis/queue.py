@@ -120,6 +120,8 @@ class RedisSampleRefQueue(FrontEnd):
     _engine: RedisEngine
     _reaper_name = "featurestream-redis-reaper"
 
+    # The positional parameters restate ``FrontEnd``'s and ``open`` restates the connection keywords: each is a
+    # public signature of its own (see ``SampleRefQueue.__init__``).
     def __init__(
         self,
         store: FeatureStore,
