@@ -6,6 +6,7 @@ abstract and refused on instantiation; the library's backends keep the reference
 from __future__ import annotations
 
 import inspect
+import typing
 from typing import Any
 
 import pytest
@@ -144,3 +145,9 @@ def test_target_inputs_batch_passes_through_only_the_fields_the_batch_has_and_wh
 def test_every_library_backend_keeps_the_references_generate_batch_parameters(backend: type) -> None:
     # The Hugging Face wrappers' parameters are compared with the reference's own in tests/compat.
     assert list(inspect.signature(backend.generate_batch).parameters) == REFERENCE_PARAMETERS
+
+
+@pytest.mark.parametrize("algorithm", list(BASES), ids=str)
+def test_each_algorithms_base_names_its_batch_class_for_type_checkers(algorithm: FeatureAlgorithm) -> None:
+    base, batch_type = BASES[algorithm]
+    assert [typing.get_args(parent) for parent in base.__orig_bases__] == [(batch_type,)]

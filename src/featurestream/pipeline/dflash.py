@@ -69,7 +69,7 @@ class DFlashTargetBatch(FeatureBatch):
     doc_remaining: torch.Tensor | None = None
 
 
-class DFlashTargetBackend(TargetBackendBase):
+class DFlashTargetBackend(TargetBackendBase[DFlashTargetBatch]):
     """A target that computes DFlash features; ``FeatureProducer`` infers DFlash from this base.
 
     ``generate_batch`` returns a ``DFlashTargetBatch`` (or any object or

@@ -60,7 +60,7 @@ class DSparkTargetBatch(FeatureBatch):
     doc_remaining: torch.Tensor | None = None
 
 
-class DSparkTargetBackend(TargetBackendBase):
+class DSparkTargetBackend(TargetBackendBase[DSparkTargetBatch]):
     """A target that computes DSpark features; ``FeatureProducer`` infers DSpark from this base.
 
     ``generate_batch`` returns a ``DSparkTargetBatch`` (or any object or

@@ -67,7 +67,7 @@ class EagleTargetBatch(FeatureBatch):
     doc_remaining: torch.Tensor | None = None
 
 
-class EagleTargetBackend(TargetBackendBase):
+class EagleTargetBackend(TargetBackendBase[EagleTargetBatch]):
     """A target that computes EAGLE-1/2 supervision; ``FeatureProducer`` infers EAGLE-1/2 from this base.
 
     ``generate_batch`` returns an ``EagleTargetBatch`` (or any object or

@@ -333,7 +333,7 @@ class Eagle3TargetBatch(FeatureBatch):
     doc_remaining: torch.Tensor | None = None
 
 
-class Eagle3TargetBackend(TargetBackendBase):
+class Eagle3TargetBackend(TargetBackendBase[Eagle3TargetBatch]):
     """A target model that computes EAGLE-3 supervision; ``FeatureProducer`` infers EAGLE-3 from this base.
 
     ``generate_batch`` (the contract of ``TargetBackendBase``) runs one forward and returns an

@@ -23,7 +23,7 @@ import dataclasses
 import functools
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from types import MappingProxyType
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 import torch
 
@@ -355,7 +355,7 @@ class _TargetBackendMeta(abc.ABCMeta):
         return cls
 
 
-class TargetBackendBase(abc.ABC, metaclass=_TargetBackendMeta):
+class TargetBackendBase(abc.ABC, Generic[_Batch], metaclass=_TargetBackendMeta):
     """A target model an algorithm's producer drives: one no-grad forward per ``generate_batch``.
 
     Each algorithm's backend base class (``DFlashTargetBackend`` ...) derives
@@ -363,7 +363,8 @@ class TargetBackendBase(abc.ABC, metaclass=_TargetBackendMeta):
     implements ``generate_batch`` itself (the reference's form) or
     ``target_batch``, which this class's ``generate_batch`` calls with the
     arguments in one ``TargetInputs``; a class with neither cannot be
-    instantiated (``TypeError``).
+    instantiated (``TypeError``). Parametrised by the batch class both return
+    (``TargetBackendBase[DFlashTargetBatch]``), so a type checker knows it.
     """
 
     def generate_batch(
@@ -374,7 +375,7 @@ class TargetBackendBase(abc.ABC, metaclass=_TargetBackendMeta):
         position_ids: torch.Tensor | None = None,
         seq_lens: torch.Tensor | None = None,
         doc_remaining: torch.Tensor | None = None,
-    ) -> object:
+    ) -> _Batch:
         """One forward over the batch, returning the algorithm's batch (fresh tensors); packing metadata is
         passed through. ``FeatureProducer`` passes every argument by keyword."""
         inputs = TargetInputs(
@@ -383,7 +384,7 @@ class TargetBackendBase(abc.ABC, metaclass=_TargetBackendMeta):
         return self.target_batch(inputs)
 
     @abc.abstractmethod
-    def target_batch(self, inputs: TargetInputs) -> object:
+    def target_batch(self, inputs: TargetInputs) -> _Batch:
         """What ``generate_batch`` returns for ``inputs``: the algorithm's batch (``inputs.batch`` builds it with
         the inputs passed through)."""
 
