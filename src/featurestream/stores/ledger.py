@@ -6,12 +6,15 @@ import abc
 import threading
 import uuid
 from collections.abc import Mapping
-from typing import Any, TypedDict, Unpack
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import torch
 
 from featurestream.common.refs import FeatureSpec, SampleRef
 from featurestream.stores.base import REF_FIELD_DEFAULTS, FeatureStore, StoreHandle, StoreHealth, new_handle_id
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 DEFAULT_MAX_SAMPLES = 64
 DEFAULT_MAX_BYTES = 256 * 1024 * 1024

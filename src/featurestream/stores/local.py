@@ -5,12 +5,15 @@ from __future__ import annotations
 import threading
 import uuid
 from collections.abc import Mapping
-from typing import Unpack
+from typing import TYPE_CHECKING
 
 import torch
 
 from featurestream.common.refs import SampleRef
 from featurestream.stores.ledger import LedgerFeatureStore, StoreCaps, check_spec, location
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 __all__ = ["LocalFeatureStore"]
 

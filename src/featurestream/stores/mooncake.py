@@ -48,7 +48,7 @@ import threading
 import time
 import uuid
 from collections.abc import Mapping
-from typing import Any, Unpack
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -64,6 +64,9 @@ from featurestream.stores.orphans import (
     OrphanClock,
 )
 from featurestream.stores.shared_dir import CorruptSampleError
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 __all__ = ["MooncakeFeatureStore"]
 

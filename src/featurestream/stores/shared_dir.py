@@ -72,7 +72,7 @@ import tempfile
 import threading
 import uuid
 from collections.abc import Mapping
-from typing import Unpack
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -95,6 +95,9 @@ from featurestream.stores.orphans import (
     OrphanClock,
     WriterToken,
 )
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 __all__ = ["CorruptSampleError", "SharedDirFeatureStore"]
 
