@@ -151,3 +151,14 @@ def test_every_library_backend_keeps_the_references_generate_batch_parameters(ba
 def test_each_algorithms_base_names_its_batch_class_for_type_checkers(algorithm: FeatureAlgorithm) -> None:
     base, batch_type = BASES[algorithm]
     assert [typing.get_args(parent) for parent in base.__orig_bases__] == [(batch_type,)]
+
+
+def test_target_batch_of_a_backend_writing_generate_batch_itself_says_so() -> None:
+    class Direct(DSparkTargetBackend):
+        def generate_batch(self, **inputs: Any) -> Any:
+            return None
+
+    given = prompt(0)
+    inputs = TargetInputs(given["input_ids"], given["attention_mask"], loss_mask=given["loss_mask"])
+    with pytest.raises(NotImplementedError, match=r"Direct implements generate_batch itself, not target_batch"):
+        Direct().target_batch(inputs)

@@ -387,6 +387,8 @@ class TargetBackendBase(abc.ABC, Generic[_Batch], metaclass=_TargetBackendMeta):
     def target_batch(self, inputs: TargetInputs) -> _Batch:
         """What ``generate_batch`` returns for ``inputs``: the algorithm's batch (``inputs.batch`` builds it with
         the inputs passed through)."""
+        # Reached only on a class that writes generate_batch itself (the metaclass then owes no target_batch).
+        raise NotImplementedError(f"{type(self).__name__} implements generate_batch itself, not target_batch")
 
     def get_input_embeddings(self) -> torch.nn.Module:
         """The target's input embedding (a draft head may share it)."""
