@@ -136,8 +136,20 @@ _PACKING_RULES = (
 )
 
 
+def _rules(position_mask: tuple[int | str, ...]) -> tuple[FeatureRule, ...]:
+    rule = FeatureRule("position_mask", MASK_DTYPES, position_mask, required=False)
+    return (*_CORE_RULES, rule, *_PACKING_RULES)
+
+
+# ``position_mask`` is ``[B, S, 1]`` as the reference's remote server and ``DraftVocab.project`` make it; a
+# squeezed ``[B, S]`` one (what recipes build from a loss mask) was streamed before these rules and still is.
+# Errors quote the reference's ``[B, S, 1]``.
+_SQUEEZED_POSITION_MASK_FEATURES = FeatureSet("eagle3", _rules(("B", "S")))
+
+
 class _Eagle3FeatureSet(FeatureSet):
-    """EAGLE-3's rules, whose names follow ``check_feature_names`` (exactly one supervision, packing all-or-none).
+    """EAGLE-3's rules, whose names follow ``check_feature_names`` (exactly one supervision, packing all-or-none)
+    and whose ``position_mask`` may also come squeezed.
 
     Its ``tensors_of`` checks names only: an ``Eagle3TargetBatch`` built
     directly is not held to the dtype and shape rules (as the reference's is
@@ -147,29 +159,25 @@ class _Eagle3FeatureSet(FeatureSet):
     def check_names(self, names: Iterable[str]) -> None:
         check_feature_names(names)
 
+    def check_specs(self, specs: Mapping[str, tuple[tuple[int, ...], torch.dtype]], sample: str | None) -> None:
+        position_mask = specs.get("position_mask")
+        if position_mask is not None and len(position_mask[0]) == 2:
+            _SQUEEZED_POSITION_MASK_FEATURES.check_specs(specs, sample)
+        else:
+            super().check_specs(specs, sample)
+
     def tensors_of(self, batch: object, sample: str | None = None) -> dict[str, torch.Tensor]:
         return self.present(batch, sample)
 
 
-def _feature_set(position_mask: tuple[int | str, ...]) -> FeatureSet:
-    rule = FeatureRule("position_mask", MASK_DTYPES, position_mask, required=False)
-    return _Eagle3FeatureSet("eagle3", (*_CORE_RULES, rule, *_PACKING_RULES))
-
-
-# ``position_mask`` is ``[B, S, 1]`` as the reference's remote server and ``DraftVocab.project`` make it; a
-# squeezed ``[B, S]`` one (what recipes build from a loss mask) was streamed before these rules and still is.
-# Errors quote the reference's ``[B, S, 1]``.
-EAGLE3_FEATURES = _feature_set(("B", "S", 1))
-_SQUEEZED_POSITION_MASK_FEATURES = _feature_set(("B", "S"))
+EAGLE3_FEATURES = _Eagle3FeatureSet("eagle3", _rules(("B", "S", 1)))
 
 
 def check_feature_specs(specs: Mapping[str, tuple[tuple[int, ...], torch.dtype]], sample: str | None = None) -> None:
     """``ValueError`` naming the sample (when given), the feature, what was expected and what came, for the first
     feature (in ``FEATURE_ORDER``) whose dtype or shape breaks its EAGLE-3 rule; ``B`` and ``S`` must agree across
     features. ``specs`` maps feature name -> ``(shape, dtype)``."""
-    position_mask = specs.get("position_mask")
-    squeezed = position_mask is not None and len(position_mask[0]) == 2
-    (_SQUEEZED_POSITION_MASK_FEATURES if squeezed else EAGLE3_FEATURES).check_specs(specs, sample)
+    EAGLE3_FEATURES.check_specs(specs, sample)
 
 
 _PACKING_TOGETHER = "pass position_ids, seq_lens, and doc_remaining together (packing metadata is all-or-none)"
@@ -226,15 +234,7 @@ def validate_eagle3_ref(ref: SampleRef) -> None:
             f"sample {ref.sample_id!r}: ref.algorithm must be FeatureAlgorithm.EAGLE3 (got {ref.algorithm!r}) "
             "for an EAGLE-3 consumer; route it to a consumer of its algorithm"
         )
-    if ref.schema_version != SCHEMA_VERSION:
-        raise ValueError(
-            f"sample {ref.sample_id!r}: eagle3 schema_version must be {SCHEMA_VERSION}, got {ref.schema_version}"
-        )
-    try:
-        check_feature_names(ref.feature_keys)
-    except ValueError as exc:
-        raise ValueError(f"sample {ref.sample_id!r}: {exc}") from None
-    check_feature_specs({name: (spec.shape, spec.dtype) for name, spec in ref.feature_specs.items()}, ref.sample_id)
+    EAGLE3_FEATURES.check_ref_features(ref, SCHEMA_VERSION)
 
 
 validate_ref = validate_eagle3_ref

@@ -228,6 +228,11 @@ class FeatureSet:
                 f"{algorithm_name(ref.algorithm)!r}) for a {self.label} consumer; route it to a consumer of its "
                 "algorithm"
             )
+        self.check_ref_features(ref, schema_version)
+
+    def check_ref_features(self, ref: SampleRef, schema_version: int) -> None:
+        """``check_ref`` past the algorithm (which an algorithm with its own wording checks first): ``ValueError``
+        unless ``ref`` has ``schema_version`` and feature names and specs that pass the rules."""
         if ref.schema_version != schema_version:
             raise ValueError(
                 f"sample {ref.sample_id!r}: {self.label} schema_version must be {schema_version}, got "
