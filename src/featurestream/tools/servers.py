@@ -10,7 +10,10 @@ import subprocess
 import tempfile
 import time
 from types import TracebackType
-from typing import IO, Self
+from typing import IO, TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from typing_extensions import Self  # typing.Self is 3.11+; the package supports 3.10
 
 __all__ = ["HOST", "ServerProcess", "Started", "free_port", "listening"]
 
