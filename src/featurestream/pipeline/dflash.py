@@ -21,7 +21,9 @@ import torch
 
 from featurestream.common.refs import REQUIRED_FEATURES, FeatureAlgorithm
 from featurestream.pipeline.features import (
-    MASK_DTYPES,
+    ATTENTION_MASK_RULE,
+    INPUT_IDS_RULE,
+    LOSS_MASK_RULE,
     PACKING_RULES,
     FeatureBatch,
     FeatureRule,
@@ -37,9 +39,9 @@ DFLASH_FEATURES = FeatureSet(
     "dflash",
     (
         FeatureRule("hidden_states", ("floating",), ("B", "S", "*")),
-        FeatureRule("input_ids", ("integer",), ("B", "S")),
-        FeatureRule("attention_mask", MASK_DTYPES, ("B", "S")),
-        FeatureRule("loss_mask", MASK_DTYPES, ("B", "S")),
+        INPUT_IDS_RULE,
+        ATTENTION_MASK_RULE,
+        LOSS_MASK_RULE,
         FeatureRule("logits", ("floating",), ("B", "S", "*"), required=False),
         *PACKING_RULES,
     ),

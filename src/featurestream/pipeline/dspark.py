@@ -18,7 +18,8 @@ import torch
 
 from featurestream.common.refs import REQUIRED_FEATURES, FeatureAlgorithm
 from featurestream.pipeline.features import (
-    MASK_DTYPES,
+    INPUT_IDS_RULE,
+    LOSS_MASK_RULE,
     PACKING_RULES,
     FeatureBatch,
     FeatureRule,
@@ -35,8 +36,8 @@ DSPARK_FEATURES = FeatureSet(
     (
         FeatureRule("target_hidden_states", ("floating",), ("B", "S", "*")),
         FeatureRule("target_last_hidden_states", ("floating",), ("B", "S", "H")),
-        FeatureRule("input_ids", ("integer",), ("B", "S")),
-        FeatureRule("loss_mask", MASK_DTYPES, ("B", "S")),
+        INPUT_IDS_RULE,
+        LOSS_MASK_RULE,
         *PACKING_RULES,
     ),
 )

@@ -21,7 +21,9 @@ import torch
 
 from featurestream.common.refs import REQUIRED_FEATURES, FeatureAlgorithm
 from featurestream.pipeline.features import (
-    MASK_DTYPES,
+    ATTENTION_MASK_RULE,
+    INPUT_IDS_RULE,
+    LOSS_MASK_RULE,
     PACKING_RULES,
     FeatureBatch,
     FeatureRule,
@@ -39,9 +41,9 @@ EAGLE_FEATURES = FeatureSet(
         FeatureRule("input_hidden_states", ("floating",), ("B", "S", "H")),
         FeatureRule("target_hidden_states", ("floating",), ("B", "S", "H")),
         FeatureRule("target_logits", ("floating",), ("B", "S", "*")),
-        FeatureRule("input_ids", ("integer",), ("B", "S")),
-        FeatureRule("attention_mask", MASK_DTYPES, ("B", "S")),
-        FeatureRule("loss_mask", MASK_DTYPES, ("B", "S")),
+        INPUT_IDS_RULE,
+        ATTENTION_MASK_RULE,
+        LOSS_MASK_RULE,
         *PACKING_RULES,
     ),
 )

@@ -51,6 +51,9 @@ from featurestream.common.refs import (
     SampleRef,
 )
 from featurestream.pipeline.features import (
+    ATTENTION_MASK_RULE,
+    INPUT_IDS_RULE,
+    LOSS_MASK_RULE,
     MASK_DTYPES,
     FeatureBatch,
     FeatureRule,
@@ -120,9 +123,9 @@ FEATURE_ORDER = CORE_FEATURES + LOGITS_SUPERVISION + PROBS_SUPERVISION + PACKING
 # supervision, packing all-or-none); these rules check only the specs.
 _CORE_RULES = (
     FeatureRule("aux_hidden_states", ("floating",), ("B", "S", "*")),
-    FeatureRule("input_ids", ("integer",), ("B", "S")),
-    FeatureRule("attention_mask", MASK_DTYPES, ("B", "S")),
-    FeatureRule("loss_mask", MASK_DTYPES, ("B", "S")),
+    INPUT_IDS_RULE,
+    ATTENTION_MASK_RULE,
+    LOSS_MASK_RULE,
     FeatureRule("logits", ("floating",), ("B", "S", "*"), required=False),
     FeatureRule("target_probs", ("floating",), ("B", "S", "*"), required=False),
 )

@@ -32,6 +32,9 @@ from featurestream.pipeline.schemas import AlgorithmSchema, register
 
 __all__ = [
     "DTYPE_KINDS",
+    "ATTENTION_MASK_RULE",
+    "INPUT_IDS_RULE",
+    "LOSS_MASK_RULE",
     "MASK_DTYPES",
     "PACKING_RULES",
     "FeatureBatch",
@@ -114,6 +117,12 @@ class FeatureRule:
         kinds = "/".join(str(dtype).removeprefix("torch.") for dtype in self.dtypes)
         return f"{_shape_text(self.shape)} of {kinds}"
 
+
+# The token inputs every algorithm's batch carries: ``input_ids [B, S]`` integer and the two masks ``[B, S]`` of any
+# mask dtype (each algorithm lists the ones its reference batch has).
+INPUT_IDS_RULE = FeatureRule("input_ids", ("integer",), ("B", "S"))
+ATTENTION_MASK_RULE = FeatureRule("attention_mask", MASK_DTYPES, ("B", "S"))
+LOSS_MASK_RULE = FeatureRule("loss_mask", MASK_DTYPES, ("B", "S"))
 
 # The packing metadata the reference's DFlash, DSpark and EAGLE-1/2 batches carry, unshifted: per-document
 # ``position_ids [B, S]``, document lengths ``seq_lens [B, D]`` and ``doc_remaining [B, S]``. A packed batch
