@@ -145,6 +145,21 @@ def test_a_failover_keeps_what_reached_the_replica_and_nothing_else(
     assert queue.pending_count() == int(stands)
 
 
+@pytest.mark.parametrize("failovers", [-1, True, 1.0])
+def test_a_machine_config_with_no_count_of_failovers_is_refused(failovers: Any) -> None:
+    with pytest.raises(ValueError, match=f"MachineConfig.failovers must be an int >= 0, got {failovers!r}"):
+        MachineConfig(failovers=failovers)
+
+
+def test_a_failover_at_no_such_moment_is_refused(
+    queues: Callable[..., RedisSampleRefQueue], cluster: ReplicatedRedis
+) -> None:
+    fault = RedisFailovers(queues(LocalFeatureStore()), cluster)
+    with pytest.raises(ValueError, match="cannot fail over at 'sideways': the moments are"):
+        fault.arm("sideways")
+    assert (fault.armed(), fault.failovers()) == (False, 0)
+
+
 def test_failovers_catch_a_queue_that_acknowledges_before_replication(
     cluster: ReplicatedRedis, queues: Callable[..., RedisSampleRefQueue]
 ) -> None:

@@ -15,6 +15,7 @@ from typing import Any
 
 import redis
 from featurestream.backends.redis.queue import RedisSampleRefQueue
+from featurestream.testing.faults import FAILOVER_MOMENTS
 from featurestream.testing.sentinel import RedisNode, ReplicatedRedis
 
 __all__ = ["FUNCTION_OF", "RedisFailovers", "RedisLostReplies"]
@@ -162,7 +163,7 @@ class RedisFailovers:
             finally:
                 old = cluster.kill_primary()
                 self._replace(old)
-                self.done[at] += 1
+                self._count(at)
         returned = threading.Event()
         failed: list[BaseException] = []
         with cluster.replicas_stopped(cut=at == "unreplicated") as primary:
@@ -175,7 +176,11 @@ class RedisFailovers:
                 helper.join(FAILOVER_BOUND)
                 if helper.is_alive() or failed:
                     raise AssertionError(f"the {at} failover did not complete: {failed or 'it hung'}")
-                self.done[at] += 1
+                self._count(at)
+
+    def _count(self, at: str) -> None:
+        with self._lock:
+            self.done[at] += 1
 
     def _kill_in_flight(self, primary: RedisNode, returned: threading.Event, failed: list[BaseException]) -> None:
         """SIGKILL ``primary`` once the call waits for a replica on it (or returned), then ``_replace`` it."""
@@ -195,6 +200,8 @@ class RedisFailovers:
         self._cluster.wait_healthy()
 
     def arm(self, at: str) -> None:
+        if at not in FAILOVER_MOMENTS:
+            raise ValueError(f"cannot fail over at {at!r}: the moments are {FAILOVER_MOMENTS}")
         with self._lock:
             self._armed = (at, threading.get_ident())
 
