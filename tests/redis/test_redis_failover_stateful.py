@@ -33,8 +33,9 @@ from featurestream.backends.redis.queue import RedisSampleRefQueue  # noqa: E402
 from featurestream.testing.redis_faults import RedisFailovers, RedisLostReplies  # noqa: E402 - needs redis-py
 from featurestream.testing.sentinel import ReplicatedRedis  # noqa: E402 - needs redis-py
 
-# A call held up by a failover retries for this long: the promotion and the old primary's resync take seconds.
-RECONNECT = 30.0
+# A call held up by a failover retries for this long: the promotion and the old primary's resync take seconds,
+# a busy machine's stalled sentinels (TILT mode) sometimes tens of them.
+RECONNECT = 60.0
 
 
 def budget(examples: int) -> settings:

@@ -35,8 +35,9 @@ FUNCTION_OF = {
     "purge_dead_letters": "purge",
 }
 
-# A failover's whole course (promotion, the old primary's restart and resync) and the call it holds up, at most.
-FAILOVER_BOUND = 60.0
+# A failover's whole course (promotion, the old primary's restart and resync: ``ReplicatedRedis`` gives each
+# 30 s) and the call it holds up, at most.
+FAILOVER_BOUND = 120.0
 
 
 class RedisLostReplies:

@@ -334,6 +334,16 @@ class ReplicatedRedis(Started):
         return self.wait_failover(old, max(0.0, give_up - time.monotonic()))
 
     @staticmethod
+    def _tilted(sentinel: SentinelNode) -> bool:
+        client = sentinel.client()
+        try:
+            return bool(client.info("sentinel").get("sentinel_tilt"))
+        except redis.RedisError:
+            return True
+        finally:
+            client.close()
+
+    @staticmethod
     def _link_down(replica: RedisNode) -> bool:
         client = replica.client()
         try:
@@ -344,8 +354,9 @@ class ReplicatedRedis(Started):
             client.close()
 
     def _failover_started(self) -> bool:
-        """Ask each sentinel to fail over until one has it under way; whether one has."""
-        for sentinel in self.sentinels:
+        """Ask each sentinel to fail over until one has it under way; whether one has. Sentinels in TILT mode
+        (their timer stalled, on a busy machine) come last: they accept the request but act on nothing for 30 s."""
+        for sentinel in sorted(self.sentinels, key=self._tilted):
             client = sentinel.client()
             try:
                 client.sentinel_failover(SERVICE)
