@@ -17,8 +17,9 @@ import contextlib
 import shutil
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import redis
 from featurestream.tools.servers import HOST, ServerProcess, Started, free_port
@@ -26,6 +27,8 @@ from featurestream.tools.servers import HOST, ServerProcess, Started, free_port
 __all__ = ["RedisNode", "ReplicatedRedis", "SentinelNode"]
 
 SERVICE = "featurestream"
+
+Answer = TypeVar("Answer")
 
 
 def _binary() -> str:
@@ -43,6 +46,16 @@ class _RedisProcess(ServerProcess):
 
     def client(self) -> redis.Redis:
         return redis.Redis(host=HOST, port=self.port, password=self.password, socket_connect_timeout=0.5)
+
+    def ask(self, question: Callable[[redis.Redis], Answer], unanswered: Answer) -> Answer:
+        """``question`` put to a client of this process (closed after); ``unanswered`` when it cannot be asked."""
+        client = self.client()
+        try:
+            return question(client)
+        except redis.RedisError:
+            return unanswered
+        finally:
+            client.close()
 
     def ready(self) -> bool:
         client = self.client()
@@ -304,13 +317,11 @@ class ReplicatedRedis(Started):
     def waiting(server: RedisNode) -> bool:
         """Whether a client of ``server`` is blocked in ``WAIT`` (a call's effect applied, its reply held back
         until replicas have it); ``False`` when it cannot be asked."""
-        client = server.client()
-        try:
+
+        def blocked(client: redis.Redis) -> bool:
             return any(c.get("cmd") == "wait" and "b" in c.get("flags", "") for c in client.client_list())
-        except redis.RedisError:
-            return False
-        finally:
-            client.close()
+
+        return server.ask(blocked, False)
 
     def promote(self, old: RedisNode, timeout: float = 30.0) -> RedisNode:
         """Once ``old``, the primary, is dead: a replica promoted at once (``SENTINEL FAILOVER``, not after
@@ -335,23 +346,11 @@ class ReplicatedRedis(Started):
 
     @staticmethod
     def _tilted(sentinel: SentinelNode) -> bool:
-        client = sentinel.client()
-        try:
-            return bool(client.info("sentinel").get("sentinel_tilt"))
-        except redis.RedisError:
-            return True
-        finally:
-            client.close()
+        return sentinel.ask(lambda client: bool(client.info("sentinel").get("sentinel_tilt")), True)
 
     @staticmethod
     def _link_down(replica: RedisNode) -> bool:
-        client = replica.client()
-        try:
-            return client.info("replication").get("master_link_status") != "up"
-        except redis.RedisError:
-            return False
-        finally:
-            client.close()
+        return replica.ask(lambda client: client.info("replication").get("master_link_status") != "up", False)
 
     def _failover_started(self) -> bool:
         """Ask each sentinel to fail over until one has it under way; whether one has. Sentinels in TILT mode
@@ -423,13 +422,7 @@ class ReplicatedRedis(Started):
 
     @staticmethod
     def _role(server: RedisNode) -> str | None:
-        client = server.client()
-        try:
-            return str(client.info("replication").get("role"))
-        except redis.RedisError:
-            return None
-        finally:
-            client.close()
+        return server.ask(lambda client: str(client.info("replication").get("role")), None)
 
     def stop(self) -> None:
         for process in [*self.sentinels, *self.servers]:
