@@ -30,7 +30,7 @@ from featurestream.testing import (
 
 redis = pytest.importorskip("redis", reason="redis-py is missing: pip install 'featurestream[redis]'")
 from featurestream.backends.redis.queue import RedisSampleRefQueue  # noqa: E402 - needs redis-py
-from featurestream.testing.redis_faults import RedisFailovers, RedisLostReplies  # noqa: E402 - needs redis-py
+from featurestream.testing.redis_faults import FAILOVER_BOUND, RedisFailovers, RedisLostReplies  # noqa: E402 - needs redis-py
 from featurestream.testing.sentinel import ReplicatedRedis  # noqa: E402 - needs redis-py
 
 # A call held up by a failover retries for this long: the promotion and the old primary's resync take seconds,
@@ -96,7 +96,9 @@ def machine(
     return make_queue_machine(
         lambda: LocalFeatureStore(max_samples=16),
         queue_factory,
-        MachineConfig(failovers=2),  # the second promotes the old primary, back as a replica since the first
+        # The second failover promotes the old primary, back as a replica since the first. A call may wait out a
+        # whole failover, a sentinel's own included (a stalled sentinel on a busy machine may start one).
+        MachineConfig(failovers=2, bound=FAILOVER_BOUND),
         name=name,
         replies=replies,
         failovers=failovers,

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import collections
 import importlib
+import math
+import re
 import tempfile
+from typing import Any
 
 import pytest
 from hypothesis.stateful import run_state_machine_as_test
@@ -12,7 +15,7 @@ from hypothesis.stateful import run_state_machine_as_test
 from featurestream import LocalFeatureStore
 from featurestream.core import events
 from featurestream.core.lease import LOST_REASON
-from featurestream.testing import MachineConfig, make_queue_machine
+from featurestream.testing import MachineConfig, make_queue_machine, producing
 
 LocalStoreMachine = make_queue_machine(LocalFeatureStore, name="LocalStoreMachine")
 
@@ -87,3 +90,29 @@ def test_a_rounds_hysteresis_step_is_judged_on_the_residency_its_health_read_ret
         assert [a for a, _ in state.trace.events if a in (events.PAUSE, events.RESUME)] == ["Pause", "Resume"]
     finally:
         state.teardown()
+
+
+@pytest.mark.parametrize("bound", [0, -1.0, math.inf, math.nan, True, "10"])
+def test_a_machine_config_with_no_usable_bound_is_refused(bound: object) -> None:
+    with pytest.raises(
+        ValueError, match=re.escape(f"MachineConfig.bound must be a finite number of seconds > 0, got {bound!r}")
+    ):
+        MachineConfig(bound=bound)  # type: ignore[arg-type]
+
+
+def test_a_blocked_put_gets_the_configured_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The kit hands its bound to every blocked producer: a replicated backend's round may wait out a failover."""
+    bounds: list[float] = []
+
+    class Recorded(producing.BlockedPut):
+        def __init__(self, queue: Any, ref: Any, bound: float) -> None:
+            bounds.append(bound)
+            super().__init__(queue, ref, bound)
+
+    monkeypatch.setattr(producing, "BlockedPut", Recorded)
+    state = make_queue_machine(LocalFeatureStore, config=MachineConfig(bound=123.0))()
+    try:
+        state.do_put("s0", blocking=True)
+    finally:
+        state.teardown()
+    assert bounds == [123.0]

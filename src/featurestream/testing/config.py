@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from featurestream.core.lease import VisibilityTimeout
 
 __all__ = ["BOUND", "CALLBACK_MODES", "MachineConfig"]
 
 CALLBACK_MODES = ("record", "raise", "reenter")
-BOUND = 10.0  # seconds a producer round or a re-entrant callback gets: a hang fails an invariant, not the suite
+BOUND = 10.0  # the default MachineConfig.bound
 
 
 @dataclasses.dataclass(frozen=True)
@@ -25,7 +26,11 @@ class MachineConfig:
     without faults). ``store_losses`` bounds how many queued samples the store
     may lose in one run (the spec's ``MaxLosses``; 0 for traces, whose spec
     has no lost bytes). ``failovers`` bounds the primary's losses in one run
-    of a backend that declares them (each one costs seconds).
+    of a backend that declares them (each one costs seconds). ``bound`` is how
+    many seconds a producer round or a re-entrant callback gets before the
+    kit calls it a hang (an invariant fails, the suite does not hang): a
+    replicated backend's call can wait out a whole failover, and a sentinel
+    on a busy machine may start one of its own.
     """
 
     samples: int = 4
@@ -41,6 +46,7 @@ class MachineConfig:
     store_faults: bool = True
     store_losses: int = 1
     failovers: int = 1
+    bound: float = BOUND
 
     def __post_init__(self) -> None:
         for name in ("samples", "consumers", "max_deliveries", "dedup_window", "producers"):
@@ -54,6 +60,8 @@ class MachineConfig:
         rounds = self.producer_rounds
         if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 2:
             raise ValueError(f"MachineConfig.producer_rounds must be an int >= 2, got {rounds!r}")
+        if isinstance(self.bound, bool) or not isinstance(self.bound, (int, float)) or not 0 < self.bound < math.inf:
+            raise ValueError(f"MachineConfig.bound must be a finite number of seconds > 0, got {self.bound!r}")
         VisibilityTimeout(self.visibility_timeout)  # validates
         if not 0 <= self.low_watermark_bytes < self.high_watermark_bytes:
             raise ValueError(

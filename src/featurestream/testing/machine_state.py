@@ -24,7 +24,7 @@ from featurestream.spec.mirror import SpecMirror
 from featurestream.spec.trace import TraceRecorder
 from featurestream.stores.base import FeatureStore, StoreHandle
 from featurestream.testing.clock import FakeClock
-from featurestream.testing.config import BOUND, MachineConfig
+from featurestream.testing.config import MachineConfig
 from featurestream.testing.faults import FailsOver, FaultyStore, LosesReplies
 from featurestream.testing.invariants import QueueInvariants
 from featurestream.testing.producers import BlockedPut
@@ -139,7 +139,7 @@ class MachineState(QueueInvariants):
         if self.callback_mode == "reenter":
             helper = threading.Thread(target=self.queue.pending_count, name="reentrant-callback", daemon=True)
             helper.start()
-            helper.join(BOUND)
+            helper.join(self.config.bound)
             if helper.is_alive():
                 self._note("inv15_callbacks", "a callback calling the queue back blocked: it runs under the lock")
 

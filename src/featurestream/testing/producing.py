@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from featurestream.common.errors import QueueClosed
 from featurestream.core.machines import HELD, SETTLED
-from featurestream.testing.config import BOUND
 from featurestream.testing.faults import InjectedFault
 from featurestream.testing.machine_state import MachineState, ProducerRecord, SampleRecord
 from featurestream.testing.producers import BlockedPut
@@ -46,7 +45,7 @@ class ProducerActions(MachineState):
         if sample is None or sample_id in self.producers:
             return
         if blocking:
-            producer = ProducerRecord(BlockedPut(self.queue, sample.ref, BOUND), sample.status)
+            producer = ProducerRecord(BlockedPut(self.queue, sample.ref, self.config.bound), sample.status)
             if not producer.put.start():
                 self._note("inv13_producer_progress", f"put_blocks_until_below({sample_id!r}) never started")
                 return
