@@ -18,7 +18,7 @@ pytest.importorskip("redis", reason="redis-py is missing: pip install 'featurest
 
 from featurestream.backends.redis.queue import RedisSampleRefQueue, list_queues
 from featurestream.cli import main
-from featurestream.testing.sentinel import ReplicatedRedis
+from featurestream.testing.sentinel import RedisNode, ReplicatedRedis
 from featurestream.tools.mooncake import missing_reason
 
 SECRETS = {"password": "s3cret-server-pw", "sentinel_password": "s3cret-sentinel-pw"}
@@ -93,6 +93,7 @@ def test_the_demo_survives_a_sigkilled_primary(
     before = set(list_queues(None, **connection))
     old = cluster.primary()
     seen: dict[str, int] = {}
+    promoted: list[RedisNode] = []
     errors: list[BaseException] = []
 
     def kill_mid_run() -> None:
@@ -111,7 +112,7 @@ def test_the_demo_survives_a_sigkilled_primary(
                 handle.disconnect()
             seen["acked"] = acked
             cluster.kill_primary()
-            cluster.wait_failover(old)
+            promoted.append(cluster.wait_failover(old))
             cluster.restart(old)
         except BaseException as exc:  # re-raised in the test's thread
             errors.append(exc)
@@ -129,7 +130,9 @@ def test_the_demo_survives_a_sigkilled_primary(
     assert status == 0, out
     _checked(out, cluster)
     assert seen["acked"] < 24  # the primary died mid-run ...
-    assert cluster.primary() is not old  # ... and the run went on on the promoted replica
+    # ... and a replica was promoted: the run went on there (which server is primary now says nothing, as a sentinel
+    # on a busy machine may have failed over again since)
+    assert promoted and promoted[0] is not old
 
 
 def test_bad_sentinel_arguments_are_refused_naming_the_value(

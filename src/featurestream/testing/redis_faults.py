@@ -128,7 +128,8 @@ class RedisFailovers:
     - ``"returned"``: just after the call returned: what it reported must be on the promoted replica.
 
     Then a replica is promoted at once, the old primary restarted as a replica and the cluster left healthy
-    before the call returns to the machine; ``done`` counts the failovers by moment.
+    before the call returns to the machine; ``done`` counts the failovers by moment, ``promoted`` lists the
+    servers promoted, in order (a sentinel of a busy machine may fail over again later, on its own).
     """
 
     def __init__(self, queue: RedisSampleRefQueue, cluster: ReplicatedRedis) -> None:
@@ -136,6 +137,7 @@ class RedisFailovers:
         self._lock = threading.Lock()
         self._armed: tuple[str, int] | None = None  # (moment, arming thread)
         self.done: collections.Counter[str] = collections.Counter()
+        self.promoted: list[RedisNode] = []
         link = queue._link
         call = link.call
 
@@ -196,7 +198,9 @@ class RedisFailovers:
 
     def _replace(self, old: RedisNode) -> None:
         """A replica promoted in place of the dead ``old``, which rejoins as a replica; the cluster healthy."""
-        self._cluster.promote(old)
+        promoted = self._cluster.promote(old)
+        with self._lock:
+            self.promoted.append(promoted)
         self._cluster.restart(old)
         self._cluster.wait_healthy()
 
