@@ -7,8 +7,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -33,7 +31,7 @@ from featurestream.backends.redis.queue import RedisSampleRefQueue, list_queues 
 from featurestream.backends.redis.sentinel import SentinelServiceError  # noqa: E402
 from featurestream.cli import main  # noqa: E402
 from featurestream.testing import sample_tensors  # noqa: E402
-from featurestream.testing.resume import check_history, latest_checkpoint  # noqa: E402
+from featurestream.testing.resume import ResumeProcesses, check_history, latest_checkpoint  # noqa: E402
 from featurestream.testing.sentinel import ReplicatedRedis  # noqa: E402
 from featurestream.tools.servers import free_port  # noqa: E402
 
@@ -424,28 +422,13 @@ def test_sigkilled_primary_host_and_trainer_train_every_prompt_once(cluster: Rep
     sentinels = ",".join(f"{host}:{port}" for host, port in cluster.sentinel_addresses)
     common = ["--sentinel", sentinels, "--service", cluster.service, "--name", f"ha-resume-{uuid.uuid4().hex}"]
     common += ["--store-dir", str(shared), "--prompts", str(n), "--visibility", "3.0"]
-    roles = {
-        "trainer": [*common, "--checkpoints", str(checkpoints), "--every", "2", "--step-seconds", "0.1"],
-        "producer": common,
-    }
-    errors = {role: tmp_path / f"{role}.err" for role in roles}
-
-    def spawn(role: str) -> subprocess.Popen[bytes]:
-        command = [sys.executable, "-m", "featurestream.testing.resume", role, *roles[role]]
-        with errors[role].open("ab") as err:
-            return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=err)
-
-    procs = {role: spawn(role) for role in roles}
     victims = ["trainer", "primary", "trainer", "primary"]
     give_up = time.monotonic() + 240
-    try:
-        while procs["trainer"].poll() != 0:
+    with ResumeProcesses(common, checkpoints, tmp_path, step_seconds=0.1) as run:
+        while not run.trained():
             assert time.monotonic() < give_up, f"no end by the deadline; victims left {victims}"
-            for role, proc in procs.items():
-                code = proc.poll()
-                assert code in (None, 0), f"{role} exited with {code}: {errors[role].read_text()[-3000:]}"
             time.sleep(1.0)
-            if not victims or procs["trainer"].poll() == 0:
+            if not victims or run.trained():
                 continue
             victim = victims.pop(0)
             if victim == "primary":
@@ -453,16 +436,8 @@ def test_sigkilled_primary_host_and_trainer_train_every_prompt_once(cluster: Rep
                 cluster.wait_failover(old)
                 cluster.restart(old)
             else:
-                procs["trainer"].send_signal(signal.SIGKILL)
-                procs["trainer"].wait(30)
-                procs["trainer"] = spawn("trainer")
-        procs["producer"].wait(60)
-        assert procs["producer"].returncode == 0, errors["producer"].read_text()[-3000:]
-    finally:
-        for proc in procs.values():
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(30)
+                run.restart("trainer")
+        run.finish()
     assert not victims, f"the run ended before every kill: {victims} left"
     final = latest_checkpoint(checkpoints)
     assert final is not None

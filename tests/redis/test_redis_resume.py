@@ -6,9 +6,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import signal
-import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -21,7 +18,14 @@ redis = pytest.importorskip("redis", reason="redis-py is missing: pip install 'f
 from featurestream import LocalFeatureStore, SharedDirFeatureStore, VisibilityTimeout  # noqa: E402
 from featurestream.backends.redis.queue import RedisSampleRefQueue  # noqa: E402 - needs redis-py
 from featurestream.core.resume import sample_id_for  # noqa: E402
-from featurestream.testing.resume import check_history, check_ledger, latest_checkpoint, produce, train  # noqa: E402
+from featurestream.testing.resume import (  # noqa: E402
+    ResumeProcesses,
+    check_history,
+    check_ledger,
+    latest_checkpoint,
+    produce,
+    train,
+)
 
 DEADLINE = 240.0
 
@@ -100,28 +104,13 @@ def test_sigkilled_trainer_and_producer_processes_train_every_prompt_once(
     checkpoints.mkdir()
     SharedDirFeatureStore(shared, max_samples=None, max_bytes=1 << 30)
     common = ["--url", durable_redis.url, "--name", name, "--store-dir", str(shared), "--prompts", str(n)]
-    roles = {
-        "trainer": [*common, "--checkpoints", str(checkpoints), "--every", "2", "--step-seconds", "0.05"],
-        "producer": common,
-    }
-    errors = {role: tmp_path / f"{role}.err" for role in roles}
-
-    def spawn(role: str) -> subprocess.Popen[bytes]:
-        command = [sys.executable, "-m", "featurestream.testing.resume", role, *roles[role]]
-        with errors[role].open("ab") as err:
-            return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=err)
-
-    procs = {role: spawn(role) for role in roles}
     killed = {"trainer": 0, "producer": 0, "redis": 0}
     give_up = time.monotonic() + DEADLINE
-    try:
-        while procs["trainer"].poll() != 0:
+    with ResumeProcesses(common, checkpoints, tmp_path, step_seconds=0.05) as run:
+        while not run.trained():
             assert time.monotonic() < give_up, f"no end by the deadline; killed {killed}"
-            for role, proc in procs.items():
-                code = proc.poll()
-                assert code in (None, 0), f"{role} exited with {code}: {errors[role].read_text()[-3000:]}"
             time.sleep(rng.uniform(0.5, 3.0 if killed["trainer"] >= 2 else 1.5))
-            if sum(killed.values()) >= kills or procs["trainer"].poll() == 0:
+            if sum(killed.values()) >= kills or run.trained():
                 continue
             # The first two kills are the trainer's, so every run restores from a checkpoint at least twice
             # however fast the machine lets it finish; the rest are drawn.
@@ -132,18 +121,8 @@ def test_sigkilled_trainer_and_producer_processes_train_every_prompt_once(
                 killed["redis"] += 1
                 continue
             for role in ("trainer", "producer") if victim == "both" else (victim,):
-                if procs[role].poll() is None:
-                    procs[role].send_signal(signal.SIGKILL)
-                    procs[role].wait(30)
-                    killed[role] += 1
-                procs[role] = spawn(role)
-        procs["producer"].wait(60)  # the trainer's close() after its final checkpoint ends the producer's run
-        assert procs["producer"].returncode == 0, errors["producer"].read_text()[-3000:]
-    finally:
-        for proc in procs.values():
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(30)
+                killed[role] += run.restart(role)
+        run.finish()
     print(f"resume processes seed {seed}: killed {killed}")
     assert killed["trainer"] >= 2, killed
     final = latest_checkpoint(checkpoints)

@@ -6,8 +6,9 @@ saves ``{"loader": loader.state_dict(), "history": ...}`` atomically every
 ``every`` steps, and resumes from the latest checkpoint; ``produce`` runs a
 ``ResumableProducer`` over ``prompts(n)``. ``check_history`` says whether a
 history trains every key once. Both run in-process or as processes
-(``python -m featurestream.testing.resume trainer|producer ...``) to be
-SIGKILLed at any instant; ``docs/resume.md``.
+(``python -m featurestream.testing.resume trainer|producer ...``, which
+``ResumeProcesses`` starts and restarts) to be SIGKILLed at any instant;
+``docs/resume.md``.
 """
 
 from __future__ import annotations
@@ -17,11 +18,14 @@ import collections
 import json
 import os
 import random
+import signal
+import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from types import TracebackType
 from typing import Any
 
 import torch
@@ -37,6 +41,7 @@ from featurestream.stores.base import FeatureStore
 
 __all__ = [
     "KeyTarget",
+    "ResumeProcesses",
     "check_history",
     "check_ledger",
     "latest_checkpoint",
@@ -189,6 +194,80 @@ def check_ledger(ledger: TrainingLedger) -> None:
         assert "rank must be an int >= 0, got -1" in str(exc), exc
     else:
         raise AssertionError("restore(-1, 0) was accepted")
+
+
+class ResumeProcesses:
+    """A trainer and a producer process of this module's command line, both given ``common`` (the queue, the store
+    directory, the prompts), each restartable after a SIGKILL.
+
+    The trainer checkpoints into ``checkpoints`` every 2 steps, each step up to ``2 * step_seconds`` long; every
+    incarnation's stderr is appended to ``<logs>/<role>.err``. A ``with`` block starts both and, on the way out,
+    kills whichever still runs.
+    """
+
+    def __init__(self, common: Sequence[str], checkpoints: Path, logs: Path, *, step_seconds: float) -> None:
+        self._arguments = {
+            "trainer": [
+                *common,
+                "--checkpoints",
+                str(checkpoints),
+                "--every",
+                "2",
+                "--step-seconds",
+                str(step_seconds),
+            ],
+            "producer": list(common),
+        }
+        self._errors = {role: logs / f"{role}.err" for role in self._arguments}
+        self._procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    def __enter__(self) -> ResumeProcesses:
+        for role in self._arguments:
+            self._procs[role] = self._spawn(role)
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        for proc in self._procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(30)
+
+    def _spawn(self, role: str) -> subprocess.Popen[bytes]:
+        command = [sys.executable, "-m", "featurestream.testing.resume", role, *self._arguments[role]]
+        with self._errors[role].open("ab") as err:
+            return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=err)
+
+    def _stderr(self, role: str) -> str:
+        return self._errors[role].read_text()[-3000:]
+
+    def trained(self) -> bool:
+        """Whether the trainer has ended its epoch (exit status 0); ``AssertionError`` with its stderr when either
+        process exited otherwise."""
+        for role, proc in self._procs.items():
+            code = proc.poll()
+            if code not in (None, 0):
+                raise AssertionError(f"{role} exited with {code}: {self._stderr(role)}")
+        return self._procs["trainer"].poll() == 0
+
+    def restart(self, role: str) -> bool:
+        """SIGKILL ``role``'s process if it still runs and start it again; whether it was killed."""
+        proc = self._procs[role]
+        killed = proc.poll() is None
+        if killed:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(30)
+        self._procs[role] = self._spawn(role)
+        return killed
+
+    def finish(self) -> None:
+        """Wait for the producer, whose run the trainer's close after its final checkpoint ends; ``AssertionError``
+        with its stderr unless it exits 0."""
+        producer = self._procs["producer"]
+        producer.wait(60)
+        if producer.returncode != 0:
+            raise AssertionError(self._stderr("producer"))
 
 
 def _open(args: argparse.Namespace) -> tuple[LeaseQueue, FeatureStore]:
