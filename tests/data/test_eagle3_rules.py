@@ -21,6 +21,7 @@ from featurestream import (
     SampleRefQueue,
     StoreHandle,
 )
+from featurestream.pipeline.features import TargetInputs
 
 from .algorithm_samples import packing
 from .helpers import eagle3_sample
@@ -112,15 +113,7 @@ class Returning(Eagle3TargetBackend):
     def __init__(self, outputs: list[dict[str, torch.Tensor]]) -> None:
         self.outputs = outputs
 
-    def generate_batch(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor,
-        loss_mask: torch.Tensor,
-        position_ids: torch.Tensor | None = None,
-        seq_lens: torch.Tensor | None = None,
-        doc_remaining: torch.Tensor | None = None,
-    ) -> Eagle3TargetBatch:
+    def target_batch(self, inputs: TargetInputs) -> Eagle3TargetBatch:
         return Eagle3TargetBatch.from_tensors(self.outputs.pop(0))
 
 
