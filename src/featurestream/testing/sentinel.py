@@ -140,13 +140,7 @@ class SentinelNode(_RedisProcess):
 
     def primary(self) -> tuple[str, int] | None:
         """The primary this sentinel names for ``SERVICE`` now (``None`` when it cannot be asked)."""
-        client = self.client()
-        try:
-            found = client.sentinel_get_master_addr_by_name(SERVICE)
-        except redis.RedisError:
-            return None
-        finally:
-            client.close()
+        found = self.ask(lambda client: client.sentinel_get_master_addr_by_name(SERVICE), None)
         return None if found is None else (str(found[0]), int(found[1]))
 
 
@@ -226,13 +220,9 @@ class ReplicatedRedis(Started):
         for server in self.servers:
             if server.process is None:
                 continue
-            client = server.client()
-            try:
-                info = client.info("replication")
-            except redis.RedisError:
+            info = server.ask(lambda client: client.info("replication"), None)
+            if info is None:
                 return False
-            finally:
-                client.close()
             if server.port == address[1]:
                 if info.get("role") != "master":
                     return False
@@ -385,13 +375,7 @@ class ReplicatedRedis(Started):
             except LookupError:  # the sentinels are between two views: ask again
                 time.sleep(0.05)
                 continue
-            client = primary.client()
-            try:
-                info = client.info("replication")
-            except redis.RedisError:
-                info = {}
-            finally:
-                client.close()
+            info = primary.ask(lambda client: client.info("replication"), {})
             online = [value for key, value in info.items() if key.startswith("slave") and isinstance(value, dict)]
             if sum(1 for replica in online if replica.get("state") == "online") >= count:
                 return
@@ -406,13 +390,9 @@ class ReplicatedRedis(Started):
         while time.monotonic() < give_up:
             ready = 0
             for sentinel in self.sentinels:
-                client = sentinel.client()
-                try:
-                    state = client.sentinel_master(SERVICE)
-                except redis.RedisError:
+                state = sentinel.ask(lambda client: client.sentinel_master(SERVICE), None)
+                if state is None:
                     continue
-                finally:
-                    client.close()
                 if not state["is_sdown"] and state["num-slaves"] >= replicas and state["num-other-sentinels"] >= others:
                     ready += 1
             if ready == len(self.sentinels):
