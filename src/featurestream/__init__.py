@@ -77,6 +77,9 @@ _EXPORTS: dict[str, str] = {
     "CorruptSampleError": "featurestream.stores.shared_dir",
     "SharedDirFeatureStore": "featurestream.stores.shared_dir",
     "render_queue": "featurestream.tools.diagrams",
+    "GraphvizMissing": "featurestream.tools.diagrams",
+    "ToolMissing": "featurestream.spec.tlc",
+    "TargetError": "featurestream.ops.target",
 }
 # redis-py and Mooncake are optional: RedisSampleRefQueue, MooncakeFeatureStore and the Redis connection errors
 # load on first use and stay out of __all__, so ``from featurestream import *`` needs neither.
@@ -114,6 +117,7 @@ __all__ = [
     "FeatureSpec",
     "FeatureStore",
     "FeatureStreamError",
+    "GraphvizMissing",
     "IllegalTransition",
     "KeptDeadLetter",
     "Lease",
@@ -141,7 +145,9 @@ __all__ = [
     "StoreHealth",
     "StoreMismatch",
     "TargetBackend",
+    "TargetError",
     "TensorInRef",
+    "ToolMissing",
     "VisibilityTimeout",
     "assert_no_tensors",
     "register_algorithm",
@@ -182,6 +188,7 @@ if TYPE_CHECKING:
     from featurestream.core.protocol import LeaseQueue
     from featurestream.core.queue import QueueStats, SampleRefQueue
     from featurestream.core.resume import StaleTrainer
+    from featurestream.ops.target import TargetError
     from featurestream.pipeline.async_pipeline import AsyncFeaturePipeline, PromptSource
     from featurestream.pipeline.dflash import DFlashTargetBackend, DFlashTargetBatch
     from featurestream.pipeline.dspark import DSparkTargetBackend, DSparkTargetBatch
@@ -190,11 +197,12 @@ if TYPE_CHECKING:
     from featurestream.pipeline.features import FeatureRule, register_algorithm
     from featurestream.pipeline.loader import FeatureDataLoader, LoaderCloseTimeout
     from featurestream.pipeline.producer import FeatureProducer, TargetBackend
+    from featurestream.spec.tlc import ToolMissing
     from featurestream.stores.base import FeatureStore, SampleLostError, StoreHandle, StoreHealth
     from featurestream.stores.local import LocalFeatureStore
     from featurestream.stores.mooncake import MooncakeFeatureStore as MooncakeFeatureStore
     from featurestream.stores.shared_dir import CorruptSampleError, SharedDirFeatureStore
-    from featurestream.tools.diagrams import render_queue
+    from featurestream.tools.diagrams import GraphvizMissing, render_queue
 
 
 __getattr__, __dir__ = lazy_exports(__name__, globals(), {**_OPTIONAL, **_EXPORTS})

@@ -17,8 +17,10 @@ from featurestream import LocalFeatureStore, SampleRefQueue, VisibilityTimeout
 from featurestream.common import errors
 from featurestream.testing import sample_tensors
 
-# The library's packages (the verification kit, the demo and the operator CLI raise their own tool errors).
-LIBRARY = ("common", "core", "stores", "backends", "pipeline", "monitor")
+# The library's packages. The test kit (``testing``) is left out: its errors imitate a foreign failure
+# (``InjectedFault`` is a store's ``OSError``) or report a defect (``InvariantViolation``), which no
+# ``except FeatureStreamError`` may catch.
+LIBRARY = ("common", "core", "stores", "backends", "pipeline", "monitor", "spec", "tools", "ops")
 
 # Each error type and the builtin (or redis-py) class a caller written against the reference or the docs catches.
 CAUGHT_AS: dict[str, type[BaseException]] = {
@@ -50,6 +52,9 @@ CAUGHT_AS: dict[str, type[BaseException]] = {
     "NotReplicated": redis.ConnectionError,
     "PrimaryLost": redis.ConnectionError,
     "SentinelServiceError": redis.ConnectionError,
+    "ToolMissing": RuntimeError,
+    "GraphvizMissing": RuntimeError,
+    "TargetError": Exception,
 }
 
 

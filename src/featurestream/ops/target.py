@@ -19,6 +19,8 @@ import urllib.parse
 from collections.abc import Iterator
 from typing import Any
 
+from featurestream.common.errors import FeatureStreamError
+
 __all__ = [
     "TargetError",
     "add_server_arguments",
@@ -36,7 +38,7 @@ __all__ = [
 RECONNECT_TIMEOUT = 2.0
 
 
-class TargetError(Exception):
+class TargetError(FeatureStreamError):
     """The queue cannot be reached or does not exist; the message says which and where."""
 
 

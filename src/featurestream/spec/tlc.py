@@ -20,6 +20,8 @@ import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from featurestream.common.errors import FeatureStreamError
+
 __all__ = [
     "Simulation",
     "TLCResult",
@@ -34,7 +36,7 @@ __all__ = [
 MODULE = "LeaseQueue.tla"
 
 
-class ToolMissing(RuntimeError):
+class ToolMissing(FeatureStreamError, RuntimeError):
     """Java, ``tla2tools.jar`` or the spec files cannot be found; the message says how to get them."""
 
 

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 
 from transitions import Machine, State
 
+from featurestream.common.errors import FeatureStreamError
 from featurestream.core.machines import (
     BACKPRESSURE,
     BACKPRESSURE_MACHINE,
@@ -194,7 +195,7 @@ _STYLES: dict[str, dict[str, dict[str, str]]] = {
 _PNG_DPI = "-Gdpi=144"
 
 
-class GraphvizMissing(RuntimeError):
+class GraphvizMissing(FeatureStreamError, RuntimeError):
     """A graphviz piece (the ``dot`` binary or the Python package) is not installed; the message says how."""
 
 
