@@ -19,7 +19,7 @@ from typing import Any
 
 import redis
 from featurestream.backends.redis import functions
-from featurestream.backends.redis.link import Link
+from featurestream.backends.redis.link import Link, reply_text
 from featurestream.backends.redis.resume import RedisTrainingLedger
 from featurestream.backends.redis.wire import (
     dead_letter_from_json,
@@ -53,10 +53,6 @@ class RedisLease(Lease):
     token: str = dataclasses.field(default="", repr=False)
 
 
-def _text(value: object) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
 def _sample_ids(sample_ids: Iterable[str] | None) -> list[str]:
     """The ids of a dead-letter request (``None``: all, sent as no ids); ``TypeError`` for anything but strs."""
     if sample_ids is None:
@@ -77,7 +73,7 @@ def _sample_ids(sample_ids: Iterable[str] | None) -> list[str]:
 
 def _pending(counters: dict[Any, Any]) -> int:
     """The pending gauge from the counters (``functions.PENDING_TERMS``, as traced calls derive it on the server)."""
-    values = {_text(k): int(v) for k, v in counters.items()}
+    values = {reply_text(k): int(v) for k, v in counters.items()}
     return sum(sign * values.get(name, 0) for name, sign in functions.PENDING_TERMS.items())
 
 
@@ -156,7 +152,7 @@ class RedisEngine:
 
     def init(self, keep_dead_letter_bytes: int, store_uri: str) -> list[str]:
         """Create the queue on the server or join it: its layout, settings, pinned store and feed position."""
-        reply = [_text(v) for v in self._run("init", keep_dead_letter_bytes, store_uri)]
+        reply = [reply_text(v) for v in self._run("init", keep_dead_letter_bytes, store_uri)]
         self._feed_cursor = reply[-1]
         return reply[:-1]
 
@@ -200,9 +196,9 @@ class RedisEngine:
         items = [part for ref in batch for part in (ref.sample_id, "")]
         status, reply_events, *rest = self._run("put_many", "?" + self._token(), *items)
         self._apply(reply_events)
-        status = _text(status)
+        status = reply_text(status)
         if status != "fresh":
-            offending = next((ref for ref in batch if ref.sample_id == _text(rest[0])), batch[0])
+            offending = next((ref for ref in batch if ref.sample_id == reply_text(rest[0])), batch[0])
             raise _refusal(status, offending, rest[1])  # nothing was retained: nothing to undo
 
     def admit(self, batch: list[SampleRef], health: StoreHealth | None, *, if_idle: bool) -> contract.Refusal | None:
@@ -215,7 +211,7 @@ class RedisEngine:
             items += [ref.sample_id, wire]
         status, reply_events, *rest = self._run("put_many", self._token(), *items)
         self._apply(reply_events)
-        status = _text(status)
+        status = reply_text(status)
         if status == "ok":
             for ref, wire in zip(batch, wires, strict=True):
                 self._remember(ref, wire)
@@ -223,7 +219,7 @@ class RedisEngine:
                 self._settled_since(ref, settled)
             return None
         offender, outcome, held = rest
-        offending = next((ref for ref in batch if ref.sample_id == _text(offender)), batch[0])
+        offending = next((ref for ref in batch if ref.sample_id == reply_text(offender)), batch[0])
         flags = dict(zip((ref.sample_id for ref in batch), (bool(int(flag)) for flag in held), strict=True))
         unretain = [ref for ref in batch if not flags[ref.sample_id] and ref is not offending]
         if not flags[offending.sample_id]:
@@ -234,7 +230,7 @@ class RedisEngine:
         wire = ref_to_json(ref).encode()
         status, reply_events, *rest = self._run("put", ref.sample_id, wire, self._token(), "idle" if if_idle else "")
         self._apply(reply_events, put_health=health)
-        status = _text(status)
+        status = reply_text(status)
         if status == "ok":
             self._remember(ref, wire)
             if rest:
@@ -285,7 +281,7 @@ class RedisEngine:
         self._apply(reaped_events)
         if left:  # traced: the state the reclaim left, which this round's own events report
             self._seen_state = event_state(left)
-        if _text(state) != "open":
+        if reply_text(state) != "open":
             raise errors.QueueClosed(ref.sample_id)
         return bool(int(held))
 
@@ -295,7 +291,7 @@ class RedisEngine:
         seconds, so a put (in any process) while it lasts wakes it."""
         base = self._token()
         status, reply_events, *rest = self._run("acquire", self._vt_arg, base, n, repr(float(wait)))
-        status = _text(status)
+        status = reply_text(status)
         if status != "ok":
             self._apply(reply_events)
             return [], (None if status == "drained" else rest)
@@ -308,7 +304,7 @@ class RedisEngine:
         return leases, None
 
     def wait(self, hint: Any, seconds: float) -> None:
-        last_wake, until_deadline = (_text(v) for v in hint)
+        last_wake, until_deadline = (reply_text(v) for v in hint)
         block = seconds
         if until_deadline:
             block = min(block, max(float(until_deadline), 0.0))
@@ -342,7 +338,7 @@ class RedisEngine:
             if expected is None:
                 self._report(contract.Leased(model, lease, None))
             else:
-                expected[_text(key)] = ("lease", lease, model)
+                expected[reply_text(key)] = ("lease", lease, model)
             leases.append(lease)
         if len(models) > self._prune_at:
             self._prune_models()
@@ -396,7 +392,7 @@ class RedisEngine:
                     proofs[index] = (key, "", sample_id)
                 seen.add(key)
         raw_statuses, reply_events = self._run(action, *[part for proof in proofs for part in proof])
-        statuses = [_text(raw) for raw in raw_statuses]
+        statuses = [reply_text(raw) for raw in raw_statuses]
         expected: dict[str, _Expected] | None = None
         if reply_events:
             # The settles are reported at their events (traced calls get one), so a failed scrub is traced right
@@ -428,7 +424,7 @@ class RedisEngine:
     def extend(self, lease: Lease, seconds: float) -> bool:
         key, token, _ = self._proof(lease)
         status, reply_events, *rest = self._run("extend", key, token, repr(float(seconds)))
-        if _text(status) != "ok":
+        if reply_text(status) != "ok":
             self._apply(reply_events)
             if token:
                 self._lost(lease.lease_id)
@@ -442,8 +438,8 @@ class RedisEngine:
     def _local_deadline(self, deadline: object, now: object) -> float:
         """A server deadline in this process's clock: exact under an injected clock, offset from TIME otherwise."""
         if self._server_time:
-            return self._clock() + (float(_text(deadline)) - float(_text(now)))
-        return float(_text(deadline))
+            return self._clock() + (float(reply_text(deadline)) - float(reply_text(now)))
+        return float(reply_text(deadline))
 
     def reap(self) -> int:
         total = 0
@@ -461,16 +457,16 @@ class RedisEngine:
         self._apply(reply_events)
 
     def lifecycle_state(self) -> str:
-        return _text(self._retrying(self._redis.hget, self._key["meta"], "state"))
+        return reply_text(self._retrying(self._redis.hget, self._key["meta"], "state"))
 
     def requeue(self, sample_ids: Iterable[str] | None) -> list[str]:
         ids = _sample_ids(sample_ids)
         status, reply_events, detail = self._run("requeue", self._token(), *ids)
         self._apply(reply_events)
-        status = _text(status)
+        status = reply_text(status)
         if status == "ok":
-            return [_text(sample_id) for sample_id in detail]
-        sample_id = _text(detail)
+            return [reply_text(sample_id) for sample_id in detail]
+        sample_id = reply_text(detail)
         if status == "unknown":
             raise errors.NotDeadLetter(sample_id, "requeued", self._name)
         if status == "gone":
@@ -483,15 +479,15 @@ class RedisEngine:
         ids = _sample_ids(sample_ids)
         status, reply_events, *rest = self._run("purge", *ids)
         self._apply(reply_events)
-        if _text(status) != "ok":
-            raise errors.NotDeadLetter(_text(rest[0]), "purged", self._name)
+        if reply_text(status) != "ok":
+            raise errors.NotDeadLetter(reply_text(rest[0]), "purged", self._name)
         purged, released = rest
         if self._store_uri is not None:
             for ref_json in released:
                 ref = ref_from_json(ref_json)
                 if ref.store_uri == self._store_uri:
                     self._release(ref)
-        return [_text(sample_id) for sample_id in purged]
+        return [reply_text(sample_id) for sample_id in purged]
 
     # -- reads -----------------------------------------------------------------------
     def count_pause(self) -> None:
@@ -506,7 +502,7 @@ class RedisEngine:
     def counters(self) -> dict[str, int]:
         """The queue-wide counters and gauges (one MULTI/EXEC)."""
         counters, outstanding = self._link.snapshot()
-        values = {_text(k): int(v) for k, v in counters.items()}
+        values = {reply_text(k): int(v) for k, v in counters.items()}
         values.update(pending=_pending(counters), outstanding=int(outstanding))
         return values
 
@@ -556,7 +552,7 @@ class RedisEngine:
             return
         width = self._event_width
         for index in range(0, len(reply_events), width):
-            kind = _text(reply_events[index])
+            kind = reply_text(reply_events[index])
             if kind == "malformed":  # its raw bytes, maybe not text; the server moved the entry aside: logged once
                 logger.warning(
                     "queue %r: pending entry %r is not '<n><TAB><sample id>'; moved aside to %s (reason "
@@ -564,7 +560,7 @@ class RedisEngine:
                     self._name, reply_events[index + 2], self._key["malformed"],
                 )  # fmt: skip
                 continue
-            first, second = _text(reply_events[index + 1]), _text(reply_events[index + 2])
+            first, second = reply_text(reply_events[index + 1]), reply_text(reply_events[index + 2])
             trace: dict[str, object] | None = None
             if width == 4 and kind != "retired":
                 trace = event_state(reply_events[index + 3])
@@ -666,4 +662,4 @@ class RedisEngine:
 
 def _refusal(status: str, ref: SampleRef, outcome: object) -> Exception:
     """``put``'s error for a refusal the server reported (which names no state for a held id)."""
-    return errors.put_refused(status, ref.sample_id, "" if status == "held" else _text(outcome))
+    return errors.put_refused(status, ref.sample_id, "" if status == "held" else reply_text(outcome))

@@ -57,6 +57,7 @@ __all__ = [
     "RedisUnreachable",
     "ReplicasMissing",
     "first_contact",
+    "reply_text",
 ]
 
 logger = logging.getLogger(__name__)
@@ -100,6 +101,11 @@ class NotReplicated(FeatureStreamError, redis.ConnectionError):
 
 class PrimaryLost(FeatureStreamError, redis.ConnectionError):
     """Through Sentinel: no primary answered within ``reconnect_timeout``; names the service and the sentinels."""
+
+
+def reply_text(value: object) -> str:
+    """A value of a server's reply as ``str``: the queue's clients return ``bytes`` (no ``decode_responses``)."""
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _transient(exc: BaseException) -> bool:

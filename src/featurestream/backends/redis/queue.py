@@ -56,8 +56,8 @@ except ImportError as exc:  # pragma: no cover - exercised only without the opti
     ) from exc
 
 from featurestream.backends.redis import functions, sentinel
-from featurestream.backends.redis.engine import RedisEngine, RedisLease, _text
-from featurestream.backends.redis.link import Link, first_contact
+from featurestream.backends.redis.engine import RedisEngine, RedisLease
+from featurestream.backends.redis.link import Link, first_contact, reply_text
 from featurestream.common import errors
 from featurestream.common.checks import check_seconds
 from featurestream.core.backpressure import HealthCallback
@@ -283,11 +283,11 @@ def list_queues(
     try:
         first_contact(client, None, reconnect_timeout)
         prefix, suffix = "featurestream:{", "}:meta"
-        keys = sorted(_text(key) for key in client.scan_iter(match=f"{prefix}*{suffix}", count=1000))
+        keys = sorted(reply_text(key) for key in client.scan_iter(match=f"{prefix}*{suffix}", count=1000))
         with client.pipeline(transaction=False) as pipe:
             for key in keys:
                 pipe.hget(key, "state")
-            states = [_text(state) if state is not None else "unknown" for state in pipe.execute()]
+            states = [reply_text(state) if state is not None else "unknown" for state in pipe.execute()]
         return {key[len(prefix) : -len(suffix)]: state for key, state in zip(keys, states, strict=True)}
     finally:
         client.close()

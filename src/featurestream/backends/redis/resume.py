@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import redis
+from featurestream.backends.redis.link import reply_text
 from featurestream.core.resume import (
     LedgerProgress,
     Restore,
@@ -122,10 +123,6 @@ return {1, duplicates}
 """
 
 
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
 def _chunks(items: Sequence[Any], size: int = _CHUNK) -> Iterable[Sequence[Any]]:
     for start in range(0, len(items), size):
         yield items[start : start + size]
@@ -189,7 +186,7 @@ class RedisTrainingLedger(TrainingLedger):
         for chunk in _chunks(list(expected.items())):
             args = [secrets.token_hex(8)] + [item for key, generation in chunk for item in (key, generation)]
             for key in self._change(self._claim, [self._gen, self._trained, self._owner], args):
-                claimed[_text(key)] = expected[_text(key)] + 1
+                claimed[reply_text(key)] = expected[reply_text(key)] + 1
         return claimed
 
     def admit(self, samples: Sequence[tuple[str, int]]) -> list[bool]:
@@ -203,7 +200,7 @@ class RedisTrainingLedger(TrainingLedger):
         check_rank_step(rank, step)
         keys = [self._ranks, self._steps(rank), self._trained, self._counts, self._restores]
         incarnation, later = self._change(self._restore, keys, [rank, step, secrets.token_hex(8)])
-        return Restore(rank, step, int(incarnation), tuple(_text(key) for key in later))
+        return Restore(rank, step, int(incarnation), tuple(reply_text(key) for key in later))
 
     def commit(self, rank: int, incarnation: int, step: int, keys: Sequence[str]) -> int:
         check_rank_step(rank, step)
@@ -212,7 +209,7 @@ class RedisTrainingLedger(TrainingLedger):
         if not int(ok):
             raise StaleTrainer(
                 f"rank {rank} incarnation {incarnation} may not commit step {step}: the rank was restored "
-                f"since (latest incarnation {_text(value) or None}); a newer trainer owns this rank"
+                f"since (latest incarnation {reply_text(value) or None}); a newer trainer owns this rank"
             )
         return int(value)
 
@@ -230,7 +227,7 @@ class RedisTrainingLedger(TrainingLedger):
     def history(self, rank: int) -> dict[int, list[str]]:
         out: dict[int, list[str]] = {}
         for key, step in self._retrying(self._redis.zrange, self._steps(rank), 0, -1, withscores=True):
-            out.setdefault(int(step), []).append(_text(key))
+            out.setdefault(int(step), []).append(reply_text(key))
         return dict(sorted(out.items()))
 
     def holds(self, sample_ids: Sequence[str]) -> set[str]:
