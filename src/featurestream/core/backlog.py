@@ -13,7 +13,7 @@ from collections.abc import Callable
 from featurestream.common.refs import SampleRef
 from featurestream.stores.base import FeatureStore
 
-__all__ = ["Owed", "Outbox", "StoreFault", "call_or_owe", "pay_owed", "run_deferred"]
+__all__ = ["Owed", "Outbox", "StoreFault", "call_or_owe", "owe", "pay_owed", "run_deferred"]
 
 logger = logging.getLogger(__name__)
 
@@ -32,11 +32,16 @@ def call_or_owe(store: FeatureStore, owed: Owed, call: str, ref: SampleRef, on_f
     try:
         getattr(store, call)(ref)
     except Exception as exc:
-        on_fault(call, ref.sample_id, exc)
-        owed[ref.sample_id] = (call, ref)
-        owed.move_to_end(ref.sample_id)
+        owe(owed, call, ref, exc, on_fault)
         return False
     return True
+
+
+def owe(owed: Owed, call: str, ref: SampleRef, exc: Exception, on_fault: StoreFault) -> None:
+    """The store call ``call(ref)`` raised ``exc``: report it to ``on_fault`` and owe it (newest last)."""
+    on_fault(call, ref.sample_id, exc)
+    owed[ref.sample_id] = (call, ref)
+    owed.move_to_end(ref.sample_id)
 
 
 def pay_owed(store: FeatureStore, owed: Owed, on_fault: StoreFault, on_paid: Callable[[str, str], None]) -> None:
