@@ -82,6 +82,20 @@ def test_ids_that_could_escape_the_directory_are_refused(tmp_path: Path, sample_
     assert store.health().sample_count == 0
 
 
+def test_an_id_named_like_a_file_on_its_way_out_is_refused_and_a_new_instance_keeps_the_rest(tmp_path: Path) -> None:
+    # A new instance deletes every ``.scrubbed-*`` file it finds (left by a process that died mid-scrub): a
+    # sample stored under such a name would vanish when the next producer or trainer opens the directory.
+    store = SharedDirFeatureStore(tmp_path)
+    kept = put_eagle3(store, 1)
+    with pytest.raises(ValueError, match=r"sample_id '\.scrubbed-0' may not begin with '\.scrubbed-'"):
+        store.put(".scrubbed-0", eagle3_sample(0))
+    before = files(tmp_path)
+    assert store.health().sample_count == 1 and not [name for name in before if name.startswith(".scrubbed-")]
+    got, _ = SharedDirFeatureStore(tmp_path).get(kept)
+    assert_is_sample(got, 1)
+    assert files(tmp_path) == before
+
+
 def test_health_is_counters_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     store = SharedDirFeatureStore(tmp_path, max_bytes=10_000, high_watermark_bytes=400, low_watermark_bytes=100)
     refs = [put_eagle3(store, i) for i in range(3)]

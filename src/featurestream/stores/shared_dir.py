@@ -313,10 +313,11 @@ class SharedDirFeatureStore(LedgerFeatureStore):
     unless ``create=True``, which creates the whole path. The directory must be
     writable: ``PermissionError`` (or the ``OSError`` met) naming it, at
     construction rather than at the first put. Errors: a ``sample_id`` with ``/``,
-    ``..`` or NUL -> ``ValueError``; an unknown or freed sample ->
-    ``KeyError``; an undecodable file -> ``CorruptSampleError``; the
-    directory gone, a full disk or a permission problem -> the ``OSError``
-    subclass, naming the sample and the path. A failed ``put`` stores nothing
+    ``..`` or NUL, or beginning ``.scrubbed-`` (the store's own files on their
+    way out) -> ``ValueError``; an unknown or freed sample -> ``KeyError``;
+    an undecodable file -> ``CorruptSampleError``; the directory gone, a full
+    disk or a permission problem -> the ``OSError`` subclass, naming the
+    sample and the path. A failed ``put`` stores nothing
     and leaves no file behind. Caps and watermarks: the ``StoreCaps`` keywords.
 
     Orphans: the samples of a writer (an instance on the directory, in any process) that died before a
@@ -370,6 +371,11 @@ class SharedDirFeatureStore(LedgerFeatureStore):
             raise ValueError(
                 f"sample_id {sample_id!r} may not contain '/', '..' or NUL: it names a file, and would escape "
                 "the store directory"
+            )
+        if sample_id.startswith(SCRUBBED_PREFIX):
+            raise ValueError(
+                f"sample_id {sample_id!r} may not begin with {SCRUBBED_PREFIX!r}: the store names its files on "
+                "their way out so, and the next instance to open the directory would delete the sample's"
             )
         if _INCARNATION_TAIL.search(sample_id):
             raise ValueError(
