@@ -39,8 +39,12 @@ from featurestream.stores.base import StoreHealth
 
 __all__ = ["MemoryEngine"]
 
-# What the engine counts: ``QueueStats``' counters but the front end's own ``store_errors``.
-_COUNTERS = tuple(name for name in STATS_FIELDS if name not in QUEUE_STATS_GAUGES and name != "store_errors")
+# What the engine counts: ``QueueStats``' counters but the front end's own ``store_errors`` and the two that
+# ``counters`` derives from the others (``_DERIVED``).
+_DERIVED = ("put", "leased")
+_COUNTERS = tuple(
+    name for name in STATS_FIELDS if name not in QUEUE_STATS_GAUGES and name != "store_errors" and name not in _DERIVED
+)
 
 
 class _Record(LeaseModel):
@@ -132,9 +136,8 @@ class MemoryEngine:
     def admit(self, batch: list[SampleRef], health: StoreHealth | None, *, if_idle: bool) -> Refusal | None:
         # The front end asks ``if_idle`` only of a queue it saw hold nothing, under this same lock: nothing to
         # re-check.
-        counts, traced = self._counts, self._traced
+        traced = self._traced
         for ref in batch:
-            counts["put"] += 1
             record = _Record(ref, 0)
             self._push_pending(record)
             if traced:
@@ -166,7 +169,7 @@ class MemoryEngine:
 
     def _push_pending(self, record: _Record) -> None:
         self._pending.append(record)
-        self._held[record.ref.sample_id] = record
+        self._held[record.sample_id] = record
         if self._not_empty.waiting:
             self._not_empty.notify()
 
@@ -203,7 +206,6 @@ class MemoryEngine:
         record.lease_id = lease_id = lease.lease_id
         self._live[lease_id] = record
         heapq.heappush(self._deadlines, (deadline, lease_id))
-        self._counts["leased"] += 1
         trace = self._fields(record, lease_id=lease_id, deadline=record.deadline) if self._traced else None
         self._report(Leased(record, lease, trace))
         return lease
@@ -265,7 +267,7 @@ class MemoryEngine:
             self._prune_deadlines()
         if trigger == "ack":
             self._counts["acked"] += 1
-            self._release_hold(record.ref.sample_id, "acked")
+            self._release_hold(record.sample_id, "acked")
             trace = self._fields(record, lease_id=lease.lease_id) if self._traced else None
             self._report(Settled(record, "ack", record.ref, trace))
             if self._lifecycle.state == "draining":
@@ -434,7 +436,13 @@ class MemoryEngine:
         return len(self._live)
 
     def counters(self) -> dict[str, int]:
-        return {**self._counts, "pending": len(self._pending), "outstanding": len(self._live)}
+        """The counters, ``put`` and ``leased`` derived rather than counted on every put and lease: a put's sample
+        is held until it is acked or dead-lettered (a requeue holds one again without a put), and a lease is live
+        until it is acked, failed (lost too) or reclaimed."""
+        counts = self._counts
+        put = len(self._held) + counts["acked"] + counts["dead_lettered"] - counts["requeued"]
+        leased = counts["acked"] + counts["failed"] + counts["reclaimed"] + len(self._live)
+        return {**counts, "put": put, "leased": leased, "pending": len(self._pending), "outstanding": len(self._live)}
 
     def dead_letters(self, newest: int | None) -> list[DeadLetter]:
         first = 0 if newest is None else max(len(self._dead) - newest, 0)
