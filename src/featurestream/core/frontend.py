@@ -336,10 +336,7 @@ class FrontEnd:
         stands even when the store's ``scrub`` fails: the scrub is then owed and retried
         later (see ``LeaseQueue``) and ``ack`` returns ``True``.
         """
-        if type(lease) is not Lease:  # the exact type passes without the call
-            check_lease(lease, "ack")
-        with self._op:
-            return self._engine.settle("ack", [lease])[0]
+        return self._settle_lease("ack", lease)
 
     def fail(self, lease: Lease) -> bool:
         """Give ``lease``'s sample back: redelivered from the tail, or dead once deliveries are spent.
@@ -348,10 +345,7 @@ class FrontEnd:
         lease (nothing changed; logged once per lease); ``TypeError`` for a
         non-lease.
         """
-        if type(lease) is not Lease:  # the exact type passes without the call
-            check_lease(lease, "fail")
-        with self._op:
-            return self._engine.settle("fail", [lease])[0]
+        return self._settle_lease("fail", lease)
 
     def lose(self, lease: Lease) -> bool:
         """The store lost ``lease``'s sample (``SampleLostError``): dead-letter it now, reason ``lost``.
@@ -359,10 +353,7 @@ class FrontEnd:
         No redelivery could serve bytes that are gone, so none is made, whatever deliveries are left, and the
         dead letter's bytes are never kept. Returns ``False`` for a stale lease (nothing changed).
         """
-        if type(lease) is not Lease:  # the exact type passes without the call
-            check_lease(lease, "lose")
-        with self._op:
-            return self._engine.settle("lose", [lease])[0]
+        return self._settle_lease("lose", lease)
 
     def ack_many(self, leases: Iterable[Lease]) -> None:
         """``ack`` every lease of ``leases``, in order, in one operation; each stale one is rejected on its own.
@@ -596,6 +587,12 @@ class FrontEnd:
                 return []
             engine.wait(hint, remaining)
             remaining = max(0.0, give_up - time.monotonic())
+
+    def _settle_lease(self, action: str, lease: Lease) -> bool:
+        if type(lease) is not Lease:  # the exact type passes without the call
+            check_lease(lease, action)
+        with self._op:
+            return self._engine.settle(action, [lease])[0]
 
     def _settle(self, action: str, leases: list[Lease]) -> list[bool]:
         if not leases:
