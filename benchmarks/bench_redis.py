@@ -33,10 +33,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import shutil
-import socket
+import pathlib
 import statistics
-import subprocess
 import tempfile
 import time
 import uuid
@@ -51,6 +49,7 @@ import redis
 from featurestream import FeatureSpec, FeatureStore, SampleRef, StoreHandle, StoreHealth
 from featurestream.backends.redis.queue import RedisSampleRefQueue
 from featurestream.backends.redis.wire import ref_to_json
+from featurestream.testing.sentinel import RedisNode
 
 _SPECS = {
     "aux_hidden_states": FeatureSpec((1, 512, 3 * 4096), torch.bfloat16),
@@ -204,30 +203,17 @@ def measure(admin: redis.Redis, run: Callable[[], None], lifecycles: int, top_le
 # -- a server of our own -------------------------------------------------------------
 @contextlib.contextmanager
 def redis_server(url: str | None) -> Iterator[str]:
+    """``url``, or (``None``) a private ``redis-server`` on a free local port for the length of the block."""
     if url is not None:
         yield url
         return
-    binary = shutil.which("redis-server")
-    if binary is None:
-        raise SystemExit("redis-server is not on PATH (apt-get install redis-server), or pass --url")
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
     with tempfile.TemporaryDirectory() as directory:
-        command = [binary, "--port", str(port), "--bind", "127.0.0.1", "--dir", directory, "--save", ""]
-        process = subprocess.Popen([*command, "--appendonly", "no"], stdout=subprocess.DEVNULL)
         try:
-            probe = redis.Redis(port=port)
-            for _ in range(500):
-                with contextlib.suppress(redis.ConnectionError):
-                    if probe.ping():
-                        break
-                time.sleep(0.01)
-            probe.close()
-            yield f"redis://127.0.0.1:{port}/0"
-        finally:
-            process.terminate()
-            process.wait(timeout=15)
+            server = RedisNode(pathlib.Path(directory))
+        except FileNotFoundError as missing:  # no redis-server on PATH
+            raise SystemExit(f"{missing}, or pass --url") from None
+        with server:
+            yield server.url
 
 
 RAW_COMMANDS = {"xadd", "xreadgroup", "xack"}

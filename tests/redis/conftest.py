@@ -21,16 +21,15 @@ from featurestream import FeatureStore, LocalFeatureStore  # noqa: E402 - after 
 from featurestream import VisibilityTimeout as VT  # noqa: E402
 from featurestream.backends.redis.queue import RedisSampleRefQueue  # noqa: E402 - needs redis-py
 from featurestream.testing import FakeClock  # noqa: E402
-from featurestream.testing.sentinel import ReplicatedRedis  # noqa: E402 - needs redis-py
-from featurestream.testing.servers import ServerProcess, free_port  # noqa: E402
+from featurestream.testing.sentinel import RedisNode, ReplicatedRedis  # noqa: E402 - needs redis-py
+from featurestream.testing.servers import free_port  # noqa: E402
 
 INSTALL_HINT = "install it (Debian/Ubuntu: apt-get install redis-server; macOS: brew install redis)"
 
 
-class RedisServer(ServerProcess):
-    """One ``redis-server`` process; ``restart(kill=True)`` SIGKILLs it and starts it again on the same port/dir."""
-
-    name = "redis-server"
+class RedisServer(RedisNode):
+    """``RedisNode``, skipped where no ``redis-server`` 7.0+ is installed; ``restart(kill=True)`` SIGKILLs it and
+    starts it again on the same port and directory."""
 
     def __init__(self, directory: Path, *, appendonly: bool) -> None:
         binary = shutil.which("redis-server")
@@ -40,46 +39,7 @@ class RedisServer(ServerProcess):
         found = re.search(r"v=(\d+)\.", version)
         if found is None or int(found.group(1)) < 7:
             pytest.skip(f"RedisSampleRefQueue needs redis-server 7.0+ (Redis Functions), found: {version.strip()}")
-        super().__init__()
-        self.binary = binary
-        self.directory = directory
-        self.appendonly = appendonly
-        self.port = free_port()
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-
-    def command(self) -> list[str]:
-        persistence = ["--appendonly", "yes", "--appendfsync", "always"] if self.appendonly else ["--appendonly", "no"]
-        return [
-            self.binary,
-            "--port", str(self.port),
-            "--bind", "127.0.0.1",
-            "--dir", str(self.directory),
-            "--save", "",
-            *persistence,
-            "--daemonize", "no",
-            "--protected-mode", "no",
-            "--loglevel", "warning",
-        ]  # fmt: skip
-
-    def ready(self) -> bool:
-        """It answers PING (a restarted server with AOF refuses commands while it loads the file)."""
-        client = redis.Redis(port=self.port, socket_connect_timeout=0.5)
-        try:
-            return bool(client.ping())
-        except (redis.ConnectionError, redis.BusyLoadingError):
-            return False
-        finally:
-            client.close()
-
-
-@contextlib.contextmanager
-def running(directory: Path, *, appendonly: bool) -> Iterator[RedisServer]:
-    server = RedisServer(directory, appendonly=appendonly)
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
+        super().__init__(directory, appendonly=appendonly)
 
 
 @contextlib.contextmanager
@@ -117,7 +77,7 @@ def closed_port_url() -> str:
 @pytest.fixture(scope="session")
 def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
     """One in-memory server shared by the tests; each test uses its own queue name."""
-    with running(tmp_path_factory.mktemp("redis"), appendonly=False) as server:
+    with RedisServer(tmp_path_factory.mktemp("redis"), appendonly=False) as server:
         yield server
 
 
@@ -137,7 +97,7 @@ def durable_redis(tmp_path: Path) -> Iterator[RedisServer]:
     """A server of this test's own, with AOF and ``appendfsync always`` (survives SIGKILL + restart)."""
     directory = tmp_path / "redis"
     directory.mkdir()
-    with running(directory, appendonly=True) as server:
+    with RedisServer(directory, appendonly=True) as server:
         yield server
 
 

@@ -68,28 +68,33 @@ class _RedisProcess(ServerProcess):
 
 
 class RedisNode(_RedisProcess):
-    """One data server; ``replicaof`` (host, port) starts it as a replica of that primary."""
+    """One data server, its files and log in ``directory``; ``replicaof`` (host, port) starts it as a replica of
+    that primary; ``appendonly`` makes every write durable before it is answered (AOF, fsync always), so a
+    SIGKILLed server restarts with every acknowledged write. ``url`` reaches it (without the password)."""
 
     name = "redis-server"
 
-    def __init__(self, directory: Path, *, password: str | None = None) -> None:
+    def __init__(self, directory: Path, *, password: str | None = None, appendonly: bool = False) -> None:
         super().__init__(log=directory / "server.log")
         self.binary = _binary()
         self.directory = directory
         self.port = free_port()
+        self.url = f"redis://{HOST}:{self.port}/0"
         self.password = password
+        self.appendonly = appendonly
         self.replicaof: tuple[str, int] | None = None
 
     def command(self) -> list[str]:
         auth = [] if self.password is None else ["--requirepass", self.password, "--masterauth", self.password]
         follow = [] if self.replicaof is None else ["--replicaof", self.replicaof[0], str(self.replicaof[1])]
+        persistence = ["--appendonly", "yes", "--appendfsync", "always"] if self.appendonly else ["--appendonly", "no"]
         return [
             self.binary,
             "--port", str(self.port),
             "--bind", HOST,
             "--dir", str(self.directory),
             "--save", "",
-            "--appendonly", "no",
+            *persistence,
             "--daemonize", "no",
             "--protected-mode", "no",
             "--loglevel", "warning",
