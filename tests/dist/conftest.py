@@ -28,5 +28,5 @@ def _redis_helpers() -> Any:
 @pytest.fixture(scope="session")
 def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """One in-memory server shared by the tests of this directory; each test uses its own queue name."""
-    with _redis_helpers().running(tmp_path_factory.mktemp("redis"), appendonly=False) as server:
+    with _redis_helpers().RedisServer(tmp_path_factory.mktemp("redis"), appendonly=False) as server:
         yield server
