@@ -185,8 +185,8 @@ class RedisTrainingLedger(TrainingLedger):
         claimed: dict[str, int] = {}
         for chunk in _chunks(list(expected.items())):
             args = [secrets.token_hex(8)] + [item for key, generation in chunk for item in (key, generation)]
-            for key in self._change(self._claim, [self._gen, self._trained, self._owner], args):
-                claimed[reply_text(key)] = expected[reply_text(key)] + 1
+            for name in map(reply_text, self._change(self._claim, [self._gen, self._trained, self._owner], args)):
+                claimed[name] = expected[name] + 1
         return claimed
 
     def admit(self, samples: Sequence[tuple[str, int]]) -> list[bool]:
