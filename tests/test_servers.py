@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import socket
+
 import pytest
 
+from featurestream.tools import servers
 from featurestream.tools.servers import ServerProcess, Started
 
 
@@ -36,3 +39,16 @@ def test_server_processes_and_the_replicated_cluster_are_started_things() -> Non
     from featurestream.testing.sentinel import ReplicatedRedis
 
     assert issubclass(ServerProcess, Started) and issubclass(ReplicatedRedis, Started)
+
+
+def test_free_port_never_hands_out_a_port_twice(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The kernel may pick a closed probe's port again at once: here it picks 40001 twice before 40002.
+    picks = iter([40001, 40001, 40002])
+
+    class Probe(socket.socket):
+        def getsockname(self) -> tuple[str, int]:
+            return (servers.HOST, next(picks))
+
+    monkeypatch.setattr(servers, "_HANDED_OUT", set())
+    monkeypatch.setattr(servers.socket, "socket", Probe)
+    assert [servers.free_port(), servers.free_port()] == [40001, 40002]

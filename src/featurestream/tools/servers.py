@@ -8,6 +8,7 @@ import os
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 from types import TracebackType
 from typing import IO, TYPE_CHECKING
@@ -21,11 +22,23 @@ HOST = "127.0.0.1"
 _POLL = 0.01
 
 
+# Every port ``free_port`` returned in this process. The kernel may pick a port again as soon as the probe socket
+# is closed, before the server it was picked for binds it: two sentinels of one cluster once got the same port.
+_HANDED_OUT: set[int] = set()
+_HANDING_OUT = threading.Lock()
+
+
 def free_port() -> int:
-    """A TCP port on ``HOST`` that nothing listens on right now (the kernel's pick)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((HOST, 0))
-        return int(sock.getsockname()[1])
+    """A TCP port on ``HOST`` that nothing listens on right now (the kernel's pick), never one this process was
+    handed before."""
+    with _HANDING_OUT:
+        while True:
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+                sock.bind((HOST, 0))
+                port = int(sock.getsockname()[1])
+            if port not in _HANDED_OUT:
+                _HANDED_OUT.add(port)
+                return port
 
 
 def listening(port: int) -> bool:
