@@ -44,7 +44,7 @@ from bench_redis import redis_server
 
 from featurestream import FeatureDataLoader, MooncakeFeatureStore, SharedDirFeatureStore
 from featurestream.backends.redis.queue import RedisSampleRefQueue
-from featurestream.testing.mooncake import MooncakeMaster
+from featurestream.tools.mooncake import MooncakeMaster
 
 TOKENS = 2048
 SEGMENT = 1 << 30

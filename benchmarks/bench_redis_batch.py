@@ -34,7 +34,7 @@ from bench_redis import (
 import redis
 from featurestream.backends.redis.queue import RedisSampleRefQueue
 from featurestream.backends.redis.wire import ref_to_json
-from featurestream.core.refs import SampleRef
+from featurestream.common.refs import SampleRef
 
 BATCHES = (1, 8, 32)
 

@@ -44,7 +44,7 @@ _EXPORTS: dict[str, str] = {
     "DeadLetter": "featurestream.core.lease",
     "Lease": "featurestream.core.lease",
     "VisibilityTimeout": "featurestream.core.lease",
-    "QueueStats": "featurestream.core.queue",
+    "QueueStats": "featurestream.backends.memory.queue",
     "DeadLetterNotKept": "featurestream.common.errors",
     "DeadLetterQueued": "featurestream.common.errors",
     "DuplicateSample": "featurestream.common.errors",
@@ -63,7 +63,7 @@ _EXPORTS: dict[str, str] = {
     "StoreMismatch": "featurestream.common.errors",
     "TensorInRef": "featurestream.common.errors",
     "StaleTrainer": "featurestream.core.resume",
-    "SampleRefQueue": "featurestream.core.queue",
+    "SampleRefQueue": "featurestream.backends.memory.queue",
     "LeaseQueue": "featurestream.core.protocol",
     "FeatureAlgorithm": "featurestream.common.refs",
     "FeatureSpec": "featurestream.common.refs",
@@ -155,6 +155,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
+    from featurestream.backends.memory.queue import QueueStats, SampleRefQueue
     from featurestream.backends.redis.link import NotPrimary as NotPrimary
     from featurestream.backends.redis.link import NotRedisServer as NotRedisServer
     from featurestream.backends.redis.link import NotReplicated as NotReplicated
@@ -186,7 +187,6 @@ if TYPE_CHECKING:
     from featurestream.common.refs import FeatureAlgorithm, FeatureSpec, SampleRef, assert_no_tensors
     from featurestream.core.lease import DeadLetter, Lease, VisibilityTimeout
     from featurestream.core.protocol import LeaseQueue
-    from featurestream.core.queue import QueueStats, SampleRefQueue
     from featurestream.core.resume import StaleTrainer
     from featurestream.ops.target import TargetError
     from featurestream.pipeline.async_pipeline import AsyncFeaturePipeline, PromptSource

@@ -9,10 +9,10 @@ import pytest
 from transitions import MachineError
 
 from featurestream import LocalFeatureStore, SampleRefQueue, VisibilityTimeout
+from featurestream.backends.memory.queue import MemoryEngine
+from featurestream.common.errors import IllegalTransition
 from featurestream.core import machines
 from featurestream.core.engine import EngineContext, Event
-from featurestream.core.errors import IllegalTransition
-from featurestream.core.queue import MemoryEngine
 from featurestream.testing import FakeClock, sample_tensors
 
 

@@ -18,8 +18,8 @@ from featurestream import (
     StoreHealth,
     VisibilityTimeout,
 )
+from featurestream.backends.memory.queue import DEFAULT_MAX_DELIVERIES
 from featurestream.core.lease import _next_lease_id
-from featurestream.core.queue import DEFAULT_MAX_DELIVERIES
 from featurestream.testing import FakeClock
 
 from .samples import eagle3_tensors, put_sample
@@ -493,7 +493,7 @@ def test_stale_rejections_are_logged_once_per_lease(caplog: pytest.LogCaptureFix
     first, second = queue.acquire(poll_interval=0), queue.acquire(poll_interval=0)
     assert first is not None and second is not None
     queue.ack(first)
-    with caplog.at_level(logging.WARNING, logger="featurestream.core.queue"):
+    with caplog.at_level(logging.WARNING, logger="featurestream.backends.memory.queue"):
         for _ in range(3):
             queue.ack(first)
         queue.ack(dataclasses.replace(second))  # a copy of a live lease: stale, logged on its own

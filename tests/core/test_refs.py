@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from featurestream import FeatureAlgorithm, FeatureSpec, SampleRef, assert_no_tensors
-from featurestream.core.refs import check_tensor_free
+from featurestream.common.refs import check_tensor_free
 
 from .ref_fields import ref_fields
 

@@ -13,7 +13,7 @@ import torch
 
 from compat.recipe import RecipeBatch  # a batch class with no from_tensors
 from featurestream import Eagle3TargetBatch, FeatureAlgorithm, LocalFeatureStore, SampleRefQueue
-from featurestream.core.refs import REQUIRED_FEATURES
+from featurestream.common.refs import REQUIRED_FEATURES
 from featurestream.pipeline import eagle3, schemas
 from featurestream.pipeline.eagle3 import (
     DraftVocab,

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from featurestream.testing.mooncake import MooncakeMaster, missing_reason
+from featurestream.tools.mooncake import MooncakeMaster, missing_reason
 
 os.environ.setdefault("GLOG_minloglevel", "1")  # Mooncake's client logs every connection at INFO
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from featurestream.testing.mooncake import MooncakeMaster
+from featurestream.tools.mooncake import MooncakeMaster
 
 GRACE = 1.0
 

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from featurestream import CorruptSampleError, SampleLostError, SampleRefQueue
-from featurestream.core.refs import FeatureSpec
+from featurestream.common.refs import FeatureSpec
 from featurestream.testing import make_queue_machine, sample_tensors
-from featurestream.testing.mooncake import MooncakeMaster
+from featurestream.tools.mooncake import MooncakeMaster
 
 MakeStore = Callable[..., Any]
 

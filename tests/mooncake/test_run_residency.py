@@ -14,7 +14,7 @@ import pytest
 from featurestream import SampleRefQueue, StoreHealth
 from featurestream.stores.mooncake import RESIDENCY_SLOTS
 from featurestream.testing import sample_tensors
-from featurestream.testing.mooncake import MooncakeMaster
+from featurestream.tools.mooncake import MooncakeMaster
 
 MakeStore = Callable[..., Any]
 

@@ -9,11 +9,11 @@ import pytest
 
 from featurestream import LocalFeatureStore
 from featurestream import VisibilityTimeout as VT
+from featurestream.backends.memory.queue import SampleRefQueue
+from featurestream.common.refs import SampleRef
 from featurestream.core import events
 from featurestream.core.frontend import FrontEnd
 from featurestream.core.protocol import LeaseQueue
-from featurestream.core.queue import SampleRefQueue
-from featurestream.core.refs import SampleRef
 from featurestream.testing import FakeClock, sample_tensors
 
 redis = pytest.importorskip("redis", reason="redis-py is missing: pip install 'featurestream[redis]'")

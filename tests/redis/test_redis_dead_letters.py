@@ -11,8 +11,8 @@ import pytest
 
 from featurestream import LocalFeatureStore, SampleRefQueue, SharedDirFeatureStore
 from featurestream import VisibilityTimeout as VT
+from featurestream.common.refs import SampleRef
 from featurestream.core import events
-from featurestream.core.refs import SampleRef
 from featurestream.testing import sample_tensors
 
 redis = pytest.importorskip("redis", reason="redis-py is missing: pip install 'featurestream[redis]'")

@@ -10,7 +10,7 @@ import pytest
 
 from featurestream import LocalFeatureStore, SampleRefQueue
 from featurestream import VisibilityTimeout as VT
-from featurestream.core import errors
+from featurestream.common import errors
 from featurestream.core.protocol import LeaseQueue
 from featurestream.testing import FakeClock, sample_tensors
 

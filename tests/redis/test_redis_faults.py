@@ -17,7 +17,7 @@ import pytest
 
 from featurestream import DeadLetter, FeatureStore, LocalFeatureStore
 from featurestream import VisibilityTimeout as VT
-from featurestream.core.refs import SampleRef
+from featurestream.common.refs import SampleRef
 from featurestream.testing import UNTIL_CLEARED, FakeClock, FaultyStore, sample_tensors
 
 redis = pytest.importorskip("redis", reason="redis-py is missing: pip install 'featurestream[redis]'")

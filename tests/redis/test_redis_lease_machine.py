@@ -9,8 +9,8 @@ import pytest
 
 from featurestream import LocalFeatureStore
 from featurestream import VisibilityTimeout as VT
+from featurestream.common.errors import IllegalTransition, LeaseLost
 from featurestream.core import machines
-from featurestream.core.errors import IllegalTransition, LeaseLost
 from featurestream.testing import FakeClock, sample_tensors
 
 redis = pytest.importorskip("redis", reason="redis-py is missing: pip install 'featurestream[redis]'")

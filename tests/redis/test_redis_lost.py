@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from featurestream import LocalFeatureStore
-from featurestream.core.errors import SettledSample
+from featurestream.common.errors import SettledSample
 from featurestream.core.lease import LOST_REASON
 from featurestream.testing import sample_tensors
 

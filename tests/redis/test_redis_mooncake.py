@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from featurestream.testing.mooncake import MooncakeMaster, missing_reason
+from featurestream.tools.mooncake import MooncakeMaster, missing_reason
 
 WORKER = str(Path(__file__).with_name("_mooncake_worker.py"))
 DEADLINE = 120.0

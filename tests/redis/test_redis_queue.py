@@ -21,7 +21,7 @@ from featurestream import (
     StoreHealth,
 )
 from featurestream import VisibilityTimeout as VT
-from featurestream.core import errors
+from featurestream.common import errors
 from featurestream.core.protocol import LeaseQueue
 from featurestream.spec.trace import TraceRecorder
 from featurestream.testing import FakeClock, sample_tensors

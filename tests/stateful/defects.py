@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from featurestream import Lease, LocalFeatureStore, SampleRef, SampleRefQueue, StoreHandle
-from featurestream.core.queue import MemoryEngine
+from featurestream.backends.memory.queue import MemoryEngine
 
 
 class RetainIgnoringStore(LocalFeatureStore):

@@ -123,7 +123,7 @@ def test_a_broken_store_is_reported_on_one_screen_by_the_invariant_that_names_it
 
 
 def test_the_kits_own_injections_and_repeats_are_dropped_from_the_logs(caplog: pytest.LogCaptureFixture) -> None:
-    logger = logging.getLogger("featurestream.core.queue")
+    logger = logging.getLogger("featurestream.backends.memory.queue")
     fault = InjectedFault(errno.EIO, "injected fault: store scrub('s0') failed")
     quiet_injected_faults(True)
     try:

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 
 from featurestream import FeatureStore, SampleRef, StoreHandle, StoreHealth
-from featurestream.core.refs import FeatureSpec
+from featurestream.common.refs import FeatureSpec
 from featurestream.testing import InvariantViolation, make_queue_machine
 
 

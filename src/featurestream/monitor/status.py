@@ -35,9 +35,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from featurestream.backends.memory.queue import QUEUE_STATS_GAUGES, QueueStats
 from featurestream.common.checks import check_count, check_flag
 from featurestream.core.protocol import LeaseQueue
-from featurestream.core.queue import QUEUE_STATS_GAUGES, QueueStats
 
 __all__ = ["COUNTERS", "GAUGES", "SCHEMA", "StatusWatcher", "snapshot"]
 

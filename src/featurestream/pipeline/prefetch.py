@@ -19,10 +19,10 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from featurestream.backends.memory.queue import LeaseLost
 from featurestream.common.errors import FeatureStreamError
 from featurestream.core.lease import Lease
 from featurestream.core.protocol import LeaseQueue
-from featurestream.core.queue import LeaseLost
 from featurestream.pipeline.batching import fail_many
 from featurestream.stores.base import FeatureStore, StoreHandle
 

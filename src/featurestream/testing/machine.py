@@ -37,9 +37,9 @@ from typing import Any
 
 from hypothesis.stateful import RuleBasedStateMachine
 
+from featurestream.backends.memory.queue import SampleRefQueue
 from featurestream.core.lease import VisibilityTimeout
 from featurestream.core.protocol import LeaseQueue
-from featurestream.core.queue import SampleRefQueue
 from featurestream.spec.mirror import SpecConstants, SpecMirror
 from featurestream.spec.trace import TraceRecorder
 from featurestream.stores.base import FeatureStore, StoreHealth

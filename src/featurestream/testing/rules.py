@@ -9,10 +9,10 @@ from typing import Any, TypeVar
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, multiple, precondition, rule
 
+from featurestream.backends.memory.queue import SampleRefQueue
 from featurestream.core.lease import Lease
 from featurestream.core.machines import SETTLED
 from featurestream.core.protocol import LeaseQueue
-from featurestream.core.queue import SampleRefQueue
 from featurestream.stores.base import FeatureStore, StoreHandle
 from featurestream.testing.faults import CALLS, EXACT_CALLS, FAILOVER_MOMENTS, FailsOver, LosesReplies
 from featurestream.testing.machine import CALLBACK_MODES, MachineConfig, QueueMachine

@@ -39,9 +39,9 @@ from typing import Any
 
 import torch
 
+from featurestream.backends.memory.queue import LeaseLost, SampleRefQueue
 from featurestream.core import events
 from featurestream.core.lease import VisibilityTimeout
-from featurestream.core.queue import LeaseLost, SampleRefQueue
 from featurestream.monitor.metrics import Metrics, MetricsLogger
 from featurestream.ops.target import TargetError, add_server_arguments, connection_keywords, describe_target
 from featurestream.pipeline.async_pipeline import AsyncFeaturePipeline

@@ -1,7 +1,6 @@
 """``SampleRefQueue``: the in-process lease / ack / fail coordinator over ``SampleRef``s.
 
-Formerly ``featurestream.core.queue`` (still an alias of this module, as is the reference path
-``featurestream.queue``), so the names that module offered stay importable from here.
+The reference path ``featurestream.queue`` is this module.
 """
 
 from __future__ import annotations
