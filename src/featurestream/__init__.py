@@ -41,6 +41,7 @@ _EXPORTS: dict[str, str] = {
     "LoaderCloseTimeout": "featurestream.pipeline.loader",
     "FeatureProducer": "featurestream.pipeline.producer",
     "TargetBackend": "featurestream.pipeline.producer",
+    "TargetHead": "featurestream.pipeline.target_head",
     "DeadLetter": "featurestream.core.lease",
     "Lease": "featurestream.core.lease",
     "VisibilityTimeout": "featurestream.core.lease",
@@ -146,6 +147,7 @@ __all__ = [
     "StoreMismatch",
     "TargetBackend",
     "TargetError",
+    "TargetHead",
     "TensorInRef",
     "ToolMissing",
     "VisibilityTimeout",
@@ -197,6 +199,7 @@ if TYPE_CHECKING:
     from featurestream.pipeline.features import FeatureRule, register_algorithm
     from featurestream.pipeline.loader import FeatureDataLoader, LoaderCloseTimeout
     from featurestream.pipeline.producer import FeatureProducer, TargetBackend
+    from featurestream.pipeline.target_head import TargetHead
     from featurestream.spec.tlc import ToolMissing
     from featurestream.stores.base import FeatureStore, SampleLostError, StoreHandle, StoreHealth
     from featurestream.stores.local import LocalFeatureStore

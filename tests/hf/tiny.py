@@ -19,8 +19,11 @@ FAMILIES = {
 }
 
 
-def tiny_model(family: str = "llama", *, layers: int = 8, seed: int = 0) -> torch.nn.Module:
-    """A seeded random-init ``<Family>ForCausalLM``: hidden 32, ``layers`` decoder layers, vocab 128, eval mode."""
+def tiny_model(
+    family: str = "llama", *, layers: int = 8, seed: int = 0, tied: bool = False, dtype: torch.dtype = torch.float32
+) -> torch.nn.Module:
+    """A seeded random-init ``<Family>ForCausalLM``: hidden 32, ``layers`` decoder layers, vocab 128, eval mode;
+    ``tied``: the LM head is the embedding; ``dtype``: the parameters' dtype."""
     config_class, model_class = FAMILIES[family]
     config = config_class(
         vocab_size=VOCAB,
@@ -31,12 +34,12 @@ def tiny_model(family: str = "llama", *, layers: int = 8, seed: int = 0) -> torc
         num_key_value_heads=2,
         head_dim=HIDDEN // 4,
         max_position_embeddings=64,
-        tie_word_embeddings=False,
+        tie_word_embeddings=tied,
     )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = model_class(config)
-    return model.eval()
+    return model.to(dtype).eval()
 
 
 def prompts(batch: int = 2, length: int = 12, *, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
