@@ -11,13 +11,14 @@ import os
 import pytest
 from hypothesis import settings
 
-from featurestream.testing.profiles import register_profiles
+from featurestream.testing.profiles import load_profile
 
 STRICT_TOOLS = os.environ.get("FEATURESTREAM_REQUIRE_TOOLS") == "1"
 
-register_profiles()  # ``ci`` and ``deep`` ship with featurestream.testing; ``dev`` is this project's own
+# ``ci`` and ``deep`` ship with featurestream.testing; ``dev`` is this project's own. Importing the kit loads
+# nothing: the suite loads the profile HYPOTHESIS_PROFILE names (.ci/run: ci), else ci.
 settings.register_profile("dev", max_examples=50, stateful_step_count=30, deadline=None, print_blob=True)
-settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+load_profile()
 
 
 @pytest.hookimpl(hookwrapper=True)

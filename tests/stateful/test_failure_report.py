@@ -83,6 +83,7 @@ def reports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     """Each test class's failure section of one pytest run of ``USER_TESTS`` in a fresh project directory."""
     project: Path = tmp_path_factory.mktemp("user_project")
     (project / "pytest.ini").write_text("[pytest]\n")
+    (project / "conftest.py").write_text("from featurestream.testing import load_profile\n\nload_profile()\n")
     (project / "test_my_store.py").write_text(textwrap.dedent(USER_TESTS))
     env = {**os.environ, "HYPOTHESIS_PROFILE": "ci"}
     done = subprocess.run(

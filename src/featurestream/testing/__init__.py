@@ -8,11 +8,20 @@ the named invariants ``inv01_...`` to ``inv16_...`` are checked at the end of ev
     from featurestream.testing import make_queue_machine
     TestMyStore = make_queue_machine(lambda: MyStore(max_samples=16)).TestCase
 
-Importing this package registers the Hypothesis profiles ``ci`` and ``deep``
-(``featurestream.testing.profiles``) and loads the one ``HYPOTHESIS_PROFILE`` names.
+Importing this package changes no Hypothesis setting; ``load_profile()``
+(``featurestream.testing.profiles``) loads the kit's ``ci`` or ``deep`` budget.
+The kit needs Hypothesis: ``pip install 'featurestream[testing]'``.
 
 See ``docs/testing.md``.
 """
+
+try:
+    import hypothesis  # noqa: F401  (the kit's machines are Hypothesis state machines)
+except ImportError as missing:
+    raise ImportError(
+        "featurestream.testing needs Hypothesis: pip install 'featurestream[testing]' "
+        "(or pip install 'hypothesis>=6.100')"
+    ) from missing
 
 from featurestream.testing.clock import FakeClock
 from featurestream.testing.faults import (
@@ -26,7 +35,7 @@ from featurestream.testing.faults import (
 )
 from featurestream.testing.machine import InvariantViolation, MachineConfig, QueueMachine
 from featurestream.testing.producers import BlockedPut
-from featurestream.testing.profiles import PROFILES, register_profiles
+from featurestream.testing.profiles import PROFILES, load_profile
 from featurestream.testing.rules import checked, make_queue_machine
 from featurestream.testing.samples import sample_tensors
 from featurestream.testing.traces import (
@@ -54,10 +63,8 @@ __all__ = [
     "checked",
     "describe_rejections",
     "duplicate_delivery_trace",
+    "load_profile",
     "make_queue_machine",
     "record_machine_traces",
-    "register_profiles",
     "sample_tensors",
 ]
-
-register_profiles()

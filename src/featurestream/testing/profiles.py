@@ -1,17 +1,19 @@
 """Hypothesis profiles for the stateful kit: ``ci`` (the project's CI budget) and ``deep`` (nightly).
 
-Importing ``featurestream.testing`` registers both; when the ``HYPOTHESIS_PROFILE``
-environment variable names one of them it is loaded too, so a project that runs
-the kit in its own CI gets the same budgets without copying them::
+Importing the kit changes no Hypothesis setting. A project that wants the kit's
+budgets loads one, typically in its ``conftest.py``::
+
+    from featurestream.testing import load_profile
+    load_profile()  # the profile HYPOTHESIS_PROFILE names, else ``ci``
 
     HYPOTHESIS_PROFILE=ci pytest tests/   # 200 examples of 40 steps per machine
     HYPOTHESIS_PROFILE=deep pytest tests/ # 5000 examples of 120 steps
 
 ``ci`` extends Hypothesis' own ``ci`` profile (derandomized, no example database)
-with the kit's budget. Hypothesis loads its ``ci`` profile by itself on a machine it
-detects as CI (the ``CI`` environment variable and the like); there, importing the
-kit raises that profile's budget too. Anywhere else, a ``HYPOTHESIS_PROFILE`` that
-names neither profile (or none) leaves Hypothesis' settings alone.
+with the kit's budget; ``deep`` extends Hypothesis' defaults (randomized).
+``load_profile`` registers both under those names, replacing Hypothesis' own
+``ci``, then loads the one asked for, which may be any profile registered with
+Hypothesis (a project's own ``dev``, say).
 """
 
 from __future__ import annotations
@@ -20,9 +22,9 @@ import os
 
 from hypothesis import HealthCheck, settings
 
-__all__ = ["PROFILES", "register_profiles"]
+__all__ = ["PROFILES", "load_profile"]
 
-# Taken at import, before ``register_profiles`` replaces the name ``ci``. ``deep`` names its
+# Taken at import, before ``load_profile`` replaces the name ``ci``. ``deep`` names its
 # parent too: without one it would inherit whatever profile is loaded (derandomized on CI).
 _PARENTS = {"ci": settings.get_profile("ci"), "deep": settings.get_profile("default")}
 
@@ -32,19 +34,21 @@ PROFILES: dict[str, dict[str, object]] = {
 }
 
 
-def register_profiles() -> str | None:
-    """Register ``ci`` and ``deep``; load the one ``HYPOTHESIS_PROFILE`` names, if any. Return the loaded name."""
-    for name, budget in PROFILES.items():
+def load_profile(name: str | None = None) -> str:
+    """Register ``ci`` and ``deep`` and load ``name``: by default ``HYPOTHESIS_PROFILE``, else ``ci``.
+
+    ``name`` may be any profile registered with Hypothesis; an unknown one raises
+    Hypothesis' ``InvalidArgument`` naming it. Returns the name loaded.
+    """
+    for profile, budget in PROFILES.items():
         settings.register_profile(
-            name,
-            _PARENTS[name],
+            profile,
+            _PARENTS[profile],
             deadline=None,
             suppress_health_check=[HealthCheck.too_slow],
             print_blob=True,
             **budget,
         )
-    wanted = os.environ.get("HYPOTHESIS_PROFILE")
-    if wanted in PROFILES:
-        settings.load_profile(wanted)
-        return wanted
-    return None
+    wanted = name or os.environ.get("HYPOTHESIS_PROFILE") or "ci"
+    settings.load_profile(wanted)
+    return wanted
