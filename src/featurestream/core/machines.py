@@ -101,7 +101,7 @@ class TableMachine(Machine):
     these machines has a condition or a callback (the coordinator's work happens around a trigger, not in
     it), so a trigger's whole effect is to move the model along its edge; ``fire`` takes that edge directly
     instead of going through ``Event.trigger``, which builds an ``EventData`` and walks empty callback lists
-    for several microseconds per trigger (the queue fires two or three per sample). A machine given
+    on every trigger (the queue fires two or three per sample). A machine given
     callbacks or conditions has no ``edges``, and ``fire`` runs its events as ``transitions`` does.
     """
 

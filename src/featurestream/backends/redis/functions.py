@@ -21,8 +21,8 @@ KEYS, which would cost more to send than most calls cost to run):
                  redelivery count), FIFO: put and redelivery RPUSH, acquire LPOPs. Each
                  delivery attempt is a new entry, so a failed or reclaimed sample goes
                  to the tail. A list rather than a stream and consumer group: XADD,
-                 XREADGROUP, XACK and trims cost about 10 us of server time per sample
-                 more than RPUSH and LPOP, and the lease record holds all a PEL entry would.
+                 XREADGROUP, XACK and trims cost more server time per sample than RPUSH
+                 and LPOP (docs/performance.md), and the lease record holds all a PEL entry would.
 2. ``refs``      hash sample id -> ``put token \\t ref JSON`` for every held
                  (pending or leased) sample; the put token makes a retried put idempotent.
 3. ``leases``    hash lease key -> lease record (live leases): the fields ``wire.LEASE_FIELDS`` -- ``issued``
