@@ -139,3 +139,33 @@ def test_reference_contract_store_is_caught_losing_a_queued_sample() -> None:
     with pytest.raises(InvariantViolation) as caught:
         run_state_machine_as_test(machine, settings=budget)
     assert caught.value.invariant == "inv04_no_loss"
+
+
+class StrictRetainDictStore(RetainingDictStore):
+    """The upgraded store with a strict ``retain``: a ref whose put is gone is a ``KeyError``, against the
+    contract (a stale incarnation's retain touches nothing and raises nothing)."""
+
+    def retain(self, ref: SampleRef) -> None:
+        with self._lock:
+            if self._key(ref) not in self._data:
+                raise KeyError(f"no such put: {self._key(ref)}")
+        super().retain(ref)
+
+
+def test_a_store_raising_on_a_stale_retain_is_reported_by_the_rule_it_breaks() -> None:
+    """Not a raw traceback from inside the kit: the incarnation rule, naming the store method and the contract."""
+    machine = make_queue_machine(StrictRetainDictStore, name="StrictRetainUserStoreMachine")
+    budget = settings(
+        max_examples=200,
+        database=None,
+        report_multiple_bugs=False,
+        phases=[Phase.generate],
+        suppress_health_check=list(HealthCheck),
+        deadline=None,
+    )
+    with pytest.raises(InvariantViolation) as caught:
+        run_state_machine_as_test(machine, settings=budget)
+    assert caught.value.invariant == "inv16_incarnations_never_cross"
+    message = str(caught.value)
+    assert "store.retain() of the earlier put of 's" in message, message
+    assert "raised KeyError('no such put: s" in message and "must touch nothing and raise nothing" in message

@@ -134,13 +134,21 @@ class FeatureStore(abc.ABC):
         """Free everything (idempotent); later puts and gets raise ``RuntimeError``."""
 
     def retain(self, ref: SampleRef) -> None:  # noqa: B027 - optional hook, no-op by design
-        """A queue now holds ``ref``: keep its bytes whatever handles are released."""
+        """A queue now holds ``ref``: keep its bytes whatever handles are released.
+
+        A ``ref`` of a put the store no longer holds (scrubbed or lost; a later put of the id may be resident)
+        touches nothing and raises nothing: the later put stays as it is.
+        """
 
     def unretain(self, ref: SampleRef) -> None:  # noqa: B027 - optional hook, no-op by design
         """Undo a ``retain`` whose put was refused: ``ref`` is back to plain handle-counted residency."""
 
     def scrub(self, ref: SampleRef) -> None:  # noqa: B027 - optional hook, no-op by design
-        """The queue is done with ``ref`` (acked or dead): free it whatever handles are out."""
+        """The queue is done with ``ref`` (acked or dead): free it whatever handles are out.
+
+        A ``ref`` of a put the store no longer holds touches nothing and raises nothing: a later put of the id,
+        resident or not, stays as it is.
+        """
 
     def reclaim_orphans(self, held: Callable[[Sequence[str]], set[str]] | None = None, *, force: bool = False) -> int:
         """Free bytes whose writer died before any queue took them; return how many samples were freed.

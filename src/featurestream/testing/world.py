@@ -80,7 +80,14 @@ class WorldActions(MachineState):
                 self.inner.release(handle)
                 self._note(name, f"{stale} served bytes, though that put was scrubbed")
         else:
-            getattr(self.inner, op)(sample.ref)  # retain / scrub: of a put the store no longer holds
+            try:
+                getattr(self.inner, op)(sample.ref)  # retain / scrub: of a put the store no longer holds
+            except Exception as exc:  # the contract: a stale incarnation's retain / scrub raises nothing
+                self._note(
+                    name,
+                    f"store.{op}() of the earlier put of {sample_id!r}, which the store no longer holds, raised "
+                    f"{exc!r}: {op} of a put that is gone must touch nothing and raise nothing (FeatureStore.{op})",
+                )
         health = self.inner.health()
         if (health.sample_count, health.resident_bytes) != (put_health.sample_count, put_health.resident_bytes):
             self._note(name, f"{stale} changed health() from {put_health} to {health}")
