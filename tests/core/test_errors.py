@@ -51,6 +51,7 @@ CAUGHT_AS: dict[str, type[BaseException]] = {
     "ReplicasMissing": ValueError,
     "NotReplicated": redis.ConnectionError,
     "PrimaryLost": redis.ConnectionError,
+    "TooFewReplicas": redis.ConnectionError,
     "SentinelServiceError": redis.ConnectionError,
     "ToolMissing": RuntimeError,
     "GraphvizMissing": RuntimeError,

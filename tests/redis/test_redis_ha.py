@@ -28,6 +28,7 @@ from featurestream.backends.redis.link import (  # noqa: E402
     ReplicasMissing,
 )
 from featurestream.backends.redis.queue import RedisSampleRefQueue, list_queues  # noqa: E402
+from featurestream.backends.redis.replicas import TooFewReplicas  # noqa: E402
 from featurestream.backends.redis.sentinel import SentinelServiceError  # noqa: E402
 from featurestream.cli import main  # noqa: E402
 from featurestream.testing import sample_tensors  # noqa: E402
@@ -379,14 +380,17 @@ def test_the_cli_reaches_a_queue_through_sentinel(
 
 def test_a_primary_refusing_writes_for_want_of_replicas_is_retried(cluster: ReplicatedRedis, make: Any) -> None:
     """min-replicas-to-write above the replicas: the primary answers NOREPLICAS (nothing ran), which the queue
-    retries as a connection error until reconnect_timeout, then names the service; lowered again, it works."""
+    retries as a connection error until reconnect_timeout, then names (TooFewReplicas: the service, the replicas
+    it has and needs); lowered again, it works."""
     store = LocalFeatureStore()
     queue = make(store, reconnect_timeout=1.0)
     first, second = _refs(store, 2, "noreplicas")
     admin = cluster.primary().client()
     admin.config_set("min-replicas-to-write", 2)
     try:
-        with pytest.raises(PrimaryLost, match=r"NOREPLICAS"):
+        with pytest.raises(
+            TooFewReplicas, match=r"it has 1 replica\(s\) connected and its min-replicas-to-write needs 2"
+        ):
             queue.put(first)
     finally:
         admin.config_set("min-replicas-to-write", 0)

@@ -68,26 +68,39 @@ class _RedisProcess(ServerProcess):
 
 
 class RedisNode(_RedisProcess):
-    """One data server, its files and log in ``directory``; ``replicaof`` (host, port) starts it as a replica of
-    that primary; ``appendonly`` makes every write durable before it is answered (AOF, fsync always), so a
-    SIGKILLed server restarts with every acknowledged write. ``url`` reaches it (without the password)."""
+    """One data server, its files and log in ``directory``, on ``port`` (default: a free one); ``replicaof``
+    (host, port) starts it as a replica of that primary; ``appendonly`` makes every write durable before it is
+    answered (AOF, fsync always), so a SIGKILLed server restarts with every acknowledged write;
+    ``min_replicas_to_write`` has it refuse writes (``NOREPLICAS``) while fewer replicas than that are connected
+    and acknowledging (within 10 s). ``url`` reaches it (without the password)."""
 
     name = "redis-server"
 
-    def __init__(self, directory: Path, *, password: str | None = None, appendonly: bool = False) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        password: str | None = None,
+        appendonly: bool = False,
+        port: int | None = None,
+        min_replicas_to_write: int = 0,
+    ) -> None:
         super().__init__(log=directory / "server.log")
         self.binary = _binary()
         self.directory = directory
-        self.port = free_port()
+        self.port = free_port() if port is None else port
         self.url = f"redis://{HOST}:{self.port}/0"
         self.password = password
         self.appendonly = appendonly
+        self.min_replicas_to_write = min_replicas_to_write
         self.replicaof: tuple[str, int] | None = None
 
     def command(self) -> list[str]:
         auth = [] if self.password is None else ["--requirepass", self.password, "--masterauth", self.password]
         follow = [] if self.replicaof is None else ["--replicaof", self.replicaof[0], str(self.replicaof[1])]
         persistence = ["--appendonly", "yes", "--appendfsync", "always"] if self.appendonly else ["--appendonly", "no"]
+        if self.min_replicas_to_write:
+            persistence += ["--min-replicas-to-write", str(self.min_replicas_to_write), "--min-replicas-max-lag", "10"]
         return [
             self.binary,
             "--port", str(self.port),
@@ -153,7 +166,8 @@ class ReplicatedRedis(Started):
     """A primary, ``replicas`` replicas and ``sentinels`` sentinels (quorum 2), started in ``directory``.
 
     ``sentinel_addresses`` is what a queue's ``sentinels=`` takes, with ``service_name=SERVICE``. ``password``
-    (optional) protects the data servers, ``sentinel_password`` the sentinels.
+    (optional) protects the data servers, ``sentinel_password`` the sentinels; ``appendonly`` and
+    ``min_replicas_to_write`` are each data server's (see ``RedisNode``).
     """
 
     def __init__(
@@ -166,11 +180,21 @@ class ReplicatedRedis(Started):
         failover_timeout_ms: int = 2000,
         password: str | None = None,
         sentinel_password: str | None = None,
+        appendonly: bool = False,
+        min_replicas_to_write: int = 0,
     ) -> None:
         self.service = SERVICE
         self.password = password
         self.sentinel_password = sentinel_password
-        self.servers = [RedisNode(self._dir(directory, f"server{i}"), password=password) for i in range(replicas + 1)]
+        self.servers = [
+            RedisNode(
+                self._dir(directory, f"server{i}"),
+                password=password,
+                appendonly=appendonly,
+                min_replicas_to_write=min_replicas_to_write,
+            )
+            for i in range(replicas + 1)
+        ]
         for replica in self.servers[1:]:
             replica.replicaof = (HOST, self.servers[0].port)
         self.sentinels = [

@@ -31,11 +31,12 @@ import os
 import secrets
 import threading
 import time
+import warnings
 from collections.abc import Callable
 from typing import Any
 
 import redis
-from featurestream.backends.redis import functions, sentinel
+from featurestream.backends.redis import functions, replicas, sentinel
 from featurestream.common.errors import FeatureStreamError
 
 try:
@@ -225,6 +226,11 @@ class Link:
         self.load()
         if min_replicas:
             self._check_replicas()
+        if self._sentinel is not None:
+            figures = replicas.count(client)
+            spare = replicas.spare_replica_warning(self._sentinel, figures, min_replicas, reconnect_timeout)
+            if spare is not None:
+                warnings.warn(spare, RuntimeWarning, stacklevel=2)
 
     def _check_replicas(self) -> None:
         """``ReplicasMissing`` when the primary has fewer replicas connected than ``min_replicas`` for
@@ -314,10 +320,16 @@ class Link:
             if acked >= self.min_replicas:
                 return reply
             if time.monotonic() >= give_up:
+                connected = replicas.count(self.redis).connected
+                short = (
+                    f"; it has {connected} replica(s) connected. To go on, {replicas.REMEDY}"
+                    if connected is not None and connected < self.min_replicas
+                    else ""
+                )
                 raise NotReplicated(
                     f"a call's effect reached {acked} of min_replicas={self.min_replicas} replica(s) of "
                     f"{self._where} within reconnect_timeout={self._reconnect_timeout:g} s: it may or may not "
-                    "stand (as after a lost reply)"
+                    f"stand (as after a lost reply){short}"
                 )
             logger.warning(
                 "a call reached %d of min_replicas=%d replica(s) of %s; retrying it",
@@ -408,6 +420,9 @@ class Link:
                 if not _transient(exc):
                     raise
                 if time.monotonic() + delay > give_up:
+                    if isinstance(exc, redis.ResponseError):  # NOREPLICAS: the primary answers, it lacks replicas
+                        figures = replicas.count(self.redis)
+                        raise replicas.refused(self._where, figures, self._reconnect_timeout) from None
                     if self._sentinel is None:
                         raise
                     raise PrimaryLost(
