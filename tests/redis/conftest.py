@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import http.server
+import itertools
 import re
 import shutil
 import subprocess
@@ -81,15 +82,33 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServ
         yield server
 
 
+def replicated(directory: Path, **options: Any) -> Iterator[ReplicatedRedis]:
+    """A started ``ReplicatedRedis(directory, **options)``, stopped after; skipped where redis-server is missing."""
+    try:
+        servers = ReplicatedRedis(directory, **options)
+    except FileNotFoundError as exc:
+        pytest.skip(str(exc))
+    with servers:
+        yield servers
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReplicatedRedis]:
     """A primary, a replica and three sentinels (``ReplicatedRedis``), for one test module."""
-    try:
-        replicated = ReplicatedRedis(tmp_path_factory.mktemp("ha"))
-    except FileNotFoundError as exc:
-        pytest.skip(str(exc))
-    with replicated:
-        yield replicated
+    yield from replicated(tmp_path_factory.mktemp("ha"))
+
+
+@pytest.fixture
+def start_cluster(tmp_path: Path) -> Iterator[Callable[..., ReplicatedRedis]]:
+    """Starts a ``ReplicatedRedis`` of the test's own with the options given; stopped after the test."""
+    numbers = itertools.count()
+    with contextlib.ExitStack() as stack:
+
+        def start(**options: Any) -> ReplicatedRedis:
+            directory = tmp_path / f"cluster{next(numbers)}"
+            return stack.enter_context(contextlib.contextmanager(replicated)(directory, **options))
+
+        yield start
 
 
 @pytest.fixture

@@ -8,8 +8,7 @@ from __future__ import annotations
 import time
 import uuid
 import warnings
-from collections.abc import Iterator
-from pathlib import Path
+from collections.abc import Callable
 
 import pytest
 
@@ -24,23 +23,14 @@ from featurestream.testing import sample_tensors  # noqa: E402
 from featurestream.testing.sentinel import ReplicatedRedis  # noqa: E402
 
 
-def _cluster(directory: Path, replicas: int) -> Iterator[ReplicatedRedis]:
-    try:
-        cluster = ReplicatedRedis(directory, replicas=replicas, min_replicas_to_write=1)
-    except FileNotFoundError as exc:
-        pytest.skip(str(exc))
-    with cluster:
-        yield cluster
+@pytest.fixture
+def one_replica(start_cluster: Callable[..., ReplicatedRedis]) -> ReplicatedRedis:
+    return start_cluster(replicas=1, min_replicas_to_write=1)
 
 
 @pytest.fixture
-def one_replica(tmp_path: Path) -> Iterator[ReplicatedRedis]:
-    yield from _cluster(tmp_path, 1)
-
-
-@pytest.fixture
-def two_replicas(tmp_path: Path) -> Iterator[ReplicatedRedis]:
-    yield from _cluster(tmp_path, 2)
+def two_replicas(start_cluster: Callable[..., ReplicatedRedis]) -> ReplicatedRedis:
+    return start_cluster(replicas=2, min_replicas_to_write=1)
 
 
 def _queue(cluster: ReplicatedRedis, store: LocalFeatureStore, **kwargs: float) -> RedisSampleRefQueue:

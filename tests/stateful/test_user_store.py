@@ -125,9 +125,8 @@ class RetainingDictStore(DictStore):
 TestRetainingUserStore = make_queue_machine(RetainingDictStore, name="RetainingUserStoreMachine").TestCase
 
 
-def test_reference_contract_store_is_caught_losing_a_queued_sample() -> None:
-    """A store without retain frees a leased sample on the consumer's release: reference defect A."""
-    machine = make_queue_machine(DictStore, name="ReferenceUserStoreMachine")
+def _violation(store: type[FeatureStore], name: str) -> InvariantViolation:
+    """The violation the kit reports for ``store`` within 200 examples (it must find one)."""
     budget = settings(
         max_examples=200,
         database=None,
@@ -137,8 +136,13 @@ def test_reference_contract_store_is_caught_losing_a_queued_sample() -> None:
         deadline=None,
     )
     with pytest.raises(InvariantViolation) as caught:
-        run_state_machine_as_test(machine, settings=budget)
-    assert caught.value.invariant == "inv04_no_loss"
+        run_state_machine_as_test(make_queue_machine(store, name=name), settings=budget)
+    return caught.value
+
+
+def test_reference_contract_store_is_caught_losing_a_queued_sample() -> None:
+    """A store without retain frees a leased sample on the consumer's release: reference defect A."""
+    assert _violation(DictStore, "ReferenceUserStoreMachine").invariant == "inv04_no_loss"
 
 
 class StrictRetainDictStore(RetainingDictStore):
@@ -154,18 +158,8 @@ class StrictRetainDictStore(RetainingDictStore):
 
 def test_a_store_raising_on_a_stale_retain_is_reported_by_the_rule_it_breaks() -> None:
     """Not a raw traceback from inside the kit: the incarnation rule, naming the store method and the contract."""
-    machine = make_queue_machine(StrictRetainDictStore, name="StrictRetainUserStoreMachine")
-    budget = settings(
-        max_examples=200,
-        database=None,
-        report_multiple_bugs=False,
-        phases=[Phase.generate],
-        suppress_health_check=list(HealthCheck),
-        deadline=None,
-    )
-    with pytest.raises(InvariantViolation) as caught:
-        run_state_machine_as_test(machine, settings=budget)
-    assert caught.value.invariant == "inv16_incarnations_never_cross"
-    message = str(caught.value)
+    violation = _violation(StrictRetainDictStore, "StrictRetainUserStoreMachine")
+    assert violation.invariant == "inv16_incarnations_never_cross"
+    message = str(violation)
     assert "store.retain() of the earlier put of 's" in message, message
     assert "raised KeyError('no such put: s" in message and "must touch nothing and raise nothing" in message
