@@ -284,19 +284,27 @@ class LedgerFeatureStore(FeatureStore):
             return sample_id in self._resident
 
     def close(self) -> None:
-        """Free every sample (idempotent); later puts and gets raise ``RuntimeError``."""
+        """Free every sample no queue holds (idempotent); later puts raise ``RuntimeError``, and so do gets of
+        anything but a sample a queue still holds.
+
+        A sample a queue holds (retained, not yet scrubbed) keeps its bytes, whatever handles are out: its
+        consumers, in this process or another, still read it, and the queue's ``scrub`` frees it.
+        """
         with self._lock:
             if self._closed:
                 return
             self._closed = True
-            refs = [entry.ref for entry in self._resident.values()]
-            self._resident.clear()
+            queued = {sample_id: entry for sample_id, entry in self._resident.items() if entry.retained}
+            refs = [entry.ref for sample_id, entry in self._resident.items() if sample_id not in queued]
+            for entry in queued.values():
+                entry.handles.clear()
+            self._resident = queued
+            self._resident_bytes = sum(entry.nbytes for entry in queued.values())
             self._foreign.clear()
             self._handles.clear()
             self._orphan_handles.clear()
-            self._resident_bytes = 0
         for ref in refs:
-            self._drop(ref)
+            self._drop_released(ref)  # a shared store spares a sample a queue elsewhere holds
 
     # -- internals --------------------------------------------------------
     def _check_sample_id(self, sample_id: object) -> None:
@@ -361,7 +369,8 @@ class LedgerFeatureStore(FeatureStore):
 
     def _open_handle(self, ref: SampleRef) -> int:
         with self._lock:
-            self._require_open(f"get sample {ref.sample_id!r}")
+            if self._closed and (ref.store_uri != self.store_uri or self._entry(ref) is None):
+                self._require_open(f"get sample {ref.sample_id!r}")  # only what a queue holds is read after close
             if ref.store_uri != self.store_uri:
                 raise KeyError(
                     f"sample {ref.sample_id!r} lives in {ref.store_uri}, which does not match this store's URI "

@@ -685,7 +685,7 @@ class MooncakeFeatureStore(LedgerFeatureStore):
             return sorted(sid for sid, entry in self._resident.items() if entry.retained)
 
     def close(self, *, force: bool = False) -> None:
-        """Free every sample this instance wrote and leave the cluster (idempotent).
+        """Free every sample this instance wrote that no queue holds and leave the cluster (idempotent).
 
         Samples a queue still holds live in this process's segment and would
         vanish with it (the trainer would find them lost), so ``close`` first

@@ -46,7 +46,9 @@ reaper, once it has seen the writer dead for ``orphan_grace`` seconds; a marked
 sample only when the queue holds it no more (see ``reclaim_orphans``).
 
 Residency (caps, ``health``) counts only the files this instance wrote, from
-in-memory counters; ``close`` unlinks those, even with handles out.
+in-memory counters; ``close`` unlinks those no queue holds (no queued marker),
+even with handles out. A queued one stays for its consumers, in any process,
+until the queue's ``scrub`` (or the orphan reclaim) frees it.
 
 Copies: ``put`` writes straight from the tensors' memory (no staging copy, so
 ``take_ownership`` changes nothing here) and ``get`` reads the file into one
@@ -711,10 +713,13 @@ class SharedDirFeatureStore(LedgerFeatureStore):
         return swept
 
     def close(self) -> None:
-        """Unlink every sample this instance wrote (idempotent), retrying unlinks that failed before.
+        """Unlink every sample this instance wrote that no queue holds (idempotent), retrying unlinks that failed
+        before; a queued sample (its marker on disk, whichever process's queue made it) stays readable by every
+        instance until the queue scrubs it.
 
         Returns once every file this instance removed is unlinked, those of earlier scrubs included. Its
-        liveness token goes last: it wrote nothing that is left.
+        liveness token goes last: what it leaves is queued, and a queue that drops such a sample (or a sweep,
+        asking the queue) frees it.
         """
         self._sweep_stop.set()
         super().close()
