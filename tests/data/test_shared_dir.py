@@ -20,7 +20,7 @@ from featurestream import (
     SharedDirFeatureStore,
     VisibilityTimeout,
 )
-from featurestream.stores import shared_dir
+from featurestream.stores import safetensors_codec, shared_dir
 from featurestream.testing import FakeClock
 
 from .helpers import assert_is_sample, eagle3_sample, put_eagle3
@@ -216,18 +216,18 @@ def test_close_unlinks_owned_files_even_with_handles_out(tmp_path: Path) -> None
 
 def test_a_failed_write_leaves_no_file_and_stores_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     store = SharedDirFeatureStore(tmp_path)
-    real_write_all = shared_dir._write_all
+    real_write_all = shared_dir.write_all
 
     def disk_fills_up(fd: int, views: list[memoryview]) -> None:
         real_write_all(fd, views[:2])  # the header and the first tensor fit; the rest does not
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(shared_dir, "_write_all", disk_fills_up)
+    monkeypatch.setattr(shared_dir, "write_all", disk_fills_up)
     with pytest.raises(OSError, match=r"disk holding .* is full") as info:
         put_eagle3(store, 0)
     assert info.value.errno == errno.ENOSPC and "s0" in str(info.value)
     assert files(tmp_path) == [] and store.health().sample_count == 0 and not store.is_resident("s0")
-    monkeypatch.setattr(shared_dir, "_write_all", real_write_all)
+    monkeypatch.setattr(shared_dir, "write_all", real_write_all)
     assert_is_sample(store.get(put_eagle3(store, 0))[0], 0)  # the id is free to retry
 
 
@@ -241,7 +241,7 @@ def test_permission_errors_name_the_sample(tmp_path: Path, monkeypatch: pytest.M
     monkeypatch.setattr(shared_dir.tempfile, "mkstemp", denied)
     with pytest.raises(PermissionError, match=r"cannot write sample 's1'"):
         put_eagle3(store, 1)
-    monkeypatch.setattr(shared_dir, "open", denied, raising=False)
+    monkeypatch.setattr(safetensors_codec, "open", denied, raising=False)
     with pytest.raises(PermissionError, match=r"cannot read sample 's0'"):
         store.get(ref)
     assert store.health().sample_count == 1 and files(tmp_path) == ["s0.safetensors"]

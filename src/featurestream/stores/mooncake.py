@@ -56,14 +56,24 @@ from featurestream.common.checks import check_count, check_seconds
 from featurestream.common.periodic import start_periodic
 from featurestream.common.refs import SampleRef
 from featurestream.stores.base import SampleLostError, StoreHealth
-from featurestream.stores.ledger import INCARNATION_SEP, LedgerFeatureStore, StoreCaps
+from featurestream.stores.ledger import INCARNATION_SEP, StoreCaps
+from featurestream.stores.mooncake_client import (
+    BUFFER_OVERFLOW,
+    OBJECT_NOT_FOUND,
+    TRANSFER_FAIL,
+    code,
+    load_mooncake,
+    load_mooncake_config,
+)
+from featurestream.stores.mooncake_records import ResidencyRecords
 from featurestream.stores.orphans import (
     DEFAULT_ORPHAN_GRACE,
     DEFAULT_ORPHAN_INTERVAL,
     Holds,
     OrphanClock,
 )
-from featurestream.stores.shared_dir import CorruptSampleError
+from featurestream.stores.pool import BufferPool, carve, carved_size
+from featurestream.stores.safetensors_codec import CorruptSampleError
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -73,23 +83,8 @@ __all__ = ["MooncakeFeatureStore"]
 logger = logging.getLogger(__name__)
 
 _MAGIC = b"FSMOON01"
-_ALIGN = 64  # every feature a get receives starts on a cache line, so any dtype can view it
 _HEADER = struct.Struct("<8s16sQ")  # magic, incarnation (uuid bytes), payload length
 
-# Mooncake's error codes this store tells apart (mooncake-store ``ErrorCode``).
-_BUFFER_OVERFLOW = -600
-_OBJECT_NOT_FOUND = -704
-_TRANSFER_FAIL = -800
-_CODE_NAMES = {
-    -600: "BUFFER_OVERFLOW",
-    -700: "INVALID_KEY",
-    -703: "OBJECT_ALREADY_EXISTS",
-    -704: "OBJECT_NOT_FOUND",
-    -706: "OBJECT_HAS_LEASE",
-    -800: "TRANSFER_FAIL",
-    -900: "RPC_FAIL",
-}
-# A transfer that fails while the object still exists is retried this often before get gives up with EIO.
 _TRANSFER_RETRIES = 3
 _TRANSFER_RETRY_PAUSE = 0.05
 _CLOSE_POLL = 0.05
@@ -102,76 +97,7 @@ _LOST_CAUSE = (
 )
 
 
-def _code(rc: int) -> str:
-    return f"{_CODE_NAMES.get(rc, 'error')} ({rc})"
-
-
-def _load_mooncake() -> Any:
-    try:
-        from mooncake import store
-    except ImportError as exc:
-        raise ImportError(
-            "MooncakeFeatureStore needs Mooncake's transfer engine: pip install 'featurestream[mooncake]' "
-            "(the CPU/TCP wheel; on GPU clusters install mooncake-transfer-engine), and on Debian/Ubuntu "
-            "apt-get install libibverbs1 libnl-3-200 libnl-route-3-200"
-        ) from exc
-    return store
-
-
-def _storage_refs(tensor: torch.Tensor) -> int:
-    return int(torch._C._storage_Use_Count(tensor.untyped_storage()._cdata))
-
-
-_ALONE = _storage_refs(torch.empty(1, dtype=torch.uint8))  # what a storage only its own tensor holds counts
-
-
-def _aligned(nbytes: int) -> int:
-    return -(-nbytes // _ALIGN) * _ALIGN
-
-
-class _ReadPool:
-    """Read buffers ``get`` reuses: a block is handed out again only once nothing else references its storage.
-
-    Receiving into fresh memory costs a page fault per page (and the kernel zeroing it): more than the
-    transfer itself on a fast link. A block goes back into service when every tensor a ``get`` carved
-    from it (and every view of those) is gone, whoever held them, so the caller still owns what ``get``
-    returned for as long as it keeps it. At most ``limit`` bytes of blocks are kept.
-    """
-
-    def __init__(self, limit: int) -> None:
-        self._limit = limit
-        self._blocks: list[torch.Tensor] = []
-        self._lock = threading.Lock()
-
-    def carve(self, ref: SampleRef) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """A header buffer and one tensor per feature of ``ref``, all views of one block."""
-        offsets, end = {}, _aligned(_HEADER.size)
-        for name, spec in ref.feature_specs.items():
-            offsets[name] = end
-            end += _aligned(spec.nbytes)
-        block = self._take(end)
-        out = {
-            name: block[offsets[name] : offsets[name] + spec.nbytes].view(spec.dtype).reshape(spec.shape)
-            for name, spec in ref.feature_specs.items()
-        }
-        return block[: _HEADER.size], out
-
-    def _take(self, nbytes: int) -> torch.Tensor:
-        with self._lock:  # the view returned is taken under the lock, so no other get can take the same block
-            for block in self._blocks:
-                if nbytes <= block.numel() <= 2 * nbytes and _storage_refs(block) == _ALONE:
-                    return block[:nbytes]
-            block = torch.empty(nbytes, dtype=torch.uint8)
-            if sum(b.numel() for b in self._blocks) + nbytes <= self._limit:
-                self._blocks.append(block)
-            return block[:nbytes]
-
-    def clear(self) -> None:
-        with self._lock:
-            self._blocks.clear()
-
-
-class MooncakeFeatureStore(LedgerFeatureStore):
+class MooncakeFeatureStore(ResidencyRecords):
     """Samples in a Mooncake store, reachable from every process that can reach its master.
 
     Constructed with Mooncake's own setup keywords, or from its JSON config
@@ -237,11 +163,11 @@ class MooncakeFeatureStore(LedgerFeatureStore):
         super().__init__(f"mooncake://{master_server_address}/{namespace}", **caps)
         self.namespace = namespace
         self.close_timeout = close_timeout
-        self._pool = _ReadPool(read_pool_bytes)
+        self._pool = BufferPool(read_pool_bytes)
         self.master_server_address = master_server_address
         self.protocol = protocol
         self._register = protocol != "tcp"  # RDMA (and the other fabrics) read and write registered memory only
-        self._config = _load_mooncake().ReplicateConfig()
+        self._config = load_mooncake().ReplicateConfig()
         self._config.with_hard_pin = True  # never evicted: only a scrub, a release or a fault removes a sample
         self._config.replica_num = 1
         self._keys: dict[str, str] = {}  # sample id -> object key, for the samples this instance wrote
@@ -259,7 +185,7 @@ class MooncakeFeatureStore(LedgerFeatureStore):
             self._client = client
             self._start_beating()
             return
-        self._client = _load_mooncake().MooncakeDistributedStore()
+        self._client = load_mooncake().MooncakeDistributedStore()
         rc = self._client.setup(
             local_hostname,
             metadata_server,
@@ -272,7 +198,7 @@ class MooncakeFeatureStore(LedgerFeatureStore):
         if rc != 0:
             raise ConnectionError(
                 f"cannot set up a Mooncake client of master {master_server_address} (metadata {metadata_server}, "
-                f"{protocol}, hostname {local_hostname}): {_code(rc)}; is mooncake_master running there?"
+                f"{protocol}, hostname {local_hostname}): {code(rc)}; is mooncake_master running there?"
             )
         if global_segment_size > 0:
             # Producer-hosted: what this instance writes goes to its own segment while it has room, so its exit
@@ -297,7 +223,7 @@ class MooncakeFeatureStore(LedgerFeatureStore):
 
         ``options`` are this class's own keywords (``namespace``, caps, watermarks).
         """
-        config_module = _load_mooncake_config()
+        config_module = load_mooncake_config()
         if path is None:
             path = os.environ.get("MOONCAKE_CONFIG_PATH")
             if not path:
@@ -349,15 +275,16 @@ class MooncakeFeatureStore(LedgerFeatureStore):
             self._publish()
             return
         if rc in (-200, -201, -202):  # no segment has room (NO_AVAILABLE_HANDLE and its kin)
-            raise MemoryError(f"sample {sample_id!r} refused: Mooncake has no room for {payload} B ({_code(rc)})")
-        raise OSError(f"cannot put sample {sample_id!r} into {self.store_uri}: Mooncake returned {_code(rc)}")
+            raise MemoryError(f"sample {sample_id!r} refused: Mooncake has no room for {payload} B ({code(rc)})")
+        raise OSError(f"cannot put sample {sample_id!r} into {self.store_uri}: Mooncake returned {code(rc)}")
 
     def _put_parts(self, key: str, ptrs: list[int], sizes: list[int]) -> int:
         return int(self._client.batch_put_from_multi_buffers([key], [ptrs], [sizes], self._config)[0])
 
     def _load(self, ref: SampleRef, device: torch.device | str | None, copy: bool) -> dict[str, torch.Tensor]:
         key = self.object_key(ref)
-        header, out = self._pool.carve(ref)
+        block = self._pool.take(carved_size(ref.feature_specs, _HEADER.size))
+        header, out = block[: _HEADER.size], carve(block, ref.feature_specs, _HEADER.size)
         parts = [header, *(t for t in out.values() if t.numel())]
         expected = sum(t.numel() * t.element_size() for t in parts)
         for attempt in range(_TRANSFER_RETRIES + 1):
@@ -367,21 +294,21 @@ class MooncakeFeatureStore(LedgerFeatureStore):
                 parts,
                 lambda ptrs, sizes: int(self._client.batch_get_into_multi_buffers([key], [ptrs], [sizes])[0]),
             )
-            if rc != _TRANSFER_FAIL:
+            if rc != TRANSFER_FAIL:
                 break
             # A failed transfer: the object may be gone, or shorter than the buffers (a size mismatch fails so too).
             size = int(self._client.get_size(key))
-            if size == _OBJECT_NOT_FOUND or (size >= 0 and size != expected) or attempt == _TRANSFER_RETRIES:
-                rc = size if size == _OBJECT_NOT_FOUND or size < expected else rc
+            if size == OBJECT_NOT_FOUND or (size >= 0 and size != expected) or attempt == _TRANSFER_RETRIES:
+                rc = size if size == OBJECT_NOT_FOUND or size < expected else rc
                 break
             time.sleep(_TRANSFER_RETRY_PAUSE)
         where = f"sample {ref.sample_id!r} (object {key!r} in {self.store_uri})"
-        if rc == _OBJECT_NOT_FOUND:
+        if rc == OBJECT_NOT_FOUND:
             raise SampleLostError(ref.sample_id, self.store_uri, f"{_LOST_CAUSE} (object {key!r})")
-        if rc == _BUFFER_OVERFLOW:
+        if rc == BUFFER_OVERFLOW:
             raise CorruptSampleError(f"{where}: the object is larger than the {expected} B its ref describes")
         if rc < 0:
-            raise OSError(f"cannot read {where}: Mooncake returned {_code(rc)}")
+            raise OSError(f"cannot read {where}: Mooncake returned {code(rc)}")
         if rc != expected:
             raise CorruptSampleError(f"{where}: read {rc} B, but its ref describes {expected} B (truncated?)")
         magic, incarnation, payload = _HEADER.unpack(header.numpy().tobytes())
@@ -404,7 +331,7 @@ class MooncakeFeatureStore(LedgerFeatureStore):
             for ptr, size in zip(ptrs, sizes, strict=True):
                 rc = self._client.register_buffer(ptr, size)
                 if rc != 0:
-                    raise OSError(f"cannot register {size} B for {action} of {key!r}: Mooncake returned {_code(rc)}")
+                    raise OSError(f"cannot register {size} B for {action} of {key!r}: Mooncake returned {code(rc)}")
                 registered.append(ptr)
             return int(call(ptrs, sizes))
         finally:
@@ -414,8 +341,8 @@ class MooncakeFeatureStore(LedgerFeatureStore):
     def _remove(self, key: str, what: str) -> None:
         # force: a reader's get leases the object against removal for default_kv_lease_ttl; a scrub must not wait.
         rc = int(self._client.remove(key, True))
-        if rc not in (0, _OBJECT_NOT_FOUND):
-            raise OSError(f"cannot {what} {key!r} in {self.store_uri}: Mooncake returned {_code(rc)}")
+        if rc not in (0, OBJECT_NOT_FOUND):
+            raise OSError(f"cannot {what} {key!r} in {self.store_uri}: Mooncake returned {code(rc)}")
 
     def _drop(self, ref: SampleRef) -> None:
         with self._lock:
@@ -460,104 +387,6 @@ class MooncakeFeatureStore(LedgerFeatureStore):
     def _admit(self, ref: SampleRef) -> None:
         self._reconcile()  # the caps count what Mooncake still holds of this instance's samples
         super()._admit(ref)
-
-    # -- the run's residency: every writer's record ---------------------------
-    def _record(self) -> bytes:
-        with self._lock:
-            samples = {key: self._resident[sid].nbytes for sid, key in self._keys.items() if sid in self._resident}
-        # ``beat``/``every``: when it was published (wall clock: writers on other machines read it) and how often it
-        # is, so a reader tells a dead writer's record (no beat for ``every`` plus its grace) from a live one's.
-        record = {"writer": self._writer, "samples": samples, "beat": time.time(), "every": self._orphans.interval}
-        return json.dumps(record, separators=(",", ":")).encode()
-
-    def _publish(self) -> None:
-        """Upload this instance's residency record to its slot (claiming one first); a failure is logged.
-
-        Only an under-count elsewhere can follow from a failed upload, never a failed put: the next put uploads
-        the record again (and ``health`` does when the slot it had vanished).
-        """
-        with self._publish_lock:
-            record = self._record()
-            with self._client_lock:
-                if self._client_closed:
-                    return
-                if self._slot is not None:
-                    rc = int(self._client.upsert(self._slot, record, self._config))
-                else:
-                    rc = self._claim(record)
-            if rc != 0:
-                logger.warning(
-                    "%s: could not publish this writer's residency record (%s); other processes' health() "
-                    "does not count its samples until it can",
-                    self.store_uri,
-                    _code(rc) if rc < 0 else "every one of the namespace's residency slots is taken",
-                )
-
-    def _claim(self, record: bytes) -> int:
-        """Take the first free residency slot: a ``put`` never replaces an existing object, so whoever's record
-        reads back from a slot owns it. 0 once claimed; else a Mooncake error code, or 1 when none is free."""
-        found = self._client.batch_is_exist(self._slots)
-        free = [slot for slot, exists in zip(self._slots, found, strict=True) if int(exists) == 0]
-        failed = 1
-        for slot in free:
-            rc = int(self._client.put(slot, record, self._config))
-            if rc != 0:  # taken meanwhile (a put in flight may answer so), or the master refused: try the next
-                failed = rc
-                continue
-            if self._writer_of(self._client.get(slot)) == self._writer:
-                self._slot = slot
-                return 0
-        return failed
-
-    @staticmethod
-    def _parse(blob: bytes) -> tuple[str, dict[str, int]] | None:
-        try:
-            record = json.loads(blob)
-            writer, samples = record["writer"], record["samples"]
-            if isinstance(writer, str) and isinstance(samples, dict):
-                return writer, {str(key): int(nbytes) for key, nbytes in samples.items()}
-        except (ValueError, KeyError, TypeError):
-            pass
-        return None
-
-    def _writer_of(self, blob: bytes) -> str | None:
-        parsed = self._parse(blob)
-        return parsed[0] if parsed is not None else None
-
-    def _others_samples(self, slot_exists: list[bool]) -> dict[str, int]:
-        """Object key -> bytes of the samples the namespace's other writers wrote that Mooncake still holds.
-
-        ``slot_exists``: which residency slots exist (``_reconcile(self._slots)``). Two more master calls when
-        other writers hold a slot: their records, and which of the records' objects exist. Also republishes
-        this instance's own record when its slot vanished (the segment holding it went away).
-        """
-        taken = [slot for slot, exists in zip(self._slots, slot_exists, strict=True) if exists]
-        mine = self._slot
-        if mine is not None and mine not in taken:
-            with self._publish_lock:
-                if self._slot == mine:
-                    self._slot = None
-            self._publish()
-        others = [slot for slot in taken if slot != mine]
-        if not others:
-            return {}
-        with self._client_lock:
-            if self._client_closed:
-                return {}
-            blobs = self._client.get_batch(others)
-        samples: dict[str, int] = {}
-        for blob in blobs:
-            parsed = self._parse(blob) if blob else None  # empty: removed since, or being written
-            if parsed is not None and parsed[0] != self._writer:
-                samples.update(parsed[1])
-        if not samples:
-            return {}
-        keys = list(samples)
-        with self._client_lock:
-            if self._client_closed:
-                return {}
-            held = self._client.batch_is_exist(keys)
-        return {key: samples[key] for key, found in zip(keys, held, strict=True) if int(found) == 1}
 
     def health(self) -> StoreHealth:
         """The run's residency: this instance's samples and every other writer's, as the master sees them now.
@@ -720,10 +549,3 @@ class MooncakeFeatureStore(LedgerFeatureStore):
                 self._client.remove(self._slot, True)
         if self._owns_client:
             self._client.close()
-
-
-def _load_mooncake_config() -> Any:
-    _load_mooncake()
-    from mooncake import mooncake_config
-
-    return mooncake_config

@@ -53,8 +53,8 @@ until the queue's ``scrub`` (or the orphan reclaim) frees it.
 Copies: ``put`` writes straight from the tensors' memory (no staging copy, so
 ``take_ownership`` changes nothing here) and ``get`` reads the file into one
 fresh buffer that the returned tensors view (no second copy, and the caller
-may still mutate them, so ``copy=False`` changes nothing either). The codec is
-written here rather than taken from ``safetensors.torch`` because that one
+may still mutate them, so ``copy=False`` changes nothing either). The codec
+(``stores.safetensors_codec``) is featurestream's own, not ``safetensors.torch``, because that one
 stages every tensor in a ``bytes`` object on save and copies out of a mapping
 on load; the files it reads and writes are interchangeable with it.
 """
@@ -63,13 +63,11 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import json
 import logging
 import os
 import re
 import socket
 import stat
-import struct
 import tempfile
 import threading
 import uuid
@@ -79,15 +77,14 @@ from typing import TYPE_CHECKING
 import torch
 
 from featurestream.common.checks import check_seconds
-from featurestream.common.errors import FeatureStreamError
 from featurestream.common.periodic import start_periodic
 from featurestream.common.refs import SampleRef
 from featurestream.stores.deleter import BackgroundDeleter, remove_reporting
+from featurestream.stores.directory import alive, prepare_directory
 from featurestream.stores.ledger import (
     INCARNATION_SEP,
     LedgerFeatureStore,
     StoreCaps,
-    check_spec,
 )
 from featurestream.stores.orphans import (
     DEFAULT_ORPHAN_GRACE,
@@ -97,6 +94,7 @@ from featurestream.stores.orphans import (
     OrphanClock,
     WriterToken,
 )
+from featurestream.stores.safetensors_codec import CorruptSampleError, byte_view, decode, encode_header, write_all
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -110,23 +108,6 @@ RETAINED_SUFFIX = ".retained"
 POINTER_SUFFIX = DATA_SUFFIX  # ``<id>.safetensors``: the reference's name of the sample, a link here
 SCRUBBED_PREFIX = ".scrubbed-"
 
-_DTYPES: dict[str, torch.dtype] = {
-    "F64": torch.float64,
-    "F32": torch.float32,
-    "F16": torch.float16,
-    "BF16": torch.bfloat16,
-    "I64": torch.int64,
-    "I32": torch.int32,
-    "I16": torch.int16,
-    "I8": torch.int8,
-    "U8": torch.uint8,
-    "BOOL": torch.bool,
-    "F8_E4M3": torch.float8_e4m3fn,
-    "F8_E5M2": torch.float8_e5m2,
-}
-_DTYPE_NAMES = {dtype: name for name, dtype in _DTYPES.items()}
-_HEADER_LIMIT = 100 * 1024 * 1024  # the safetensors reader's own bound on header size
-
 
 TEMP_SUFFIX = ".tmp"
 _INCARNATION = re.compile(r"[0-9a-f]{32}")
@@ -136,171 +117,6 @@ _OWNED_NAME = re.compile(
 )
 _INCARNATION_TAIL = re.compile(rf"{INCARNATION_SEP}[0-9a-f]{{32}}$")
 _HOST = socket.gethostname().replace(".", "_").replace("-", "_") or "host"
-
-
-def _alive(pid: int) -> bool:
-    """Whether process ``pid`` exists on this host (a zombie counts as gone)."""
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # someone else's process
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return True
-
-
-class CorruptSampleError(FeatureStreamError, RuntimeError):
-    """A sample file exists but cannot be decoded (truncated, garbled, or not what its ref describes)."""
-
-
-def _write_all(fd: int, views: list[memoryview]) -> None:
-    """Write every byte of ``views`` in order, gathered into as few syscalls as the kernel allows."""
-    views = [view for view in views if view.nbytes]
-    while views:
-        written = os.writev(fd, views)
-        while views and written >= views[0].nbytes:
-            written -= views.pop(0).nbytes
-        if written:
-            views[0] = views[0][written:]
-
-
-def _readinto_all(file: object, view: memoryview) -> int:
-    """Fill ``view`` from ``file``; return how many bytes were read (short only at end of file)."""
-    total = 0
-    while total < view.nbytes:
-        got = file.readinto(view[total:])  # type: ignore[attr-defined]
-        if not got:
-            break
-        total += got
-    return total
-
-
-def _byte_view(tensor: torch.Tensor) -> memoryview:
-    """The bytes of a dense CPU tensor, without copying them."""
-    return memoryview(tensor.reshape(-1).view(torch.uint8).numpy())
-
-
-def _encode_header(tensors: Mapping[str, torch.Tensor]) -> tuple[bytes, list[str]]:
-    """The safetensors prefix (length + JSON header) and the order the payloads follow in.
-
-    Wider dtypes go first so every tensor starts at a multiple of its item
-    size and ``get`` can view it in the read buffer instead of copying it.
-    """
-    order = sorted(tensors, key=lambda name: -tensors[name].element_size())
-    header: dict[str, object] = {"__metadata__": {"format": "pt"}}
-    offset = 0
-    for name in order:
-        tensor = tensors[name]
-        dtype = _DTYPE_NAMES.get(tensor.dtype)
-        if dtype is None:
-            raise TypeError(f"feature {name!r} has dtype {tensor.dtype}, which safetensors files cannot hold")
-        end = offset + tensor.numel() * tensor.element_size()
-        header[name] = {"dtype": dtype, "shape": list(tensor.shape), "data_offsets": [offset, end]}
-        offset = end
-    encoded = json.dumps(header, separators=(",", ":")).encode()
-    encoded += b" " * (-len(encoded) % 8)
-    return struct.pack("<Q", len(encoded)) + encoded, order
-
-
-def _decode(path: str, ref: SampleRef) -> dict[str, torch.Tensor]:
-    """Read ``path`` into one fresh buffer (one read) and return ``ref``'s features as views of it."""
-    with open(path, "rb", buffering=0) as file:
-        size = os.fstat(file.fileno()).st_size
-        buffer = torch.empty(size, dtype=torch.uint8)
-        raw = memoryview(buffer.numpy())
-        got = _readinto_all(file, raw)
-    if got != size:
-        raise CorruptSampleError(f"sample {ref.sample_id!r}: {path} shrank while being read (truncated)")
-    if size < 8:
-        raise CorruptSampleError(f"sample {ref.sample_id!r}: {path} is truncated ({size} bytes, no header)")
-    (header_len,) = struct.unpack_from("<Q", raw)
-    if header_len > min(size - 8, _HEADER_LIMIT):
-        raise CorruptSampleError(
-            f"sample {ref.sample_id!r}: {path} announces a {header_len}-byte header but holds {size} bytes"
-        )
-    data = buffer[8 + header_len :]
-    try:
-        header = json.loads(raw[8 : 8 + header_len].tobytes())
-        if not isinstance(header, dict):
-            raise ValueError("the header is not a JSON object")
-    except ValueError as exc:
-        raise CorruptSampleError(f"sample {ref.sample_id!r}: {path} has an unreadable header ({exc})") from None
-    out = {}
-    for name in ref.feature_names():
-        out[name] = _tensor_from(header.get(name), data, ref, name, path)
-        check_spec(ref, name, out[name])
-    return out
-
-
-def _tensor_from(entry: object, data: torch.Tensor, ref: SampleRef, name: str, path: str) -> torch.Tensor:
-    where = f"sample {ref.sample_id!r} feature {name!r} in {path}"
-    if not isinstance(entry, dict):
-        raise CorruptSampleError(f"{where}: missing from the file's header")
-    dtype = _DTYPES.get(entry.get("dtype"))  # type: ignore[arg-type]
-    shape, offsets = entry.get("shape"), entry.get("data_offsets")
-    if (
-        dtype is None
-        or not isinstance(shape, list)
-        or not all(isinstance(d, int) and d >= 0 for d in shape)
-        or not isinstance(offsets, list)
-        or len(offsets) != 2
-        or not all(isinstance(o, int) for o in offsets)
-    ):
-        raise CorruptSampleError(f"{where}: malformed header entry {entry!r}")
-    begin, end = offsets
-    numel = 1
-    for dim in shape:
-        numel *= dim
-    if not 0 <= begin <= end <= data.numel() or end - begin != numel * dtype.itemsize:
-        raise CorruptSampleError(
-            f"{where}: bytes {begin}..{end} do not hold {shape}/{dtype} "
-            f"within {data.numel()} payload bytes (truncated?)"
-        )
-    chunk = data[begin:end]
-    if chunk.storage_offset() % dtype.itemsize:
-        chunk = chunk.clone()  # only files from other writers can be misaligned
-    return chunk.view(dtype).reshape(shape)
-
-
-def _prepare_directory(directory: str, create: bool) -> None:
-    """Make sure ``directory`` is a writable directory, creating it (its parents only with ``create``)."""
-    if not os.path.isdir(directory):
-        parent = os.path.dirname(directory)
-        if os.path.exists(directory):
-            raise NotADirectoryError(
-                errno.ENOTDIR, f"cannot use {directory} as a store directory: it is not a directory", directory
-            )
-        if not create and not os.path.isdir(parent):
-            raise FileNotFoundError(
-                errno.ENOENT,
-                f"cannot use {directory} as a store directory: its parent {parent} does not exist "
-                "(pass create=True to create the whole path)",
-                directory,
-            )
-        try:
-            os.makedirs(directory, exist_ok=True)
-        except FileExistsError:
-            raise NotADirectoryError(
-                errno.ENOTDIR, f"cannot use {directory} as a store directory: it is not a directory", directory
-            ) from None
-        except OSError as exc:
-            raise type(exc)(
-                exc.errno, f"cannot create the store directory {directory}: {exc.strerror}", directory
-            ) from exc
-    try:  # the real test: permissions, a read-only mount, ACLs (os.access misses some, and root passes it)
-        fd, probe = tempfile.mkstemp(dir=directory, prefix=".write-check-", suffix=".tmp")
-    except OSError as exc:
-        raise type(exc)(
-            exc.errno, f"cannot use {directory} as a store directory: it is not writable ({exc.strerror})", directory
-        ) from exc
-    os.close(fd)
-    os.unlink(probe)
 
 
 class SharedDirFeatureStore(LedgerFeatureStore):
@@ -347,7 +163,7 @@ class SharedDirFeatureStore(LedgerFeatureStore):
         self._unlink_later: dict[str, None] = {}  # paths whose unlink failed, retried by scrub/gc/close
         self._deleter = BackgroundDeleter(self._unlink_failed)
         super().__init__(f"file://{self.directory}", **caps)
-        _prepare_directory(self.directory, create)
+        prepare_directory(self.directory, create)
         for name in os.listdir(self.directory):
             if name.startswith(SCRUBBED_PREFIX):  # left by a process that died before unlinking it
                 self._deleter.submit(os.path.join(self.directory, name))
@@ -506,7 +322,7 @@ class SharedDirFeatureStore(LedgerFeatureStore):
         final = self.data_path(ref)
         # ``contiguous``/``cpu`` copy only when a tensor is strided or on a device; dense CPU ones are written as-is.
         dense = {name: t.detach().cpu().contiguous() for name, t in tensors.items()}
-        prefix, order = _encode_header(dense)
+        prefix, order = encode_header(dense)
         action = f"write sample {sample_id!r}"
         try:
             fd, temp = tempfile.mkstemp(dir=self.directory, prefix=self._temp_name(sample_id), suffix=TEMP_SUFFIX)
@@ -515,7 +331,7 @@ class SharedDirFeatureStore(LedgerFeatureStore):
         try:
             try:
                 try:
-                    _write_all(fd, [memoryview(prefix), *(_byte_view(dense[name]) for name in order)])
+                    write_all(fd, [memoryview(prefix), *(byte_view(dense[name]) for name in order)])
                 finally:
                     os.close(fd)
                 os.link(temp, final)
@@ -543,7 +359,7 @@ class SharedDirFeatureStore(LedgerFeatureStore):
     def _load(self, ref: SampleRef, device: torch.device | str | None, copy: bool) -> dict[str, torch.Tensor]:
         path = self.data_path(ref)
         try:
-            tensors = _decode(path, ref)
+            tensors = decode(path, ref)
         except FileNotFoundError as exc:
             if not os.path.isdir(self.directory):
                 raise self._io_error(exc, f"read sample {ref.sample_id!r}", path) from exc
@@ -703,7 +519,7 @@ class SharedDirFeatureStore(LedgerFeatureStore):
                 continue
             parts = name[: -len(TEMP_SUFFIX)].rsplit(".", 2)
             host, _, pid = parts[1].rpartition("-") if len(parts) == 3 else ("", "", "")
-            if host != _HOST or not pid.isdigit() or _alive(int(pid)):
+            if host != _HOST or not pid.isdigit() or alive(int(pid)):
                 continue
             try:
                 os.unlink(os.path.join(self.directory, name))
