@@ -43,7 +43,6 @@ import dataclasses
 import itertools
 import multiprocessing as mp
 import os
-import queue
 import statistics
 import sys
 import tempfile
@@ -56,6 +55,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import reference_baseline
+from pair import run_pair
 
 from featurestream import LocalFeatureStore, SharedDirFeatureStore
 
@@ -283,24 +283,7 @@ def two_processes(kind: str, run: dict[str, Any], mib: int, count: int, window: 
         ctx.Process(target=producer, args=(kind, run, mib, count, window, producer_end)),
         ctx.Process(target=consumer, args=(kind, run, mib, consumer_end, result)),
     ]
-    for proc in procs:
-        proc.start()
-    try:
-        give_up = time.monotonic() + 600
-        while True:
-            try:
-                seconds = float(result.get(timeout=1))
-                break
-            except queue.Empty:
-                if any(proc.exitcode not in (None, 0) for proc in procs) or time.monotonic() > give_up:
-                    raise RuntimeError(f"{kind}: a benchmark process failed: {[p.exitcode for p in procs]}") from None
-        for proc in procs:
-            proc.join(timeout=120)
-    finally:
-        for proc in procs:
-            if proc.is_alive():
-                proc.kill()
-    return seconds
+    return run_pair(kind, procs, result)
 
 
 def load() -> str:

@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import os
-import queue
 import statistics
 import sys
 import tempfile
@@ -41,6 +40,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from bench_redis import redis_server
+from pair import run_pair
 
 from featurestream import FeatureDataLoader, MooncakeFeatureStore, SharedDirFeatureStore
 from featurestream.backends.redis.queue import RedisSampleRefQueue
@@ -179,27 +179,7 @@ def one_run(kind: str, run: dict[str, Any], mib: int, count: int, window: int) -
     else:
         producer = ctx.Process(target=fs_producer, args=(run, mib, count, window, producer_end, result))
         trainer = ctx.Process(target=fs_trainer, args=(run, mib, trainer_end, result))
-    procs = [producer, trainer]
-    for proc in procs:
-        proc.start()
-    try:
-        give_up = time.monotonic() + 600
-        while True:
-            try:
-                elapsed = float(result.get(timeout=1))
-                break
-            except queue.Empty:
-                if any(proc.exitcode not in (None, 0) for proc in procs) or time.monotonic() > give_up:
-                    raise RuntimeError(f"{kind}: a benchmark process failed: {[p.exitcode for p in procs]}") from None
-        for proc in procs:
-            proc.join(timeout=120)
-        if any(proc.exitcode != 0 for proc in procs):
-            raise RuntimeError(f"{kind}: a benchmark process failed: {[proc.exitcode for proc in procs]}")
-    finally:
-        for proc in procs:
-            if proc.is_alive():
-                proc.kill()
-    return elapsed
+    return run_pair(kind, [producer, trainer], result)
 
 
 def main() -> None:
