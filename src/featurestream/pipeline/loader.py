@@ -101,8 +101,10 @@ class FeatureDataLoader:
     lease is failed (another consumer may take it) and ``ValueError``
     (``bound to algorithm=...``); a schema-invalid ref -> dropped (acked,
     never redelivered) and ``ValueError``; a sample whose bytes the store
-    lost (``SampleLostError``) -> dead-lettered at once (``queue.lose``,
-    reason ``lost``; never redelivered) and the error re-raised; any other
+    lost (``SampleLostError``, or any ``KeyError`` from the store its ref
+    names while its lease is live: a queued sample is never freed on
+    purpose) -> dead-lettered at once (``queue.lose``, reason ``lost``; never
+    redelivered) and ``SampleLostError`` raised; any other
     error from ``store.get`` or ``collate_fn`` -> the lease(s) failed and the
     error re-raised. Each is
     raised by the pull at the sample's place in the stream.

@@ -172,11 +172,17 @@ class Puller:
                 tensors, handle = spec.store.get(ref, spec.device)
             else:
                 tensors, handle = spec.store.get(ref)
-        except SampleLostError:
-            # Its bytes are gone for good: a redelivery could only fail again, so it is dead-lettered now.
+        except KeyError as exc:
             self.book.forget(lease)
-            spec.queue.lose(lease)
-            raise
+            if ref.store_uri != spec.store.store_uri:  # another store's ref: a consumer of the right one may read it
+                spec.queue.fail(lease)
+                raise
+            # The store the queue retains it in no longer holds it, while the lease is live: its bytes were lost
+            # (deleted under the queue, evicted, a server restarted). A redelivery could only fail again, so it is
+            # dead-lettered now; a stale lease (the sample was settled through another) changes nothing.
+            if not spec.queue.lose(lease) or isinstance(exc, SampleLostError):
+                raise
+            raise SampleLostError(ref.sample_id, spec.store.store_uri, str(exc.args[0] if exc.args else exc)) from exc
         except Exception:
             self.book.forget(lease)
             spec.queue.fail(lease)

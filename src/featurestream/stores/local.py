@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from featurestream.common.refs import SampleRef
+from featurestream.stores.base import SampleLostError
 from featurestream.stores.ledger import LedgerFeatureStore, StoreCaps, check_spec, location
 
 if TYPE_CHECKING:
@@ -52,8 +53,8 @@ class LocalFeatureStore(LedgerFeatureStore):
     def _load(self, ref: SampleRef, device: torch.device | str | None, copy: bool) -> dict[str, torch.Tensor]:
         with self._data_lock:
             stored = self._data.get(location(ref))
-        if stored is None:
-            raise KeyError(f"sample {ref.sample_id!r} is not resident in {self.store_uri}")
+        if stored is None:  # tracked (get opened a handle on it) and yet not held: its bytes were lost
+            raise SampleLostError(ref.sample_id, self.store_uri, "its tensors are gone from this process's memory")
         out = {}
         for name in ref.feature_names():
             tensor = stored[name]

@@ -79,6 +79,7 @@ import torch
 from featurestream.common.checks import check_seconds
 from featurestream.common.periodic import start_periodic
 from featurestream.common.refs import SampleRef
+from featurestream.stores.base import SampleLostError
 from featurestream.stores.deleter import BackgroundDeleter, remove_reporting
 from featurestream.stores.directory import alive, prepare_directory
 from featurestream.stores.ledger import (
@@ -363,6 +364,10 @@ class SharedDirFeatureStore(LedgerFeatureStore):
         except FileNotFoundError as exc:
             if not os.path.isdir(self.directory):
                 raise self._io_error(exc, f"read sample {ref.sample_id!r}", path) from exc
+            if os.path.exists(self._marker_path(ref)):  # a queue holds it, and only its scrub removes the file
+                raise SampleLostError(
+                    ref.sample_id, self.store_uri, f"{path} is gone while a queue holds the sample (deleted by hand?)"
+                ) from None
             raise KeyError(f"sample {ref.sample_id!r} is not resident in {self.store_uri} ({path} is gone)") from None
         except OSError as exc:
             raise self._io_error(exc, f"read sample {ref.sample_id!r}", path) from exc
