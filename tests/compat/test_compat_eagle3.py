@@ -57,7 +57,7 @@ def test_constant_values() -> None:
 
 def test_featurestreams_own_names_are_the_same_objects() -> None:
     assert eagle3.CORE_FEATURES is EAGLE3_CORE_FEATURES and eagle3.SCHEMA_VERSION == EAGLE3_SCHEMA_VERSION
-    assert eagle3.PACKING_FEATURES is EAGLE3_PACKING_FEATURES and eagle3.validate_ref is validate_eagle3_ref
+    assert eagle3.PACKING_FEATURES is EAGLE3_PACKING_FEATURES
 
 
 def logits_kwargs(with_packing: bool) -> dict[str, torch.Tensor]:
@@ -135,7 +135,7 @@ def test_validate_eagle3_ref_partial_packing() -> None:
 
 @pytest.mark.parametrize("kept", ["target_probs", "position_mask"])
 def test_validate_eagle3_ref_partial_draft_vocab_encoding(kept: str) -> None:
-    # Beside logits: half a pair alone is no supervision at all, which featurestream refuses at put already.
+    # Beside logits: half a pair alone is no supervision at all (validate_eagle3_ref says which, below).
     tensors = {**sample_tensors(0), **sample_tensors(0, encoding="draft-vocab")}
     del tensors[({"target_probs", "position_mask"} - {kept}).pop()]
     with pytest.raises(ValueError, match="partial draft-vocab encoding"):
@@ -149,11 +149,13 @@ def test_validate_eagle3_ref_both_encodings() -> None:
 
 
 def test_validate_eagle3_ref_no_encoding() -> None:
-    # A deliberate difference: featurestream refuses such a sample at put (no ref, nothing stored) with the same
-    # phrase, where the reference stores and queues it for its consumer to refuse.
+    # As the reference's: the store takes the sample and its ref, and the validator refuses it.
     tensors = {k: v for k, v in sample_tensors(0).items() if k != "logits"}
     with pytest.raises(ValueError, match="no supervision encoding"):
-        put(tensors)
+        validate_eagle3_ref(put(tensors))  # type: ignore[arg-type]
+    half = {**tensors, "target_probs": sample_tensors(0, encoding="draft-vocab")["target_probs"]}
+    with pytest.raises(ValueError, match="partial draft-vocab encoding"):
+        validate_eagle3_ref(put(half))  # type: ignore[arg-type]
 
 
 def test_validate_eagle3_ref_wrong_schema_version() -> None:

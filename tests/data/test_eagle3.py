@@ -21,6 +21,7 @@ from featurestream.pipeline.eagle3 import (
     check_feature_names,
     feature_tensors,
     project_to_draft_vocab,
+    validate_eagle3_ref,
     validate_ref,
 )
 from featurestream.pipeline.producer import FeatureProducer
@@ -62,26 +63,25 @@ def test_invalid_feature_sets(names: list[str], match: str) -> None:
 
 
 @pytest.mark.parametrize("store_kind", ["local", "shared_dir"])
-def test_a_sample_without_supervision_is_refused_at_put_and_nothing_is_stored(
+def test_a_sample_without_supervision_is_stored_and_queued_as_the_references_stores_do(
     store_kind: str, tmp_path: pathlib.Path
 ) -> None:
+    # Stores and queues take any feature set that has the core features (the reference's rule); the producer
+    # refuses to store such a sample and the loader dead-letters it (tests/data/test_schema_dead_letters.py).
     store = LocalFeatureStore() if store_kind == "local" else SharedDirFeatureStore(tmp_path)
     queue = SampleRefQueue(store)
     core_only = {name: eagle3_sample(0)[name] for name in CORE}
-    with pytest.raises(
-        ValueError, match=r"'unsupervised' for eagle3 has no supervision encoding: it needs 'logits' or 'target_probs'"
-    ):
-        store.put("unsupervised", core_only)
-    probs_only = {**core_only, "target_probs": torch.ones(1, 4, 2)}  # half of the draft-vocab pair is no encoding
-    with pytest.raises(ValueError, match=r"no supervision encoding.*'position_mask'"):
-        store.put("half", probs_only)
-    assert store.health().sample_count == 0 and store.health().resident_bytes == 0
-    assert not store.is_resident("unsupervised") and list(tmp_path.iterdir()) == []
-    assert queue.pending_count() == 0
-    # Either encoding in full is supervision: both are admitted.
-    queue.put(store.put("logits", eagle3_sample(0)))
-    queue.put(store.put("probs", {**probs_only, "position_mask": torch.ones(1, 4, 1, dtype=torch.bool)}))
-    assert queue.pending_count() == 2
+    probs_only = {**core_only, "target_probs": torch.ones(1, 4, 2)}  # half of the draft-vocab pair
+    refs = [store.put("unsupervised", core_only), store.put("half", probs_only)]
+    queue.put_many(refs)
+    assert queue.pending_count() == 2 and store.health().sample_count == 2
+    assert [sorted(ref.feature_keys) for ref in refs] == [sorted(core_only), sorted(probs_only)]
+    with pytest.raises(ValueError, match=r"'unsupervised': eagle3 sample has no supervision encoding"):
+        validate_eagle3_ref(refs[0])
+    with pytest.raises(ValueError, match=r"'half': eagle3 sample has a partial draft-vocab encoding"):
+        validate_eagle3_ref(refs[1])
+    with pytest.raises(ValueError, match=r"missing required features \['loss_mask'\]"):
+        store.put("no-loss-mask", {name: core_only[name] for name in CORE[:3]})  # the reference's rule still holds
 
 
 def test_validate_ref_checks_algorithm_version_and_names() -> None:
@@ -127,7 +127,7 @@ def test_the_eagle3_schema_is_registered_and_its_core_set_is_the_control_planes(
     assert schema.required_features is REQUIRED_FEATURES[FeatureAlgorithm.EAGLE3] is eagle3.CORE_FEATURES
     assert schema.feature_order == eagle3.FEATURE_ORDER and schema.schema_version == 1
     assert schema.batch_type is Eagle3TargetBatch and schema.backend_type is eagle3.Eagle3TargetBackend
-    assert schema.validate_ref is eagle3.validate_eagle3_ref
+    assert schema.validate_ref is eagle3.validate_ref
 
 
 def test_schema_for_an_unregistered_or_unknown_algorithm_names_it_and_the_registered_ones() -> None:

@@ -62,10 +62,11 @@ REQUIRED_FEATURES: Mapping[FeatureAlgorithm, tuple[str, ...]] = MappingProxyType
 )
 
 # The supervision a sample must carry for any consumer to train on it: alternative encodings (feature sets), one
-# of which the sample holds in full. Checked with the core features when a ref is built, so ``store.put`` refuses an
-# untrainable sample before writing a byte and no queue ever admits one. EAGLE-3: the target's full-vocabulary
-# ``logits``, or their draft-vocabulary projection ``target_probs`` + ``position_mask``. An algorithm absent here
-# requires no supervision feature (DFlash's logits are optional, DSpark has none).
+# of which the sample holds in full. EAGLE-3: the target's full-vocabulary ``logits``, or their draft-vocabulary
+# projection ``target_probs`` + ``position_mask``. A ``SampleRef`` (and so every store and queue) accepts a sample
+# without it, as the reference's do (offline tools store what they like); the producer refuses to store such a
+# sample and the loader dead-letters it (reason ``schema``). An algorithm absent here requires no supervision
+# feature (DFlash's logits are optional, DSpark has none).
 REQUIRED_SUPERVISION: Mapping[FeatureAlgorithm, tuple[tuple[str, ...], ...]] = MappingProxyType(
     {FeatureAlgorithm.EAGLE3: (("logits",), ("target_probs", "position_mask"))}
 )
@@ -276,17 +277,6 @@ def _require_count(name: str, value: object) -> None:
         raise ValueError(f"SampleRef.{name} must be a non-negative int, got {value!r}")
 
 
-def _check_supervision(sample_id: str, algorithm: FeatureAlgorithm, names: Mapping[str, str]) -> None:
-    """``ValueError`` naming the sample and the encodings it could carry when it holds none of them in full."""
-    encodings = REQUIRED_SUPERVISION.get(algorithm, ())
-    if encodings and not any(all(name in names for name in encoding) for encoding in encodings):
-        wanted = " or ".join(" + ".join(repr(name) for name in encoding) for encoding in encodings)
-        raise ValueError(
-            f"SampleRef {sample_id!r} for {algorithm.value} has no supervision encoding: it needs {wanted}, but its "
-            f"features are {sorted(names)} (a consumer could not train on it)"
-        )
-
-
 @dataclasses.dataclass(frozen=True)
 class SampleRef:
     """A tensor-free reference to one sample's features in a ``FeatureStore``."""
@@ -334,7 +324,6 @@ class SampleRef:
                 f"SampleRef for {name} is missing required features {missing} (every {name} sample carries "
                 f"{list(required)})"
             )
-        _check_supervision(self.sample_id, algorithm, keys)
         _require_count("schema_version", self.schema_version)
         _require_count("num_tokens", self.num_tokens)
         _require_count("estimated_bytes", self.estimated_bytes)

@@ -13,15 +13,17 @@ shrinks the supervision from the target's vocabulary to the draft's.
 Each feature's dtype and shape has a rule (``EAGLE3_FEATURES``, see
 ``check_feature_specs``): checked by ``FeatureProducer`` on a backend's
 output before anything is stored (``produced_tensors``) and by the loader on
-a ref's ``feature_specs`` before the sample is read (``validate_eagle3_ref``);
+a ref's ``feature_specs`` before the sample is read (``validate_ref``);
 either error names the sample, the feature, what was expected and what came.
+``validate_eagle3_ref`` checks what the reference's does: the algorithm, the
+feature names and the schema version.
 An ``Eagle3TargetBatch`` built directly checks only its feature names.
 
 The reference's public names (``EAGLE3_*``, ``eagle3_logits_tensors``,
 ``eagle3_logits_feature_specs``, ``validate_eagle3_packing_inputs``,
 ``validate_eagle3_ref``) are defined here; featurestream's shorter names
-(``CORE_FEATURES``, ``SCHEMA_VERSION``, ``validate_ref`` ...) are the same
-objects. Importing this module registers ``EAGLE3_SCHEMA``, the EAGLE-3
+(``CORE_FEATURES``, ``SCHEMA_VERSION`` ...) are the same objects.
+Importing this module registers ``EAGLE3_SCHEMA``, the EAGLE-3
 ``AlgorithmSchema`` the producer and the loader look up.
 
 Token alignment (the reference's, which its EAGLE-3 trainer expects):
@@ -101,8 +103,7 @@ __all__ = [
 
 EAGLE3_SCHEMA_VERSION = 1
 EAGLE3_CORE_FEATURES = REQUIRED_FEATURES[FeatureAlgorithm.EAGLE3]
-# ("logits",) and ("target_probs", "position_mask"): the control plane's table, so a ref is refused at put
-# without one of them.
+# ("logits",) and ("target_probs", "position_mask"): the control plane's table (``REQUIRED_SUPERVISION``).
 EAGLE3_LOGITS_SUPERVISION, EAGLE3_DRAFT_VOCAB_SUPERVISION = REQUIRED_SUPERVISION[FeatureAlgorithm.EAGLE3]
 # The reference's name for the feature set of a logits-supervised sample.
 EAGLE3_SUPERVISION_ENCODINGS = EAGLE3_CORE_FEATURES + EAGLE3_LOGITS_SUPERVISION
@@ -202,9 +203,9 @@ def validate_eagle3_packing_inputs(
     _check_packing(name for name, value in given.items() if value is not None)
 
 
-def check_feature_names(names: Iterable[str]) -> None:
-    """Raise ``ValueError`` unless ``names`` is a valid EAGLE-3 v1 feature set."""
-    present = set(names)
+def _check_encoding(present: set[str]) -> None:
+    """``ValueError`` unless ``present`` holds the core features, the packing metadata all-or-none and exactly one
+    supervision encoding in full."""
     missing = [name for name in CORE_FEATURES if name not in present]
     if missing:
         raise ValueError(f"eagle3 sample is missing required core features {missing}")
@@ -224,23 +225,48 @@ def check_feature_names(names: Iterable[str]) -> None:
         raise ValueError(
             "eagle3 sample has no supervision encoding: it needs 'logits' or the pair 'target_probs' + 'position_mask'"
         )
+
+
+def check_feature_names(names: Iterable[str]) -> None:
+    """Raise ``ValueError`` unless ``names`` is a valid EAGLE-3 v1 feature set: the core features, the packing
+    metadata all-or-none, exactly one supervision encoding, and no feature outside the schema."""
+    present = set(names)
+    _check_encoding(present)
     unknown = present - set(FEATURE_ORDER)
     if unknown:
         raise ValueError(f"eagle3 v{SCHEMA_VERSION} has no features {sorted(unknown)} (known: {list(FEATURE_ORDER)})")
 
 
-def validate_eagle3_ref(ref: SampleRef) -> None:
-    """Raise ``ValueError`` when ``ref`` is not an EAGLE-3 v1 sample (checked before materialising): its algorithm,
-    schema version, feature names, then each feature's dtype and shape (``check_feature_specs``)."""
+def _check_algorithm(ref: SampleRef) -> None:
     if ref.algorithm is not FeatureAlgorithm.EAGLE3:
         raise ValueError(
             f"sample {ref.sample_id!r}: ref.algorithm must be FeatureAlgorithm.EAGLE3 (got {ref.algorithm!r}) "
             "for an EAGLE-3 consumer; route it to a consumer of its algorithm"
         )
+
+
+def validate_eagle3_ref(ref: SampleRef) -> None:
+    """Raise ``ValueError`` naming the sample when ``ref`` is not an EAGLE-3 v1 sample by its names: its algorithm,
+    its feature names (the core features, the packing metadata all-or-none, exactly one supervision encoding),
+    then its schema version. Further features and each feature's dtype and shape are not checked (``validate_ref``
+    checks them too)."""
+    _check_algorithm(ref)
+    try:
+        _check_encoding(set(ref.feature_specs))
+    except ValueError as exc:
+        raise ValueError(f"sample {ref.sample_id!r}: {exc}") from None
+    if ref.schema_version != SCHEMA_VERSION:
+        raise ValueError(
+            f"sample {ref.sample_id!r}: eagle3 schema_version must be {SCHEMA_VERSION}, got {ref.schema_version}"
+        )
+
+
+def validate_ref(ref: SampleRef) -> None:
+    """What the loader checks before materialising a sample: ``validate_eagle3_ref``'s rules, no feature outside the
+    schema, and each feature's dtype and shape (``check_feature_specs``); ``ValueError`` naming the sample, the
+    feature, what was expected and what came."""
+    _check_algorithm(ref)
     EAGLE3_FEATURES.check_ref_features(ref, SCHEMA_VERSION)
-
-
-validate_ref = validate_eagle3_ref
 
 
 def feature_tensors(batch: object) -> dict[str, torch.Tensor]:
@@ -584,7 +610,7 @@ EAGLE3_SCHEMA = register(
         schema_version=EAGLE3_SCHEMA_VERSION,
         required_features=EAGLE3_CORE_FEATURES,
         optional_features=LOGITS_SUPERVISION + PROBS_SUPERVISION + PACKING_FEATURES,
-        validate_ref=validate_eagle3_ref,
+        validate_ref=validate_ref,
         feature_tensors=feature_tensors,
         produced_tensors=produced_tensors,
         check_inputs=_check_inputs,
