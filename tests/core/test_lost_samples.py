@@ -10,7 +10,6 @@ import torch
 
 from featurestream import (
     FeatureDataLoader,
-    FeatureStore,
     LocalFeatureStore,
     SampleLostError,
     SampleRefQueue,
@@ -20,6 +19,7 @@ from featurestream.core.lease import LOST_REASON
 from featurestream.testing import FaultyStore
 
 from .samples import eagle3_tensors
+from .schema_cases import drain_through_loader
 
 
 def sample(index: int) -> dict[str, torch.Tensor]:
@@ -35,9 +35,9 @@ def test_a_lost_sample_is_dead_lettered_once_through_the_loader_and_the_rest_are
         queue.put(store.put(f"s{index}", sample(index)))
     store.lose("s1")
     queue.close()
-    trained, raised = train_all(queue, store)
+    trained, raised = drain_through_loader(queue, store, SampleLostError)
     assert trained == ["s0", "s2"]
-    assert [exc.sample_id for exc in raised] == ["s1"] and "injected loss" in str(raised[0])
+    assert [exc.sample_id for exc in raised] == ["s1"] and "injected loss" in str(raised[0])  # type: ignore[attr-defined]
     [letter] = queue.dead_letters()
     assert (letter.ref.sample_id, letter.reason, letter.deliveries) == ("s1", LOST_REASON, 1)
     stats = queue.stats()
@@ -57,22 +57,6 @@ def test_lose_on_a_stale_lease_changes_nothing_and_a_lost_letter_is_never_kept()
         queue.lose("s1")  # type: ignore[arg-type]
 
 
-def train_all(queue: SampleRefQueue, store: FeatureStore) -> tuple[list[str], list[SampleLostError]]:
-    """Run a loader over ``queue`` to its end: the ids trained and the losses it raised."""
-    trained, raised = [], []
-    with FeatureDataLoader(queue, store, prefetch=0) as loader:
-        while True:
-            try:
-                next(loader)
-            except SampleLostError as exc:
-                raised.append(exc)
-                continue
-            except StopIteration:
-                break
-            trained.append(loader.current_lease.ref.sample_id)  # type: ignore[union-attr]
-    return trained, raised
-
-
 @pytest.mark.parametrize("wiped", [False, True], ids=["file-deleted", "file-and-marker-deleted"])
 def test_a_shared_dir_file_deleted_under_the_queue_is_dead_lettered_lost_at_its_first_read(
     tmp_path: Path, wiped: bool
@@ -88,7 +72,7 @@ def test_a_shared_dir_file_deleted_under_the_queue_is_dead_lettered_lost_at_its_
     if wiped:
         os.unlink(path[: -len(".safetensors")] + ".retained")
     queue.close()
-    trained, raised = train_all(queue, store)
+    trained, raised = drain_through_loader(queue, store, SampleLostError)
     assert trained == ["s0", "s2"]
     assert [exc.sample_id for exc in raised] == ["s1"] and path in str(raised[0])
     [letter] = queue.dead_letters()

@@ -162,11 +162,13 @@ def test_a_ref_breaking_its_rule_is_refused_at_get_before_the_store_is_read(
         with pytest.raises(ValueError, match=re.escape(f"sample 'bad': {case[3]}")) as refused:
             next(loader)
         assert torch.equal(next(loader).aux_hidden_states, logits_sample(1)["aux_hidden_states"])
-    # The loader's contract for a schema-invalid ref: dropped (acked), never redelivered, nothing left leased.
-    assert "dropped (acked, never redelivered)" in str(refused.value)
+    # The loader's contract for a schema-invalid ref: dead-lettered (reason schema), never trained nor acked.
+    assert "dead-lettered (reason schema, never trained)" in str(refused.value)
     assert store.read == ["good"], "the bad sample was never materialised"
     stats = queue.stats()
-    assert (stats.acked, stats.failed, queue.outstanding_count(), queue.pending_count()) == (2, 0, 0, 0)
+    assert (stats.acked, stats.dead_lettered, queue.outstanding_count(), queue.pending_count()) == (1, 1, 0, 0)
+    [letter] = queue.dead_letters()
+    assert letter.reason == f"schema: sample 'bad': {case[3]}"
     assert store.health().sample_count == 0
 
 

@@ -261,15 +261,15 @@ class TestLoader:
             next(FeatureDataLoader(queue, store, prefetch=0))
         assert queue.stats().failed == 1 and queue.pending_count() == 1 and store.is_resident("d")
 
-    def test_a_schema_invalid_ref_is_dropped(self) -> None:
+    def test_a_schema_invalid_ref_is_dead_lettered(self) -> None:
         store = LocalFeatureStore()
         queue = SampleRefQueue(store)
         queue.put(store.put("bad", untrainable_eagle3_sample(0)))
         queue.put(put_eagle3(store, 1))
         loader = FeatureDataLoader(queue, store, prefetch=0)
-        with pytest.raises(ValueError, match=r"dropped"):
+        with pytest.raises(ValueError, match=r"dead-lettered \(reason schema"):
             next(loader)
-        assert queue.stats().acked == 1 and not store.is_resident("bad")
+        assert queue.stats().acked == 0 and queue.stats().dead_lettered == 1 and not store.is_resident("bad")
         assert torch.equal(next(loader).logits, eagle3_sample(1)["logits"]), "the loader carries on"
 
     def test_a_store_error_fails_the_lease_and_is_reraised(self, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -295,9 +295,10 @@ class Engine(Protocol):
         """Without the lock: block at most ``seconds`` until a lease may be available (``hint``: what the empty
         ``lease`` call returned), cut short at the next lease deadline."""
 
-    def settle(self, action: str, leases: list[Lease]) -> list[bool]:
-        """``ack``, ``fail`` or ``lose`` each of ``leases`` in order (reported ``Settled`` -- a fail's redelivery
-        or ``DeadLettered`` with it -- or ``Stale``); per lease, whether it took effect."""
+    def settle(self, action: str, leases: list[Lease], why: str = "") -> list[bool]:
+        """``ack``, ``fail``, ``lose`` or ``reject`` each of ``leases`` in order (reported ``Settled`` -- a fail's
+        redelivery or ``DeadLettered`` with it -- or ``Stale``); per lease, whether it took effect. ``reject``
+        dead-letters at once with the reason ``why``, keeping the bytes as any dead letter's."""
 
     def extend(self, lease: Lease, seconds: float) -> bool:
         """Move the live ``lease``'s deadline to now + ``seconds``, also on the object (reported ``Extended``);

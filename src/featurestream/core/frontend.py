@@ -46,7 +46,15 @@ from featurestream.core.engine import (
     Settled,
     Stale,
 )
-from featurestream.core.lease import DeadLetter, Lease, StaleLog, VisibilityTimeout, check_lease, check_leases
+from featurestream.core.lease import (
+    SCHEMA_REASON,
+    DeadLetter,
+    Lease,
+    StaleLog,
+    VisibilityTimeout,
+    check_lease,
+    check_leases,
+)
 from featurestream.core.machines import LEASE_MACHINE, fire
 from featurestream.core.operation import Operation
 from featurestream.core.reaper import start_reaper
@@ -355,6 +363,19 @@ class FrontEnd:
         """
         return self._settle_lease("lose", lease)
 
+    def reject(self, lease: Lease, why: str) -> bool:
+        """No consumer can train ``lease``'s sample (its ref breaks its algorithm's schema): dead-letter it now,
+        reason ``schema: <why>`` (``why`` names the sample, the feature and what was wrong).
+
+        No redelivery could train it, so none is made, whatever deliveries are left; it counts as a dead letter,
+        never as acked, and its bytes are kept for a requeue as any dead letter's (``keep_dead_letter_bytes``).
+        Returns ``False`` for a stale lease (nothing changed); ``TypeError`` for a non-lease or a ``why`` that is
+        not a non-empty ``str``.
+        """
+        if not isinstance(why, str) or not why:
+            raise TypeError(f"reject needs why, a non-empty str saying what was wrong, got {why!r}")
+        return self._settle_lease("reject", lease, f"{SCHEMA_REASON}: {why}")
+
     def ack_many(self, leases: Iterable[Lease]) -> None:
         """``ack`` every lease of ``leases``, in order, in one operation; each stale one is rejected on its own.
 
@@ -588,11 +609,11 @@ class FrontEnd:
             engine.wait(hint, remaining)
             remaining = max(0.0, give_up - time.monotonic())
 
-    def _settle_lease(self, action: str, lease: Lease) -> bool:
+    def _settle_lease(self, action: str, lease: Lease, why: str = "") -> bool:
         if type(lease) is not Lease:  # the exact type passes without the call
             check_lease(lease, action)
         with self._op:
-            return self._engine.settle(action, [lease])[0]
+            return self._engine.settle(action, [lease], why)[0]
 
     def _settle(self, action: str, leases: list[Lease]) -> list[bool]:
         if not leases:

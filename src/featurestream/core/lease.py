@@ -19,6 +19,8 @@ _lease_id_counter = itertools.count()
 
 # The reason of a dead letter whose sample the store lost (``LeaseQueue.lose``); the Redis Lua spells it the same.
 LOST_REASON = "lost: the store lost its bytes (it was never scrubbed); no redelivery could serve it"
+# The first word of a dead letter's reason when no consumer can train the sample (``LeaseQueue.reject``).
+SCHEMA_REASON = "schema"
 
 
 # Mint a fresh ``Lease.lease_id``, unique process-wide: the counter's own ``__next__``, so minting one (on every

@@ -103,6 +103,10 @@ class LeaseQueue(Protocol):
     def lose(self, lease: Lease) -> bool:
         """The store lost the lease's sample: dead-letter it at once (reason ``lost``), never redeliver it."""
 
+    def reject(self, lease: Lease, why: str) -> bool:
+        """No consumer can train the lease's sample: dead-letter it at once (reason ``schema: <why>``), never
+        redeliver it; counted as a dead letter, never as acked. ``False`` for a stale lease (nothing changed)."""
+
     def ack_many(self, leases: Iterable[Lease]) -> None:
         """``ack`` each lease in order; each stale one is rejected on its own (``TypeError``, none acked, for a
         non-lease)."""

@@ -99,12 +99,15 @@ class FeatureDataLoader:
 
     Errors, each leaving nothing leased: a ref of another algorithm -> its
     lease is failed (another consumer may take it) and ``ValueError``
-    (``bound to algorithm=...``); a schema-invalid ref -> dropped (acked,
-    never redelivered) and ``ValueError``; a sample whose bytes the store
-    lost (``SampleLostError``, or any ``KeyError`` from the store its ref
-    names while its lease is live: a queued sample is never freed on
-    purpose) -> dead-lettered at once (``queue.lose``, reason ``lost``; never
-    redelivered) and ``SampleLostError`` raised; any other
+    (``bound to algorithm=...``); a schema-invalid ref (a dtype, rank or
+    token count its schema refuses, no supervision, a schema version or a
+    feature it does not know) -> dead-lettered at once (``queue.reject``,
+    reason ``schema`` naming the sample, the feature and what was wrong;
+    logged, never redelivered, never acked) and ``ValueError``; a sample
+    whose bytes the store lost (``SampleLostError``, or any ``KeyError``
+    from the store its ref names while its lease is live: a queued sample
+    is never freed on purpose) -> dead-lettered at once (``queue.lose``,
+    reason ``lost``; never redelivered) and ``SampleLostError`` raised; any other
     error from ``store.get`` or ``collate_fn`` -> the lease(s) failed and the
     error re-raised. Each is
     raised by the pull at the sample's place in the stream.

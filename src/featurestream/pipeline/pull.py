@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import logging
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from featurestream.common.refs import FeatureAlgorithm, algorithm_name
-from featurestream.core.lease import Lease
+from featurestream.core.lease import SCHEMA_REASON, Lease
 from featurestream.core.protocol import LeaseQueue
 from featurestream.pipeline.batching import acquire_many, concat_samples, fail_many
 from featurestream.pipeline.prefetch import LeaseBook, Pulled
@@ -24,6 +25,8 @@ from featurestream.pipeline.schemas import AlgorithmSchema, make_batch, register
 from featurestream.stores.base import FeatureStore, SampleLostError, StoreHandle
 
 __all__ = ["Collate", "PullSpec", "Puller", "stream_ended"]
+
+logger = logging.getLogger(__name__)
 
 Collate = Callable[[list[dict[str, torch.Tensor]]], Any]
 
@@ -161,8 +164,10 @@ class Puller:
             spec.schema.validate_ref(ref)
         except ValueError as exc:
             self.book.forget(lease)
-            spec.queue.ack(lease)
-            raise ValueError(f"{exc}; the sample was dropped (acked, never redelivered)") from None
+            # Every consumer of its algorithm would refuse it alike: dead now, never counted as trained.
+            if spec.queue.reject(lease, str(exc)):
+                logger.warning("sample %r dead-lettered (reason %s): %s", ref.sample_id, SCHEMA_REASON, exc)
+            raise ValueError(f"{exc}; the sample was dead-lettered (reason {SCHEMA_REASON}, never trained)") from None
         self._activity = f"store.get({ref.sample_id!r})"
         try:
             if spec.async_copy:

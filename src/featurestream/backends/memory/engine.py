@@ -244,14 +244,14 @@ class MemoryEngine:
         self._report(Stale(action, lease, _stale_reason(forged), trace))
 
     # -- settling -------------------------------------------------------------------
-    def settle(self, action: str, leases: list[Lease]) -> list[bool]:
+    def settle(self, action: str, leases: list[Lease], why: str = "") -> list[bool]:
         if self._deadlines and self._deadlines[0][0] <= self._clock():  # something is due: ``_reap_due``
             self._reap_due()
-        if len(leases) == 1:  # ack / fail / lose: no comprehension to build for one lease
-            return [self._settle_one(action, leases[0])]
-        return [self._settle_one(action, lease) for lease in leases]
+        if len(leases) == 1:  # ack / fail / lose / reject: no comprehension to build for one lease
+            return [self._settle_one(action, leases[0], why)]
+        return [self._settle_one(action, lease, why) for lease in leases]
 
-    def _settle_one(self, action: str, lease: Lease) -> bool:
+    def _settle_one(self, action: str, lease: Lease, why: str) -> bool:
         trigger = "ack" if action == "ack" else "fail"
         # ``_live_record``, inline: every settle passes here.
         lease_id = getattr(lease, "lease_id", None)
@@ -274,7 +274,12 @@ class MemoryEngine:
                 self._maybe_drained()
         else:
             self._counts["failed"] += 1
-            self._redeliver(record, "fail", "failed", lost=action == "lose")
+            if action == "lose":
+                self._redeliver(record, "fail", "failed", dead_now=LOST_REASON, keepable=False)
+            elif action == "reject":
+                self._redeliver(record, "fail", "failed", dead_now=why)
+            else:
+                self._redeliver(record, "fail", "failed")
         return True
 
     def extend(self, lease: Lease, seconds: float) -> bool:
@@ -309,23 +314,33 @@ class MemoryEngine:
             count += 1
         return count
 
-    def _redeliver(self, record: _Record, trigger: str, reason: str, *, lost: bool = False, **fields: object) -> None:
+    def _redeliver(
+        self,
+        record: _Record,
+        trigger: str,
+        reason: str,
+        *,
+        dead_now: str | None = None,
+        keepable: bool = True,
+        **fields: object,
+    ) -> None:
         """Finish a Fail or Reclaim: the sample goes back to the tail, or is dead once deliveries are spent.
 
-        ``lost``: the store lost the sample's bytes: dead at once, and never kept (there is nothing to keep).
+        ``dead_now``: the dead letter's reason when no redelivery could serve the sample (the store lost its
+        bytes, or no consumer can train it): dead at once. ``keepable``: ``False`` when there is nothing to keep.
         """
         assert record.lease is not None
         lease_id = record.lease.lease_id
         deliveries = record.redelivery_count + 1
         sample_id = record.ref.sample_id
-        spent = lost or deliveries >= self._max_deliveries
+        spent = dead_now is not None or deliveries >= self._max_deliveries
         if spent:
-            why = LOST_REASON if lost else f"{reason} {deliveries} times (max_deliveries={self._max_deliveries})"
+            why = dead_now or f"{reason} {deliveries} times (max_deliveries={self._max_deliveries})"
             dead = DeadLetter(record.ref, why, deliveries)
             self._dead.append(dead)
             self._counts["dead_lettered"] += 1
             self._release_hold(sample_id, "dead-lettered")
-            kept = not lost and self._keep(record.ref)
+            kept = keepable and self._keep(record.ref)
         else:
             del self._held[sample_id]
             self._push_pending(_Record(record.ref, deliveries))

@@ -380,8 +380,9 @@ class RedisEngine:
         return f"{lease_id:016d}", token, sample_id if isinstance(sample_id, str) else ""
 
     # -- settling -------------------------------------------------------------------
-    def settle(self, action: str, leases: list[Lease]) -> list[bool]:
-        """Ack, fail or lose ``leases`` in one server call; each is settled or rejected as stale on its own."""
+    def settle(self, action: str, leases: list[Lease], why: str = "") -> list[bool]:
+        """Ack, fail, lose or reject ``leases`` in one server call; each is settled or rejected as stale on its
+        own. A reject sends ``why`` (the dead letter's reason) before the leases."""
         trigger = "ack" if action == "ack" else "fail"
         proofs = [self._proof(lease) for lease in leases]
         if len(proofs) > 1:
@@ -391,7 +392,8 @@ class RedisEngine:
                 if key in seen:
                     proofs[index] = (key, "", sample_id)
                 seen.add(key)
-        raw_statuses, reply_events = self._run(action, *[part for proof in proofs for part in proof])
+        reason = (why,) if action == "reject" else ()
+        raw_statuses, reply_events = self._run(action, *reason, *[part for proof in proofs for part in proof])
         statuses = [reply_text(raw) for raw in raw_statuses]
         expected: dict[str, _Expected] | None = None
         if reply_events:

@@ -163,7 +163,7 @@ DONE_FIELDS = ("outcome", "key", "token", "put")
 # The functions every reply of which is remembered for a retry after a lost reply: their first run leaves nothing a
 # retry could recognise its effect by (a redelivery, an extension, a requeue, a purge). The others remember theirs
 # only when it reports what the client must act on or trace (see ``calls`` above).
-REMEMBERED = frozenset({"fail", "lose", "extend", "requeue", "purge"})
+REMEMBERED = frozenset({"fail", "lose", "reject", "extend", "requeue", "purge"})
 
 FUNCTIONS = (
     "init",
@@ -173,6 +173,7 @@ FUNCTIONS = (
     "ack",
     "fail",
     "lose",
+    "reject",
     "extend",
     "reclaim",
     "close",

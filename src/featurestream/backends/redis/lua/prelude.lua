@@ -276,12 +276,13 @@ end
 
 -- Finish the fail or reclaim (event ``kind``) of lease ``key`` of sample ``sid``: the sample goes to the tail as
 -- a new entry, or is dead once its deliveries are spent. ``n``: the lease's redelivery count, as its lease record
--- holds it (text); ``deadline``: a reclaimed lease's (traced). ``lost``: a fail because the store lost the
--- sample's bytes: dead at once, whatever deliveries are left, and never kept (there is nothing to keep).
-local function redeliver(kind, sid, n, key, token, put_token, deadline, lost)
+-- holds it (text); ``deadline``: a reclaimed lease's (traced). ``verdict``: a fail no redelivery could serve,
+-- {reason = the dead letter's, keepable = whether its bytes may be kept}: dead at once, whatever deliveries are
+-- left (the store lost the sample's bytes: nothing to keep; no consumer can train it: kept as any dead letter).
+local function redeliver(kind, sid, n, key, token, put_token, deadline, verdict)
   local deliveries = tonumber(n) + 1
-  if deliveries >= MAX_DELIVERIES or lost then
-    local why = lost and LOST_REASON
+  if deliveries >= MAX_DELIVERIES or verdict then
+    local why = verdict and verdict.reason
       or REASONS[kind] .. ' ' .. deliveries .. ' times (max_deliveries=' .. MAX_DELIVERIES .. ')'
     local _, ref = split_held(redis.call('HGET', K_REFS, sid))
     local letter = dead_letter(sid, ref, why, deliveries)
@@ -291,7 +292,7 @@ local function redeliver(kind, sid, n, key, token, put_token, deadline, lost)
     read_meta()
     local cap = KEEP_BYTES
     local size = tonumber(string.match(ref, '"estimated_bytes":(%d+)'))
-    local kept = not lost and cap > 0 and tonumber(redis.call('HGET', K_META, 'kept_bytes') or '0') + size <= cap
+    local kept = (not verdict or verdict.keepable) and cap > 0 and tonumber(redis.call('HGET', K_META, 'kept_bytes') or '0') + size <= cap
     if kept then
       redis.call('HSET', K_KEPT, sid, size)
       redis.call('HINCRBY', K_META, 'kept_bytes', size)
@@ -545,21 +546,23 @@ local function stale_each(op, before)
   end
 end
 
--- Settle a batch of leases, ARGV[2:] = (lease key, token, sample id) per lease, each on its own: 'ok', 'again'
+-- Settle a batch of leases, ARGV[first:] (``first`` default 2) = (lease key, token, sample id) per lease, each on
+-- its own: 'ok', 'again'
 -- (this very lease settled so already: a retry after a lost reply whose reply was not remembered), or 'stale'.
 -- The live ones are dropped together (``counter``); ``settle(live)`` finishes them, ``live`` being a list of
 -- {sample, key, token, n (the redelivery count, text), put (the put token), before (the stale leases just before
 -- it)}: each live lease's settle first rejects those, so the events follow the batch's order item by item, as
 -- the calls one at a time would. Returns the statuses, in order.
-local function settle_batch(op, counter, outcome, settle)
+local function settle_batch(op, counter, outcome, settle, first)
+  first = first or 2
   local keys = {}
-  for i = 2, #ARGS, 3 do
+  for i = first, #ARGS, 3 do
     keys[#keys + 1] = ARGS[i]
   end
   local records = redis.call('HMGET', K_LEASES, unpack(keys))
   local statuses, live, live_keys, before = {}, {}, {}, {}
   for j, key in ipairs(keys) do
-    local token, sid = ARGS[3 * j], ARGS[3 * j + 1]
+    local token, sid = ARGS[first + 3 * j - 2], ARGS[first + 3 * j - 1]
     local lease = records[j] and parse_lease(records[j])
     -- the client sends each lease of a batch once with its token (a repeated one without), so keys differ
     if lease and token ~= '' and lease.token == token then
@@ -590,16 +593,23 @@ local function ack_live(live)
   retire(live, 'acked')
 end
 
--- ``lost``: the store lost the samples' bytes (see redeliver).
-local function fail_live(live, lost)
+-- ``verdict``: why no redelivery could serve the samples (see redeliver).
+local function fail_live(live, verdict)
   for _, lease in ipairs(live) do
     stale_each('fail', lease.before)
-    redeliver('fail', lease.sample, lease.n, lease.key, lease.token, lease.put, nil, lost)
+    redeliver('fail', lease.sample, lease.n, lease.key, lease.token, lease.put, nil, verdict)
   end
 end
 
+local LOST = {reason = LOST_REASON, keepable = false}
+
 local function lose_live(live)
-  fail_live(live, true)
+  fail_live(live, LOST)
+end
+
+-- No consumer can train the samples: ARGS[2] is the dead letters' reason.
+local function reject_live(live)
+  fail_live(live, {reason = ARGS[2], keepable = true})
 end
 
 -- The dead letters ARGS[first:] name (all of them when none is named), as positions in ``letters``, in the
