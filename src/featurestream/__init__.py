@@ -94,6 +94,7 @@ _OPTIONAL: dict[str, str] = {
     "NotReplicated": "featurestream.backends.redis.link",
     "PrimaryLost": "featurestream.backends.redis.link",
     "TooFewReplicas": "featurestream.backends.redis.replicas",
+    "SentinelAtUrl": "featurestream.backends.redis.link",
     "SentinelServiceError": "featurestream.backends.redis.sentinel",
 }
 
@@ -165,6 +166,7 @@ if TYPE_CHECKING:
     from featurestream.backends.redis.link import PrimaryLost as PrimaryLost
     from featurestream.backends.redis.link import RedisUnreachable as RedisUnreachable
     from featurestream.backends.redis.link import ReplicasMissing as ReplicasMissing
+    from featurestream.backends.redis.link import SentinelAtUrl as SentinelAtUrl
     from featurestream.backends.redis.queue import RedisSampleRefQueue as RedisSampleRefQueue
     from featurestream.backends.redis.replicas import TooFewReplicas as TooFewReplicas
     from featurestream.backends.redis.sentinel import SentinelServiceError as SentinelServiceError

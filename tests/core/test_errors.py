@@ -52,6 +52,7 @@ CAUGHT_AS: dict[str, type[BaseException]] = {
     "NotReplicated": redis.ConnectionError,
     "PrimaryLost": redis.ConnectionError,
     "TooFewReplicas": redis.ConnectionError,
+    "SentinelAtUrl": ValueError,
     "SentinelServiceError": redis.ConnectionError,
     "ToolMissing": RuntimeError,
     "GraphvizMissing": RuntimeError,

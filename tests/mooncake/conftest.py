@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -11,8 +10,6 @@ from typing import Any
 import pytest
 
 from featurestream.tools.mooncake import MooncakeMaster, missing_reason
-
-os.environ.setdefault("GLOG_minloglevel", "1")  # Mooncake's client logs every connection at INFO
 
 
 def _require_mooncake() -> None:

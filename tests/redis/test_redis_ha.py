@@ -26,6 +26,7 @@ from featurestream.backends.redis.link import (  # noqa: E402
     PrimaryLost,
     RedisUnreachable,
     ReplicasMissing,
+    SentinelAtUrl,
 )
 from featurestream.backends.redis.queue import RedisSampleRefQueue, list_queues  # noqa: E402
 from featurestream.backends.redis.replicas import TooFewReplicas  # noqa: E402
@@ -261,6 +262,19 @@ def test_bad_sentinel_input_is_refused_naming_what_is_wrong(cluster: ReplicatedR
         RedisSampleRefQueue(LocalFeatureStore(), sentinels=sentinels, service_name="s", name="x", min_replicas=-1)
     with pytest.raises(ValueError, match=r"either a url or sentinels"):
         RedisSampleRefQueue(LocalFeatureStore(), url="redis://h:1/0", sentinels=sentinels, service_name="s")
+
+
+def test_unanswering_sentinels_and_a_sentinels_url_are_refused_within_seconds(cluster: ReplicatedRedis) -> None:
+    dead = [("127.0.0.1", free_port()) for _ in range(3)]
+    started = time.monotonic()
+    with pytest.raises(SentinelServiceError, match=r"none of the 3 sentinels answers \(tried for 3 s\)"):
+        RedisSampleRefQueue(LocalFeatureStore(), sentinels=dead, service_name=cluster.service, name="x")
+    assert time.monotonic() - started < 3.0 + 2.0, "a first contact is bounded by 3 s, not reconnect_timeout"
+    url = f"redis://127.0.0.1:{cluster.sentinels[0].port}/0"
+    with pytest.raises(SentinelAtUrl, match=rf":{cluster.sentinels[0].port}/0 is a Sentinel, not a Redis server"):
+        RedisSampleRefQueue(LocalFeatureStore(), url=url, name=f"ha-{uuid.uuid4().hex}")
+    with pytest.raises(SentinelAtUrl, match=r"monitors service\(s\) 'featurestream'\): pass sentinels="):
+        RedisSampleRefQueue(LocalFeatureStore(), url=url, name=f"ha-{uuid.uuid4().hex}")
 
 
 def test_a_replica_given_as_the_primary_is_refused(cluster: ReplicatedRedis) -> None:

@@ -55,6 +55,7 @@ import torch
 from featurestream.common.checks import check_count, check_seconds
 from featurestream.common.periodic import start_periodic
 from featurestream.common.refs import SampleRef
+from featurestream.stores import mooncake_contact
 from featurestream.stores.base import SampleLostError, StoreHealth
 from featurestream.stores.ledger import INCARNATION_SEP, StoreCaps
 from featurestream.stores.mooncake_client import (
@@ -186,6 +187,7 @@ class MooncakeFeatureStore(ResidencyRecords):
             self._start_beating()
             return
         self._client = load_mooncake().MooncakeDistributedStore()
+        mooncake_contact.reach(master_server_address, metadata_server)
         rc = self._client.setup(
             local_hostname,
             metadata_server,

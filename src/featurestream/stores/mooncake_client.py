@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from featurestream.stores.mooncake_contact import quiet_logs
+
 __all__ = ["BUFFER_OVERFLOW", "OBJECT_NOT_FOUND", "TRANSFER_FAIL", "code", "load_mooncake", "load_mooncake_config"]
 
 # Mooncake's error codes this store tells apart (mooncake-store ``ErrorCode``).
@@ -35,6 +37,7 @@ def load_mooncake() -> Any:
             "(the CPU/TCP wheel; on GPU clusters install mooncake-transfer-engine), and on Debian/Ubuntu "
             "apt-get install libibverbs1 libnl-3-200 libnl-route-3-200"
         ) from exc
+    quiet_logs(store)
     return store
 
 

@@ -37,6 +37,7 @@ from typing import Any
 
 import redis
 from featurestream.backends.redis import functions, replicas, sentinel
+from featurestream.backends.redis.sentinel import FIRST_CONTACT_TIMEOUT
 from featurestream.common.errors import FeatureStreamError
 
 try:
@@ -57,6 +58,7 @@ __all__ = [
     "PrimaryLost",
     "RedisUnreachable",
     "ReplicasMissing",
+    "SentinelAtUrl",
     "first_contact",
     "reply_text",
 ]
@@ -64,10 +66,6 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 RETRYABLE = (redis.ConnectionError, redis.TimeoutError)
-
-# How long a queue's very first connection is tried (at most its reconnect_timeout): a wrong URL should fail in
-# seconds; once a server has answered, an outage is ridden out for the whole reconnect_timeout.
-FIRST_CONTACT_TIMEOUT = 3.0
 
 
 # How long one WAIT blocks (at most what is left of reconnect_timeout) before the call is retried as after a
@@ -89,6 +87,10 @@ class NotRedisServer(FeatureStreamError, redis.ConnectionError):
 
 class NotPrimary(FeatureStreamError, redis.ReadOnlyError):
     """The server at the URL is a read-only replica: a queue changes state, so it needs the primary."""
+
+
+class SentinelAtUrl(FeatureStreamError, ValueError):
+    """The URL names a Redis Sentinel, not a data server: a queue reaches its primary through ``sentinels=``."""
 
 
 class ReplicasMissing(FeatureStreamError, ValueError):
@@ -259,10 +261,23 @@ class Link:
             if "already exists" in str(exc):
                 return
             if "unknown command" in str(exc).lower():
-                raise RuntimeError(
-                    f"RedisSampleRefQueue needs Redis 7.0+ (Redis Functions); the server said: {exc}"
-                ) from None
+                raise self._not_functions(exc) from None
             raise
+
+    def _not_functions(self, exc: redis.ResponseError) -> Exception:
+        """What to say when the server knows no ``FUNCTION``: a sentinel's port, or a Redis older than 7.0."""
+        try:
+            mode = self.redis.info("server").get("redis_mode")
+            services = sorted(reply_text(name) for name in self.redis.sentinel_masters()) if mode == "sentinel" else []
+        except redis.RedisError:
+            mode = None
+        if mode == "sentinel":
+            return SentinelAtUrl(
+                f"Redis at {self._where} is a Sentinel, not a Redis server (it monitors service(s) "
+                f"{', '.join(map(repr, services)) or 'none'}): pass sentinels=[(host, port), ...] and "
+                "service_name=... instead of url (the CLI: --sentinel HOST:PORT --service NAME)"
+            )
+        return RuntimeError(f"RedisSampleRefQueue needs Redis 7.0+ (Redis Functions); the server said: {exc}")
 
     def call(self, script: str, header: Callable[[str], str], *args: Arg) -> Any:
         """``FCALL`` function ``script`` with ``header(script)`` (built afresh for every attempt) and ``args``.

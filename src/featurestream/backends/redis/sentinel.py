@@ -20,12 +20,16 @@ import redis.sentinel
 
 from featurestream.common.errors import FeatureStreamError
 
-__all__ = ["SentinelServiceError", "connect", "describe", "sentinel_addresses", "where"]
+__all__ = ["FIRST_CONTACT_TIMEOUT", "SentinelServiceError", "connect", "describe", "sentinel_addresses", "where"]
 
 Address = tuple[str, int]
 
 # Seconds a sentinel or primary may take to accept a connection: a dead host must not stall the failover hunt.
 CONNECT_TIMEOUT = 2.0
+
+# How long a queue's very first connection is tried (at most its reconnect_timeout): a wrong URL or sentinel
+# address should fail in seconds; once a server has answered, an outage is ridden out for reconnect_timeout.
+FIRST_CONTACT_TIMEOUT = 3.0
 
 # A primary host that vanished without closing its sockets (power loss, partition) is noticed by TCP
 # keepalive after about idle + interval * count seconds, instead of the kernel's two hours.
@@ -92,9 +96,9 @@ def connect(
 
     ``password`` is the Redis servers' (primary and replicas), ``sentinel_password`` the sentinels'.
     ``SentinelServiceError`` (naming the service and the sentinels) at once when no sentinel monitors the
-    service, and after ``patience`` seconds (a failover in progress: the process was started while its
-    primary was lost) when none answers or they still report its primary down; ``TypeError`` /
-    ``ValueError`` for malformed arguments.
+    service, after ``FIRST_CONTACT_TIMEOUT`` seconds (or ``patience``, when shorter) when none of them answers,
+    and after ``patience`` seconds (a failover in progress: the process was started while its primary was lost)
+    when they still report its primary down; ``TypeError`` / ``ValueError`` for malformed arguments.
     """
     addresses = sentinel_addresses(sentinels)
     if not isinstance(service_name, str) or not service_name:
@@ -111,23 +115,27 @@ def connect(
         socket_keepalive_options=_KEEPALIVE,
         **timeouts,
     )
-    give_up = time.monotonic() + patience
+    started = time.monotonic()
+    limits = {"down": patience, "unreachable": min(patience, FIRST_CONTACT_TIMEOUT), "unknown": 0.0}
     delay = 0.05
     while True:
         try:
             manager.discover_master(service_name)
             return manager.master_for(service_name)
         except redis.sentinel.MasterNotFoundError:
-            may_pass, why = _diagnose(manager, service_name, addresses)
-            if not may_pass or time.monotonic() + delay > give_up:
+            kind, why = _diagnose(manager, service_name, addresses)
+            if time.monotonic() + delay > started + limits[kind]:
+                if kind == "unreachable":
+                    why += f" (tried for {limits[kind]:g} s): check each sentinel's host and port"
                 raise SentinelServiceError(why) from None
         time.sleep(delay)
         delay = min(delay * 2, 0.5)
 
 
-def _diagnose(manager: redis.sentinel.Sentinel, service_name: str, addresses: Sequence[Address]) -> tuple[bool, str]:
-    """Why no sentinel named a usable primary of ``service_name`` (unreachable, unknown, or reported down),
-    and whether that may pass (every answering sentinel monitors no such service: it will not)."""
+def _diagnose(manager: redis.sentinel.Sentinel, service_name: str, addresses: Sequence[Address]) -> tuple[str, str]:
+    """Why no sentinel named a usable primary of ``service_name``: ``unreachable`` (none answers), ``unknown``
+    (no answering sentinel monitors it: that will not pass) or ``down`` (they report its primary down), and
+    the message saying so."""
     known: set[str] = set()
     states: list[str] = []
     unreachable = 0
@@ -144,11 +152,12 @@ def _diagnose(manager: redis.sentinel.Sentinel, service_name: str, addresses: Se
             states.append(f"{state['ip']}:{state['port']} {'down' if flags else 'not a usable primary'}")
     target = where(service_name, addresses)
     if unreachable == len(addresses):
-        return True, f"cannot reach {target}: none of the {len(addresses)} sentinels answers"
+        return "unreachable", f"cannot reach {target}: none of the {len(addresses)} sentinels answers"
     if not states:
         others = ", ".join(repr(name) for name in sorted(known)) or "none"
-        return False, f"cannot reach {target}: no sentinel monitors service {service_name!r} (they monitor: {others})"
-    return True, f"cannot reach {target}: the sentinels report its primary {'; '.join(sorted(set(states)))}"
+        monitored = f"no sentinel monitors service {service_name!r} (they monitor: {others})"
+        return "unknown", f"cannot reach {target}: {monitored}"
+    return "down", f"cannot reach {target}: the sentinels report its primary {'; '.join(sorted(set(states)))}"
 
 
 def open_client(
