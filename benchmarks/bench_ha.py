@@ -2,7 +2,7 @@
 
     python benchmarks/bench_ha.py [--samples 2000] [--rounds 5] [--kills 5]
 
-Starts its own servers on 127.0.0.1 (``featurestream.testing.sentinel.ReplicatedRedis``: a primary, two
+Starts its own servers on 127.0.0.1 (``featurestream.tools.redis_servers.ReplicatedRedis``: a primary, two
 replicas, three sentinels with ``down-after-milliseconds`` 1000 and ``failover-timeout`` 2000; and one plain
 ``redis-server``), no persistence. One lifecycle is put + acquire + ack of one sample (40-byte samples in a
 ``LocalFeatureStore``: the control plane is what is measured). Side by side in one run, rounds alternating,
@@ -36,7 +36,7 @@ from pathlib import Path
 from featurestream import LocalFeatureStore, SampleRef, VisibilityTimeout
 from featurestream.backends.redis.queue import RedisSampleRefQueue
 from featurestream.testing import sample_tensors
-from featurestream.testing.sentinel import RedisNode, ReplicatedRedis
+from featurestream.tools.redis_servers import RedisNode, ReplicatedRedis
 
 Factory = Callable[[str], RedisSampleRefQueue]
 

@@ -49,7 +49,7 @@ import redis
 from featurestream import FeatureSpec, FeatureStore, SampleRef, StoreHandle, StoreHealth
 from featurestream.backends.redis.queue import RedisSampleRefQueue
 from featurestream.backends.redis.wire import ref_to_json
-from featurestream.testing.sentinel import RedisNode
+from featurestream.tools.redis_servers import RedisNode
 
 _SPECS = {
     "aux_hidden_states": FeatureSpec((1, 512, 3 * 4096), torch.bfloat16),

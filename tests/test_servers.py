@@ -36,7 +36,7 @@ def test_a_block_that_raises_still_stops_and_the_error_propagates() -> None:
 
 
 def test_server_processes_and_the_replicated_cluster_are_started_things() -> None:
-    from featurestream.testing.sentinel import ReplicatedRedis
+    from featurestream.tools.redis_servers import ReplicatedRedis
 
     assert issubclass(ServerProcess, Started) and issubclass(ReplicatedRedis, Started)
 

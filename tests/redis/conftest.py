@@ -22,7 +22,7 @@ from featurestream import FeatureStore, LocalFeatureStore  # noqa: E402 - after 
 from featurestream import VisibilityTimeout as VT  # noqa: E402
 from featurestream.backends.redis.queue import RedisSampleRefQueue  # noqa: E402 - needs redis-py
 from featurestream.testing import FakeClock  # noqa: E402
-from featurestream.testing.sentinel import RedisNode, ReplicatedRedis  # noqa: E402 - needs redis-py
+from featurestream.tools.redis_servers import RedisNode, ReplicatedRedis  # noqa: E402 - needs redis-py
 from featurestream.tools.servers import free_port  # noqa: E402
 
 INSTALL_HINT = "install it (Debian/Ubuntu: apt-get install redis-server; macOS: brew install redis)"

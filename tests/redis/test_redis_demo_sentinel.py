@@ -18,8 +18,8 @@ pytest.importorskip("redis", reason="redis-py is missing: pip install 'featurest
 
 from featurestream.backends.redis.queue import RedisSampleRefQueue, list_queues
 from featurestream.cli import main
-from featurestream.testing.sentinel import RedisNode, ReplicatedRedis
 from featurestream.tools.mooncake import missing_reason
+from featurestream.tools.redis_servers import RedisNode, ReplicatedRedis
 
 SECRETS = {"password": "s3cret-server-pw", "sentinel_password": "s3cret-sentinel-pw"}
 # The smallest run the --redis demo tests use, with a crash every 7 deliveries so leases are reclaimed too.

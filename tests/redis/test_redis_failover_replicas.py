@@ -20,7 +20,7 @@ from featurestream.backends.redis.link import NotReplicated  # noqa: E402
 from featurestream.backends.redis.queue import RedisSampleRefQueue  # noqa: E402
 from featurestream.backends.redis.replicas import TooFewReplicas  # noqa: E402
 from featurestream.testing import sample_tensors  # noqa: E402
-from featurestream.testing.sentinel import ReplicatedRedis  # noqa: E402
+from featurestream.tools.redis_servers import ReplicatedRedis  # noqa: E402
 
 
 @pytest.fixture

@@ -31,7 +31,7 @@ from featurestream.testing import (
 redis = pytest.importorskip("redis", reason="redis-py is missing: pip install 'featurestream[redis]'")
 from featurestream.backends.redis.queue import RedisSampleRefQueue  # noqa: E402 - needs redis-py
 from featurestream.testing.redis_faults import FAILOVER_BOUND, RedisFailovers, RedisLostReplies  # noqa: E402 - needs redis-py
-from featurestream.testing.sentinel import ReplicatedRedis  # noqa: E402 - needs redis-py
+from featurestream.tools.redis_servers import ReplicatedRedis  # noqa: E402 - needs redis-py
 
 # A call held up by a failover retries for this long: the promotion and the old primary's resync take seconds,
 # a busy machine's stalled sentinels (TILT mode) sometimes tens of them.

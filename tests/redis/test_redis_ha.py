@@ -34,7 +34,7 @@ from featurestream.backends.redis.sentinel import SentinelServiceError  # noqa: 
 from featurestream.cli import main  # noqa: E402
 from featurestream.testing import sample_tensors  # noqa: E402
 from featurestream.testing.resume import ResumeProcesses, check_history, latest_checkpoint  # noqa: E402
-from featurestream.testing.sentinel import ReplicatedRedis  # noqa: E402
+from featurestream.tools.redis_servers import ReplicatedRedis  # noqa: E402
 from featurestream.tools.servers import free_port  # noqa: E402
 
 # Long enough for a failover (about 1-2 s here) and the old primary's restart as a replica.

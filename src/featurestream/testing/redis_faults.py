@@ -3,7 +3,7 @@
 
 ``make_queue_machine(..., replies=RedisLostReplies, failovers=lambda queue: RedisFailovers(queue, cluster))``
 runs the kit with both; the failovers need the queue connected through the sentinels of ``cluster``, a
-``ReplicatedRedis`` (``featurestream.testing.sentinel``).
+``ReplicatedRedis`` (``featurestream.tools.redis_servers``).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 import redis
 from featurestream.backends.redis.queue import RedisSampleRefQueue
 from featurestream.testing.faults import FAILOVER_MOMENTS
-from featurestream.testing.sentinel import RedisNode, ReplicatedRedis
+from featurestream.tools.redis_servers import RedisNode, ReplicatedRedis
 
 __all__ = ["FUNCTION_OF", "RedisFailovers", "RedisLostReplies"]
 

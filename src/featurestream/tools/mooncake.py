@@ -45,7 +45,8 @@ def missing_reason() -> str | None:
 
 
 class MooncakeMaster(ServerProcess):
-    """One ``mooncake_master`` process; ``restart(kill=True)`` SIGKILLs it and starts a fresh one on the same ports.
+    """One ``mooncake_master`` process, on ``rpc_port`` and ``metadata_port`` (default: free ones);
+    ``restart(kill=True)`` SIGKILLs it and starts a fresh one on the same ports.
 
     A restarted master forgets every object (no HA, no snapshots): what a
     lost-bytes test needs. ``client_ttl`` (seconds) is how long the master
@@ -54,7 +55,15 @@ class MooncakeMaster(ServerProcess):
 
     name = "mooncake_master"
 
-    def __init__(self, *, binary: str | None = None, client_ttl: int = 10, log: str | os.PathLike[str] | None = None):
+    def __init__(
+        self,
+        *,
+        binary: str | None = None,
+        client_ttl: int = 10,
+        log: str | os.PathLike[str] | None = None,
+        rpc_port: int | None = None,
+        metadata_port: int | None = None,
+    ):
         found = binary or find_master_binary()
         if found is None:
             raise FileNotFoundError(
@@ -63,7 +72,9 @@ class MooncakeMaster(ServerProcess):
         super().__init__(log=log)
         self.binary = found
         self.client_ttl = client_ttl
-        self.metadata_port, self.rpc_port, self.metrics_port = free_port(), free_port(), free_port()
+        self.metadata_port = metadata_port or free_port()
+        self.rpc_port = rpc_port or free_port()
+        self.metrics_port = free_port()
         os.environ["MC_TCP_BIND_ADDRESS"] = HOST
 
     @property

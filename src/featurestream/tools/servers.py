@@ -125,6 +125,10 @@ class ServerProcess(Started):
             self.process.wait(timeout=15)
         self._release()
 
+    def exited(self) -> bool:
+        """Whether the server is not running: never started, stopped, or exited by itself."""
+        return self.process is None or self.process.poll() is not None
+
     def restart(self, *, kill: bool = True) -> None:
         self.stop(kill=kill)
         self.start()

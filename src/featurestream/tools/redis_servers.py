@@ -1,4 +1,5 @@
-"""``ReplicatedRedis``: a primary, its replicas and three sentinels on free local ports, for failover tests.
+"""``RedisNode`` and ``ReplicatedRedis`` (a primary, its replicas and three sentinels) on local ports, for failover
+tests and ``featurestream serve redis|sentinel``.
 
 Every process is a real ``redis-server`` (``--sentinel`` for the sentinels: the server binary runs as one, no
 separate package). ``kill_primary`` SIGKILLs whichever server is primary now, ``wait_failover`` returns once
