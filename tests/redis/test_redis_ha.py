@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import threading
 import time
 import uuid
@@ -270,6 +271,20 @@ def test_unanswering_sentinels_and_a_sentinels_url_are_refused_within_seconds(cl
     with pytest.raises(SentinelServiceError, match=r"none of the 3 sentinels answers \(tried for 3 s\)"):
         RedisSampleRefQueue(LocalFeatureStore(), sentinels=dead, service_name=cluster.service, name="x")
     assert time.monotonic() - started < 3.0 + 2.0, "a first contact is bounded by 3 s, not reconnect_timeout"
+    hung = [socket.create_server(("127.0.0.1", 0)) for _ in range(3)]  # accept connections, never answer
+    try:
+        started = time.monotonic()
+        with pytest.raises(SentinelServiceError, match=r"none of the 3 sentinels answers"):
+            RedisSampleRefQueue(
+                LocalFeatureStore(),
+                sentinels=[("127.0.0.1", sock.getsockname()[1]) for sock in hung],
+                service_name=cluster.service,
+                name="x",
+            )
+        assert time.monotonic() - started < 3.0 + 2.0 + 2.0, "3 s, and at most one more try of 2 s, not 2 s each"
+    finally:
+        for sock in hung:
+            sock.close()
     url = f"redis://127.0.0.1:{cluster.sentinels[0].port}/0"
     with pytest.raises(SentinelAtUrl, match=rf":{cluster.sentinels[0].port}/0 is a Sentinel, not a Redis server"):
         RedisSampleRefQueue(LocalFeatureStore(), url=url, name=f"ha-{uuid.uuid4().hex}")

@@ -11,6 +11,7 @@ contains one.
 
 from __future__ import annotations
 
+import concurrent.futures
 import socket
 import time
 from collections.abc import Sequence
@@ -119,27 +120,44 @@ def connect(
     limits = {"down": patience, "unreachable": min(patience, FIRST_CONTACT_TIMEOUT), "unknown": 0.0}
     delay = 0.05
     while True:
+        answering = _answering(manager)  # asked at once: sentinels that hang cost one timeout, not one each
         try:
-            manager.discover_master(service_name)
-            return manager.master_for(service_name)
+            if answering:
+                manager.discover_master(service_name)
+                return manager.master_for(service_name)
         except redis.sentinel.MasterNotFoundError:
-            kind, why = _diagnose(manager, service_name, addresses)
-            if time.monotonic() + delay > started + limits[kind]:
-                if kind == "unreachable":
-                    why += f" (tried for {limits[kind]:g} s): check each sentinel's host and port"
-                raise SentinelServiceError(why) from None
+            pass
+        kind, why = _diagnose(answering, service_name, addresses)
+        if time.monotonic() + delay > started + limits[kind]:
+            if kind == "unreachable":
+                why += f" (tried for {limits[kind]:g} s): check each sentinel's host and port"
+            raise SentinelServiceError(why) from None
         time.sleep(delay)
         delay = min(delay * 2, 0.5)
 
 
-def _diagnose(manager: redis.sentinel.Sentinel, service_name: str, addresses: Sequence[Address]) -> tuple[str, str]:
-    """Why no sentinel named a usable primary of ``service_name``: ``unreachable`` (none answers), ``unknown``
-    (no answering sentinel monitors it: that will not pass) or ``down`` (they report its primary down), and
-    the message saying so."""
+def _answering(manager: redis.sentinel.Sentinel) -> list[redis.Redis]:
+    """The sentinels that answer a ``PING``, all asked at once (each within ``CONNECT_TIMEOUT``)."""
+
+    def answers(sentinel: redis.Redis) -> bool:
+        try:
+            return bool(sentinel.ping())
+        except redis.RedisError:
+            return False
+
+    sentinels = manager.sentinels
+    with concurrent.futures.ThreadPoolExecutor(max_workers=len(sentinels)) as pool:
+        return [sentinel for sentinel, ok in zip(sentinels, pool.map(answers, sentinels), strict=True) if ok]
+
+
+def _diagnose(answering: Sequence[redis.Redis], service_name: str, addresses: Sequence[Address]) -> tuple[str, str]:
+    """Why the ``answering`` sentinels named no usable primary of ``service_name``: ``unreachable`` (none
+    answers), ``unknown`` (no answering sentinel monitors it: that will not pass) or ``down`` (they report its
+    primary down), and the message saying so."""
     known: set[str] = set()
     states: list[str] = []
-    unreachable = 0
-    for sentinel in manager.sentinels:
+    unreachable = len(addresses) - len(answering)
+    for sentinel in answering:
         try:
             masters = sentinel.sentinel_masters()
         except redis.RedisError:
