@@ -10,7 +10,9 @@ from typing import Any
 import pytest
 import torch
 
+from featurestream.async_pipeline import AsyncFeaturePipeline
 from featurestream.producer import FeatureProducer
+from featurestream.queue import SampleRefQueue
 from featurestream.refs import FeatureAlgorithm, FeatureSpec, SampleRef
 from featurestream.stores.local import LocalFeatureStore
 
@@ -108,16 +110,30 @@ def test_partial_packing_is_rejected_before_the_forward() -> None:
     assert target.calls == []
 
 
-def test_a_batch_without_supervision_is_refused() -> None:
-    class UnsupervisedTarget(EchoTarget):
-        def generate_batch(self, **inputs: Any) -> dict[str, Any]:  # type: ignore[override]
-            batch = super().generate_batch(**inputs)
-            return {name: getattr(batch, name) for name in batch.keys() if name != "logits"}
+class UnsupervisedTarget(EchoTarget):
+    def generate_batch(self, **inputs: Any) -> dict[str, Any]:  # type: ignore[override]
+        batch = super().generate_batch(**inputs)
+        return {name: getattr(batch, name) for name in batch.keys() if name != "logits"}
 
+
+def test_a_batch_without_supervision_is_refused() -> None:
+    # The store would take it (as the reference's does); the producer refuses it first, naming what is missing.
     store = LocalFeatureStore()
-    with pytest.raises(ValueError, match="no supervision encoding"):
+    with pytest.raises(ValueError, match="no supervision encoding: it needs 'logits' or the pair"):
         FeatureProducer(UnsupervisedTarget(), store, run_id="r").produce(**prompt())
     assert store.health().sample_count == 0
+
+
+def test_an_async_pipeline_stores_and_queues_nothing_of_a_batch_without_supervision() -> None:
+    store = LocalFeatureStore()
+    queue = SampleRefQueue(store)
+    producer = FeatureProducer(UnsupervisedTarget(), store, run_id="r")
+    source = iter([tuple(prompt().values())])
+    pipeline = AsyncFeaturePipeline(producer, queue, source).start()
+    pipeline.join(30)
+    with pytest.raises(ValueError, match="no supervision encoding"):
+        pipeline.stop()
+    assert store.health().sample_count == 0 and queue.stats().put == 0 and queue.is_closed
 
 
 def test_num_tokens_is_the_loss_mask_sum() -> None:
