@@ -139,15 +139,16 @@ def test_a_retried_fail_that_dead_lettered_scrubs_once(make: Factory) -> None:
     assert (stats.failed, stats.dead_lettered, stats.acked, stats.stale_rejected) == (1, 1, 1, 0)
 
 
-def test_a_retried_lose_dead_letters_once(make: Factory) -> None:
+@pytest.mark.parametrize("function", ["lose", "reject"])
+def test_a_retried_lose_or_reject_dead_letters_once(make: Factory, function: str) -> None:
     store, other = one_store_twice()
     dead: list[DeadLetter] = []
     queue, consumer = make(store, on_dead_letter=dead.append), make(other)
     queue.put_many(stored(store, 0, 1))
     lease = queue.acquire(timeout=0)
     assert lease is not None
-    lost = lose_reply(queue, "lose", lambda: consume_one(consumer))
-    assert queue.lose(lease) is True
+    lost = lose_reply(queue, function, lambda: consume_one(consumer))
+    assert (queue.lose(lease) if function == "lose" else queue.reject(lease, "sample 's0': bad feature")) is True
     assert lost
     assert [(letter.ref.sample_id, letter.deliveries) for letter in dead] == [("s0", 1)]
     assert [letter.ref.sample_id for letter in queue.dead_letters()] == ["s0"]

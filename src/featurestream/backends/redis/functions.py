@@ -87,8 +87,9 @@ itself; only such a call looks in ``calls``) or ``-``, the call id, ``:`` and
 how many seconds a remembered reply is kept; ``ARGV[2:]`` are per function.
 Every function except ``init`` and ``close`` first reaps due leases (at most
 ``REAP_LIMIT``), as every in-process queue operation does.
-Functions return ``{status, events, ...}`` (``ack`` and ``fail``, which take a
-batch of leases, ``{statuses, events}``) where ``events`` is a flat list of
+Functions return ``{status, events, ...}`` (``ack``, ``fail``, ``lose`` and
+``reject``, which take a batch of leases, ``{statuses, events}``; ``reject``
+takes the dead letters' reason first) where ``events`` is a flat list of
 ``kind, a, b`` triples the client turns into tracer calls, scrubs and
 dead-letter callbacks; a traced call's events are quadruples, the fourth
 being the state the event left, computed in the same atomic call: JSON with
