@@ -7,10 +7,12 @@ spec's BugLostRedelivered); a store blind to incarnations on release (I).
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from featurestream import Lease, LocalFeatureStore, SampleRef, SampleRefQueue, StoreHandle
 from featurestream.backends.memory.queue import MemoryEngine
+from featurestream.core.engine import Reaped
 
 
 class RetainIgnoringStore(LocalFeatureStore):
@@ -75,29 +77,30 @@ class NoDeliveryLimitQueue(SampleRefQueue):
 
 
 class _NoReaperEngine(MemoryEngine):
-    _reaping = False
-
-    def reap(self) -> int:
-        self._reaping = True
-        try:
-            return super().reap()
-        finally:
-            self._reaping = False
+    reaping = False
 
     def _reap_due(self) -> int:
-        return super()._reap_due() if self._reaping else 0
+        return super()._reap_due() if self.reaping else 0
 
 
 class NoReaperQueue(SampleRefQueue):
     """E: only an explicit ``reclaim_expired()`` reclaims; ordinary calls leave expired leases live."""
 
     _engine_class = _NoReaperEngine
+    _engine: _NoReaperEngine
+
+    def reclaim_expired(self) -> int:
+        self._engine.reaping = True
+        try:
+            return super().reclaim_expired()
+        finally:
+            self._engine.reaping = False
 
 
 class _OldBackpressureEngine(MemoryEngine):
-    def round(self, ref: SampleRef) -> bool:
-        super().round(ref)
-        return True  # as if the queue always held a sample: the paused producer's exception never applies
+    def reap(self) -> Reaped:
+        # As if the queue always held a sample: the paused producer's exception never applies.
+        return dataclasses.replace(super().reap(), holds=True)
 
 
 class OldBackpressureQueue(SampleRefQueue):

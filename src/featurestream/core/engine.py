@@ -24,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Protocol
 
 from featurestream.common.refs import SampleRef
 from featurestream.core.lease import DeadLetter, Lease, VisibilityTimeout
@@ -47,12 +47,14 @@ __all__ = [
     "LeaseModel",
     "Leased",
     "Purged",
+    "Reaped",
     "Reclaimed",
     "Refusal",
     "Released",
     "Report",
     "Requeued",
     "Settled",
+    "Snapshot",
     "Stale",
     "Trace",
 ]
@@ -255,6 +257,27 @@ class Refusal:
     unretain: tuple[SampleRef, ...]
 
 
+@_frozen
+class Reaped:
+    """What ``reap`` did and left: ``count`` leases reclaimed, the lifecycle ``state`` (``open``, ``draining``,
+    ``drained``) and whether the queue ``holds`` any sample (pending or leased, put by any instance)."""
+
+    count: int
+    state: str
+    holds: bool
+
+
+@_frozen
+class Snapshot:
+    """One consistent read of the queue: its lifecycle ``state``, the ``QueueStats`` counters with the
+    ``pending`` and ``outstanding`` gauges, and, when asked for, the seconds (by the queue's clock) since the
+    oldest live lease was issued (``None``: none is out, or not asked)."""
+
+    state: str
+    counters: dict[str, int]
+    oldest_lease_age: float | None = None
+
+
 class Engine(Protocol):
     """What a queue backend implements: the queue's state and its primitive changes.
 
@@ -262,11 +285,12 @@ class Engine(Protocol):
     first reaps due leases (reporting ``Reclaimed`` and what followed), as every queue call does; it reports
     each change as an event, in order, before it returns. Errors are ``common.errors``' types. A method returns
     only what the front end needs to answer its caller.
+
+    ``max_batch`` is a limit, not a capability: the most items one batch call takes (``None``: no cap; the Redis
+    engine's is what one server call carries). The front end refuses a longer batch with one message for every
+    backend, before any engine call.
     """
 
-    # ``admit`` itself reaps and refuses a closed queue (one call): a flowing producer's sample needs no round.
-    admit_reaps: bool
-    # Most items one batch call takes (``None``: no cap).
     max_batch: int | None
 
     def screen(self, batch: list[SampleRef], check: Callable[[SampleRef], None]) -> None:
@@ -278,21 +302,14 @@ class Engine(Protocol):
         """Enqueue ``batch`` (retained, screened), all or none; ``if_idle``: only into a queue holding nothing.
         ``health``: the store read a producer's put was decided on, whose resident bytes its ``Put`` traces."""
 
-    def abandon(self, sample_ids: list[str]) -> set[str]:
-        """A put the front end refused after ``screen`` (a retain raised): finish the call (reap, if ``admit``
-        would have) and return which of ``sample_ids`` the queue holds (all of them when it cannot tell)."""
-
-    def round(self, ref: SampleRef) -> bool:
-        """A blocked producer's round: reap, raise ``QueueClosed`` (naming ``ref``) once closed, and say whether
-        the queue holds any sample."""
-
-    def lease(self, n: int, wait: float) -> tuple[list[Lease], Any]:
+    def lease(self, n: int, wait: float) -> tuple[list[Lease], object | None]:
         """Lease up to ``n`` heads (reported ``Leased``). Returns ``(leases, None)`` with at least one, or when
-        the queue is drained (``[]``); otherwise ``([], hint)`` for ``wait``. ``wait``: how long the caller
-        will wait after an empty-handed call (an engine may register it, so a put elsewhere wakes it)."""
+        the queue is drained (``[]``); otherwise ``([], wake)``: what ``wait`` blocks on (the engine's own
+        value). ``wait``: how long the caller will wait after an empty-handed call (an engine may register it,
+        so a put elsewhere wakes it)."""
 
-    def wait(self, hint: Any, seconds: float) -> None:
-        """Without the lock: block at most ``seconds`` until a lease may be available (``hint``: what the empty
+    def wait(self, wake: object, seconds: float) -> None:
+        """Without the lock: block at most ``seconds`` until a lease may be available (``wake``: what the empty
         ``lease`` call returned), cut short at the next lease deadline."""
 
     def settle(self, action: str, leases: list[Lease], why: str = "") -> list[bool]:
@@ -304,25 +321,24 @@ class Engine(Protocol):
         """Move the live ``lease``'s deadline to now + ``seconds``, also on the object (reported ``Extended``);
         ``False``: it is not live (nothing changed)."""
 
-    def reap(self) -> int:
-        """Reclaim every due lease; return how many."""
+    def reap(self) -> Reaped:
+        """Reclaim every due lease; say how many, and what the queue holds after."""
 
     def close(self) -> None:
         """Refuse further puts (reported ``Closed``, and ``Drained`` when nothing is held); closing a closed
         queue changes nothing."""
 
-    def requeue(self, sample_ids: Iterable[str] | None) -> list[str]:
-        """``requeue_dead_letters``' body: check ``sample_ids``, requeue all of them or raise (nothing changed)."""
-
-    def purge(self, sample_ids: Iterable[str] | None) -> list[str]:
-        """``purge_dead_letters``' body (kept bytes reported ``Released``)."""
+    def repair(self, action: str, sample_ids: Iterable[str] | None) -> list[str]:
+        """``requeue`` or ``purge`` the dead letters ``sample_ids`` (``None``: all), all of them or raise (nothing
+        changed): the bodies of ``requeue_dead_letters`` and ``purge_dead_letters`` (a purge's kept bytes are
+        reported ``Released``)."""
 
     def count_pause(self) -> None:
         """Count a producer pause in the queue's stats."""
 
     def held(self, sample_ids: Sequence[str]) -> set[str]:
         """Which of ``sample_ids`` the queue holds (pending or leased, put by any instance); raises when it cannot
-        tell."""
+        tell (the front end then keeps a refused put's retains: un-retaining a queued sample would lose it)."""
 
     def training_ledger(self, holds: Holds) -> TrainingLedger:
         """A new training ledger (``docs/resume.md``) kept where the queue's state is; ``holds`` is ``held`` under
@@ -332,19 +348,12 @@ class Engine(Protocol):
         """The queue state a front-end event (a store fault, a pause) is traced with: ``pending``,
         ``outstanding``, ``now`` as the engine knows them."""
 
-    # Reads (the front end holds its lock and has retried owed store calls, except for ``lifecycle_state``).
-    def lifecycle_state(self) -> str: ...
+    def snapshot(self, *, lease_ages: bool = False) -> Snapshot:
+        """The queue's state and counters, one consistent read; ``lease_ages``: also the oldest live lease's age
+        (an engine may have to read every live lease for it)."""
 
-    def pending_count(self) -> int: ...
-
-    def outstanding_count(self) -> int: ...
-
-    def counters(self) -> dict[str, int]:
-        """The ``QueueStats`` counters and the ``pending`` / ``outstanding`` gauges, one consistent read."""
-
-    def dead_letters(self, newest: int | None) -> list[DeadLetter]: ...
-
-    def oldest_lease_age(self) -> float | None: ...
+    def dead_letters(self, newest: int | None) -> list[DeadLetter]:
+        """The dead letters, oldest first; only the ``newest`` ones when it is given."""
 
 
 EngineFactory = Callable[[EngineContext], Engine]

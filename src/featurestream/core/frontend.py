@@ -22,10 +22,11 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypedDict
 
 from featurestream.common import errors
 from featurestream.common.checks import check_count, check_seconds
+from featurestream.common.periodic import start_periodic
 from featurestream.common.refs import SampleRef
 from featurestream.core import events
 from featurestream.core.arguments import check_queue_arguments, check_ref_for, check_resident
-from featurestream.core.backlog import Owed, call_or_owe, owe, pay_owed
+from featurestream.core.backlog import Owed, call_or_owe, pay_owed
 from featurestream.core.backpressure import Backpressure, HealthCallback
 from featurestream.core.engine import (
     Admitted,
@@ -57,7 +58,6 @@ from featurestream.core.lease import (
 )
 from featurestream.core.machines import LEASE_MACHINE, fire
 from featurestream.core.operation import Operation
-from featurestream.core.reaper import start_reaper
 from featurestream.core.resume import TrainingLedger
 from featurestream.core.stats import DEFAULT_DEDUP_WINDOW, DEFAULT_MAX_DELIVERIES, STATS_FIELDS, QueueStats
 from featurestream.stores.base import FeatureStore, StoreHealth
@@ -182,8 +182,8 @@ class FrontEnd:
             reaper_interval=reaper_interval,
         )
         self._store = store
-        # Checked on every put and acquire: isinstance against an ABC runs ABCMeta.__instancecheck__, a None test not.
-        self._handle: NoStore | None = store if isinstance(store, NoStore) else None
+        # The store when this is an operator's handle (no feature store: it neither puts nor leases), else None.
+        self._operator_store: NoStore | None = store if isinstance(store, NoStore) else None
         self._vt = visibility_timeout or VisibilityTimeout()
         self._on_dead_letter = on_dead_letter
         self.max_deliveries = max_deliveries
@@ -215,7 +215,7 @@ class FrontEnd:
             )
         )
         if reaper_interval is not None:
-            start_reaper(self, FrontEnd._reaper_round, reaper_interval, self._reaper_stop, name=self._reaper_name)
+            start_periodic(self, FrontEnd._reaper_round, reaper_interval, self._reaper_stop, name=self._reaper_name)
 
     # -- producer side ----------------------------------------------------
     def put(self, ref: SampleRef) -> None:
@@ -226,9 +226,7 @@ class FrontEnd:
         scrub, ``RuntimeError`` once closed, and the store's error type when
         its ``retain`` fails. A refused put changes nothing.
         """
-        if self._handle is not None:  # ``_check_ref``, inline: every put passes here
-            self._require_store()
-        check_ref_for(self._store, ref)
+        self._check_ref(ref)
         with self._op:
             self._admit([ref])
 
@@ -285,14 +283,16 @@ class FrontEnd:
             if abort_when is not None and abort_when():
                 raise errors.PutAborted(ref.sample_id)
             with self._op:
-                # An engine whose admit reaps and checks the lifecycle itself lets a flowing producer that stays
-                # so through without a round first.
-                if self._engine.admit_reaps and backpressure.state == "flowing":
+                # A producer that is flowing and stays so needs no reap of its own first: the put screens (reaps,
+                # refuses a closed queue) as every put does.
+                if backpressure.state == "flowing":
                     health = self._read_health(ref)
                     if not backpressure.should_pause(health):
                         self._admit([ref], health)
                         return
-                holds_any = self._engine.round(ref)
+                reaped = self._engine.reap()
+                if reaped.state != "open":
+                    raise errors.QueueClosed(ref.sample_id)
                 health = self._read_health(ref)
                 callback = self._update_backpressure(health)
                 if callback is not None:
@@ -302,7 +302,7 @@ class FrontEnd:
                     self._admit([ref], health)
                     return
                 # Paused: an empty queue admits the sample all the same (the engine checks, atomically).
-                if not holds_any and self._admit([ref], health, if_idle=True):
+                if not reaped.holds and self._admit([ref], health, if_idle=True):
                     return
                 self._not_full.wait(poll_interval)
 
@@ -406,7 +406,7 @@ class FrontEnd:
     def reclaim_expired(self) -> int:
         """Redeliver (or dead-letter) every lease past its deadline, whoever held it; return how many."""
         with self._op:
-            return self._engine.reap()
+            return self._engine.reap().count
 
     # -- lifecycle, dead letters, introspection -----------------------------------
     def close(self) -> None:
@@ -422,7 +422,7 @@ class FrontEnd:
     @property
     def lifecycle_state(self) -> str:
         """``open``, ``draining`` (closed, still holding samples) or ``drained``."""
-        state = self._engine.lifecycle_state()
+        state = self._engine.snapshot().state
         if state == "drained":
             self._drained = True
             if not self._owed:
@@ -454,25 +454,22 @@ class FrontEnd:
     # The reads below first retry what this instance owes its store, as every call does (no callbacks, no gc).
     def pending_count(self) -> int:
         """Samples waiting to be leased."""
-        with self._op.reading():
-            return self._engine.pending_count()
+        return self._counters()["pending"]
 
     def outstanding_count(self) -> int:
         """Samples currently leased."""
-        with self._op.reading():
-            return self._engine.outstanding_count()
+        return self._counters()["outstanding"]
 
     def lease_state_counts(self) -> dict[str, int]:
         """How many leases sit in each live state (terminal leases are not kept)."""
-        with self._op.reading():
-            counters = self._engine.counters()
+        counters = self._counters()
         return {"pending": counters["pending"], "leased": counters["outstanding"]}
 
     def stats(self) -> QueueStats:
         """A consistent snapshot of the counters and gauges (a shared queue's are queue-wide, except
         ``store_errors`` and ``scrub_backlog``: store faults happen in a process's own store)."""
         with self._op.reading():
-            values = self._engine.counters()
+            values = self._engine.snapshot().counters
             values.update(store_errors=self._store_errors, scrub_backlog=len(self._owed))
         return QueueStats(**{name: values.get(name, 0) for name in STATS_FIELDS})
 
@@ -488,7 +485,7 @@ class FrontEnd:
     def oldest_lease_age(self) -> float | None:
         """Seconds (by the queue's clock) since the oldest live lease was issued; ``None`` when none is out."""
         with self._op.reading():
-            return self._engine.oldest_lease_age()
+            return self._engine.snapshot(lease_ages=True).oldest_lease_age
 
     def requeue_dead_letters(self, sample_ids: Iterable[str] | None = None) -> list[str]:
         """Send the dead letters ``sample_ids`` (``None``: all) back to the tail with a fresh delivery budget.
@@ -500,7 +497,7 @@ class FrontEnd:
         retained all along. Returns the requeued ids, oldest dead first; each is traced as ``RequeueDeadLetter``.
         """
         with self._op:
-            return self._engine.requeue(sample_ids)
+            return self._engine.repair("requeue", sample_ids)
 
     def purge_dead_letters(self, sample_ids: Iterable[str] | None = None) -> list[str]:
         """Drop the dead letters ``sample_ids`` (``None``: all) for good; return their ids, oldest dead first.
@@ -510,9 +507,14 @@ class FrontEnd:
         instance's store scrubs them through the settle feed. Each is traced as ``PurgeDeadLetter``.
         """
         with self._op:
-            return self._engine.purge(sample_ids)
+            return self._engine.repair("purge", sample_ids)
 
     # -- internals (lock held) -------------------------------------------------
+    def _counters(self) -> dict[str, int]:
+        """The engine's counters and gauges, after retrying what this instance owes its store."""
+        with self._op.reading():
+            return self._engine.snapshot().counters
+
     def _batch(self, name: str, items: Iterable[Any]) -> list[Any]:
         """``items`` as a list, of at most the engine's ``max_batch`` (one server call); ``ValueError`` otherwise."""
         batch = list(items)
@@ -522,15 +524,15 @@ class FrontEnd:
         return batch
 
     def _check_ref(self, ref: object) -> None:
-        if self._handle is not None:  # ``_require_store``'s test, without its frame on every put
-            self._require_store()
+        self._require_store()
         check_ref_for(self._store, ref)
 
     def _require_store(self) -> None:
         """Raise ``RuntimeError`` when this instance cannot produce or consume (an operator's handle)."""
-        if self._handle is not None:
+        handle = self._operator_store
+        if handle is not None:
             raise RuntimeError(
-                f"this handle on queue {self._handle.queue!r} is an operator's handle ({self._handle.opened_by}): it "
+                f"this handle on queue {handle.queue!r} is an operator's handle ({handle.opened_by}): it "
                 "has no feature store, so it neither puts nor leases"
             )
 
@@ -559,8 +561,7 @@ class FrontEnd:
         engine = self._engine
         engine.screen(batch, self._check_local)
         # Retain every sample before any is enqueued, or none: a consumer (in another process, for a shared queue)
-        # may lease, get and release one at once, and its store must then find it retained. Inline, not a helper:
-        # every put passes here.
+        # may lease, get and release one at once, and its store must then find it retained.
         store = self._store
         for index, ref in enumerate(batch):
             try:
@@ -585,7 +586,14 @@ class FrontEnd:
         samples), and refuse the put."""
         ref = attempted[-1]
         self._store_fault("retain", ref.sample_id, exc)
-        held = self._engine.abandon([retained.sample_id for retained in attempted])
+        self._engine.reap()  # a refused put still reaps, as every queue call does
+        sample_ids = [retained.sample_id for retained in attempted]
+        try:
+            held = self._engine.held(sample_ids)
+        except Exception:
+            # Un-retaining a queued sample would lose it; keeping an unqueued one only pins it.
+            logger.warning("could not tell which of %r the queue holds; their retains stay", sample_ids, exc_info=True)
+            held = set(sample_ids)
         for retained in attempted:
             if retained.sample_id not in held:
                 self._owe("unretain", retained)
@@ -593,20 +601,19 @@ class FrontEnd:
 
     def _lease_up_to(self, n: int, wait: float) -> list[Lease]:
         """Up to ``n`` leases, waiting up to ``wait`` seconds (outside the lock, in the engine) for the first."""
-        if self._handle is not None:  # ``_require_store``'s test, without its frame on every acquire
-            self._require_store()
+        self._require_store()
         engine = self._engine
         give_up = time.monotonic() + wait
         remaining = wait
         while True:
             with self._op:
-                leases, hint = engine.lease(n, remaining)
-            if hint is None:
+                leases, wake = engine.lease(n, remaining)
+            if wake is None:
                 return leases
             remaining = give_up - time.monotonic()
             if remaining <= 0:
                 return []
-            engine.wait(hint, remaining)
+            engine.wait(wake, remaining)
             remaining = max(0.0, give_up - time.monotonic())
 
     def _settle_lease(self, action: str, lease: Lease, why: str = "") -> bool:
@@ -626,8 +633,7 @@ class FrontEnd:
             return self._store.health()
         except Exception as exc:
             self._store_fault("health", ref.sample_id, exc)
-            if self._engine.admit_reaps:
-                self._engine.reap()  # the call still reaps, as its admit would have
+            self._engine.reap()  # the call still reaps, as its put would have
             doing = f"put_blocks_until_below of sample {ref.sample_id!r} enqueued nothing"
             raise errors.store_error(exc, doing) from exc
 
@@ -643,16 +649,9 @@ class FrontEnd:
         return callback
 
     def _scrub(self, ref: SampleRef) -> None:
-        """The queue is done with ``ref`` for good: its store scrubs it now, or the scrub is owed.
-
-        ``call_or_owe``'s work with the store's method called directly: every ack passes here.
-        """
-        try:
-            self._store.scrub(ref)
-        except Exception as exc:
-            owe(self._owed, "scrub", ref, exc, self._store_fault)
-            return
-        if self._not_full.waiting:
+        """The queue is done with ``ref`` for good: its store scrubs it now (waking blocked producers), or the
+        scrub is owed."""
+        if self._owe("scrub", ref):
             self._not_full.notify_all()
 
     def _owe(self, call: str, ref: SampleRef) -> bool:

@@ -6,7 +6,6 @@ import collections
 import heapq
 import math
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
 
 from featurestream.common import errors
 from featurestream.common.refs import SampleRef
@@ -22,17 +21,19 @@ from featurestream.core.engine import (
     Leased,
     LeaseModel,
     Purged,
+    Reaped,
     Reclaimed,
     Refusal,
     Released,
     Requeued,
     Settled,
+    Snapshot,
     Stale,
     Trace,
 )
 from featurestream.core.frontend import Signal
 from featurestream.core.lease import LOST_REASON, DeadLetter, Lease
-from featurestream.core.machines import LEASE, LIFECYCLE, LIFECYCLE_MACHINE, fire
+from featurestream.core.machines import LIFECYCLE, LIFECYCLE_MACHINE, fire
 from featurestream.core.resume import MemoryLedger, TrainingLedger
 from featurestream.core.stats import QUEUE_STATS_GAUGES, STATS_FIELDS
 from featurestream.stores.base import StoreHealth
@@ -40,7 +41,7 @@ from featurestream.stores.base import StoreHealth
 __all__ = ["MemoryEngine"]
 
 # What the engine counts: ``QueueStats``' counters but the front end's own ``store_errors`` and the two that
-# ``counters`` derives from the others (``_DERIVED``).
+# ``snapshot`` derives from the others (``_DERIVED``).
 _DERIVED = ("put", "leased")
 _COUNTERS = tuple(
     name for name in STATS_FIELDS if name not in QUEUE_STATS_GAUGES and name != "store_errors" and name not in _DERIVED
@@ -53,10 +54,7 @@ class _Record(LeaseModel):
     __slots__ = ("deadline", "lease", "leased_at", "redelivery_count", "ref")
 
     def __init__(self, ref: SampleRef, redelivery_count: int) -> None:
-        # ``LeaseModel``'s fields, set here: one frame less on every put.
-        self.sample_id = ref.sample_id
-        self.lease_id = None
-        self.state = LEASE.initial
+        super().__init__(ref.sample_id)
         self.ref = ref
         self.redelivery_count = redelivery_count
         self.lease: Lease | None = None
@@ -65,8 +63,8 @@ class _Record(LeaseModel):
         self.leased_at = math.nan
 
 
-class _Flag:
-    """The queue's lifecycle machine model."""
+class _QueueLifecycle:
+    """The queue's lifecycle machine model (``open``, ``draining``, ``drained``)."""
 
     __slots__ = ("state",)
 
@@ -84,7 +82,6 @@ class MemoryEngine:
     the dead letters (with the kept bytes of those a requeue may send back).
     """
 
-    admit_reaps = False
     max_batch = None
 
     def __init__(self, context: EngineContext, *, clock: Callable[[], float]) -> None:
@@ -106,7 +103,7 @@ class MemoryEngine:
         self._dead: list[DeadLetter] = []
         self._kept: dict[str, int] = {}  # dead letters whose bytes stay retained for a requeue -> their size
         self._kept_bytes = 0
-        self._lifecycle = _Flag(LIFECYCLE.initial)
+        self._lifecycle = _QueueLifecycle(LIFECYCLE.initial)
         # A plain dict with every counter present: a Counter (a dict subclass) misses CPython's fast path for
         # ``d[key] += 1``, which the hot path takes three times per sample.
         self._counts: dict[str, int] = dict.fromkeys(_COUNTERS, 0)
@@ -114,9 +111,8 @@ class MemoryEngine:
     # -- admitting ------------------------------------------------------------
     def screen(self, batch: list[SampleRef], check: Callable[[SampleRef], None]) -> None:
         """Raise what a put of the first refused ref is refused with (counting a dedup refusal); change nothing
-        else. Every put passes here, so the checks are written inline."""
-        if self._deadlines and self._deadlines[0][0] <= self._clock():  # something is due: ``_reap_due``
-            self._reap_due()
+        else."""
+        self._reap_due()
         held = self._held
         for ref in batch:
             sample_id = ref.sample_id
@@ -147,9 +143,6 @@ class MemoryEngine:
             # reported, as the Redis engine reports none for an untraced put.
         return None
 
-    def abandon(self, sample_ids: list[str]) -> set[str]:
-        return self.held(sample_ids)  # screen reaped already
-
     def held(self, sample_ids: Sequence[str]) -> set[str]:
         """Which of ``sample_ids`` the queue holds (pending or leased)."""
         return {sample_id for sample_id in sample_ids if sample_id in self._held}
@@ -158,15 +151,6 @@ class MemoryEngine:
         """A ledger in this process's memory, like the queue."""
         return MemoryLedger(holds)
 
-    def round(self, ref: SampleRef) -> bool:
-        self._reap_due()
-        self._require_open(ref)
-        return bool(self._held)
-
-    def _require_open(self, ref: SampleRef) -> None:
-        if self._lifecycle.state != "open":
-            raise errors.put_refused("closed", ref.sample_id)
-
     def _push_pending(self, record: _Record) -> None:
         self._pending.append(record)
         self._held[record.sample_id] = record
@@ -174,9 +158,8 @@ class MemoryEngine:
             self._not_empty.notify()
 
     # -- leasing ----------------------------------------------------------------
-    def lease(self, n: int, wait: float) -> tuple[list[Lease], Any]:
-        if self._deadlines and self._deadlines[0][0] <= self._clock():  # something is due: ``_reap_due``
-            self._reap_due()
+    def lease(self, n: int, wait: float) -> tuple[list[Lease], object | None]:
+        self._reap_due()
         pending = self._pending
         if pending:
             now = self._clock()  # read after the reap, which may trace (and take time)
@@ -187,7 +170,7 @@ class MemoryEngine:
             return [], None
         return [], True
 
-    def wait(self, hint: Any, seconds: float) -> None:
+    def wait(self, wake: object, seconds: float) -> None:
         with self._lock:
             if self._pending or self._lifecycle.state == "drained":
                 return
@@ -245,22 +228,18 @@ class MemoryEngine:
 
     # -- settling -------------------------------------------------------------------
     def settle(self, action: str, leases: list[Lease], why: str = "") -> list[bool]:
-        if self._deadlines and self._deadlines[0][0] <= self._clock():  # something is due: ``_reap_due``
-            self._reap_due()
+        self._reap_due()
         if len(leases) == 1:  # ack / fail / lose / reject: no comprehension to build for one lease
             return [self._settle_one(action, leases[0], why)]
         return [self._settle_one(action, lease, why) for lease in leases]
 
     def _settle_one(self, action: str, lease: Lease, why: str) -> bool:
         trigger = "ack" if action == "ack" else "fail"
-        # ``_live_record``, inline: every settle passes here.
-        lease_id = getattr(lease, "lease_id", None)
-        live = self._live
-        record = live.get(lease_id) if isinstance(lease_id, int) else None
-        if record is None or record.lease is not lease:
-            self._reject(lease, trigger, lease_id, forged=record is not None)
+        record = self._live_record(lease, trigger)
+        if record is None:
             return False
-        del live[lease_id]
+        live = self._live
+        del live[lease.lease_id]
         if not live:
             self._deadlines.clear()  # every entry left is a settled or extended lease's
         elif len(self._deadlines) > 2 * len(live) + 1024:
@@ -293,8 +272,8 @@ class MemoryEngine:
         self._report(Extended(record, trace))
         return True
 
-    def reap(self) -> int:
-        return self._reap_due()
+    def reap(self) -> Reaped:
+        return Reaped(self._reap_due(), self._lifecycle.state, bool(self._held))
 
     def _reap_due(self) -> int:
         """Reclaim every live lease whose deadline has passed: O(k log n) for k due."""
@@ -388,12 +367,12 @@ class MemoryEngine:
             self._report(Drained(self._fields() if self._traced else None))
             self._not_empty.notify_all()
 
-    def lifecycle_state(self) -> str:
-        return self._lifecycle.state
-
     # -- dead-letter repair ---------------------------------------------------------
-    def requeue(self, sample_ids: Iterable[str] | None) -> list[str]:
+    def repair(self, action: str, sample_ids: Iterable[str] | None) -> list[str]:
         self._reap_due()
+        return self._requeue(sample_ids) if action == "requeue" else self._purge(sample_ids)
+
+    def _requeue(self, sample_ids: Iterable[str] | None) -> list[str]:
         letters = self._chosen_letters(sample_ids, "requeued")
         for letter in letters:
             sample_id = letter.ref.sample_id
@@ -414,8 +393,7 @@ class MemoryEngine:
             self._report(Requeued(sample_id, self._fields(record) if self._traced else None))
         return [letter.ref.sample_id for letter in letters]
 
-    def purge(self, sample_ids: Iterable[str] | None) -> list[str]:
-        self._reap_due()
+    def _purge(self, sample_ids: Iterable[str] | None) -> list[str]:
         letters = self._chosen_letters(sample_ids, "purged")
         for letter in letters:
             sample_id = letter.ref.sample_id
@@ -444,26 +422,22 @@ class MemoryEngine:
     def count_pause(self) -> None:
         self._counts["producer_pauses"] += 1
 
-    def pending_count(self) -> int:
-        return len(self._pending)
-
-    def outstanding_count(self) -> int:
-        return len(self._live)
-
-    def counters(self) -> dict[str, int]:
+    def snapshot(self, *, lease_ages: bool = False) -> Snapshot:
         """The counters, ``put`` and ``leased`` derived rather than counted on every put and lease: a put's sample
         is held until it is acked or dead-lettered (a requeue holds one again without a put), and a lease is live
         until it is acked, failed (lost too) or reclaimed."""
         counts = self._counts
         put = len(self._held) + counts["acked"] + counts["dead_lettered"] - counts["requeued"]
         leased = counts["acked"] + counts["failed"] + counts["reclaimed"] + len(self._live)
-        return {**counts, "put": put, "leased": leased, "pending": len(self._pending), "outstanding": len(self._live)}
+        gauges = {"pending": len(self._pending), "outstanding": len(self._live)}
+        counters = {**counts, "put": put, "leased": leased, **gauges}
+        return Snapshot(self._lifecycle.state, counters, self._oldest_lease_age() if lease_ages else None)
 
     def dead_letters(self, newest: int | None) -> list[DeadLetter]:
         first = 0 if newest is None else max(len(self._dead) - newest, 0)
         return self._dead[first:]
 
-    def oldest_lease_age(self) -> float | None:
+    def _oldest_lease_age(self) -> float | None:
         # ``_live`` keeps issue order (a dict), so its first entry is the oldest live lease: O(1).
         oldest = next(iter(self._live.values()), None)
         return None if oldest is None else self._clock() - oldest.leased_at

@@ -71,9 +71,8 @@ def _sample_ids(sample_ids: Iterable[str] | None) -> list[str]:
     return ids
 
 
-def _pending(counters: dict[Any, Any]) -> int:
+def _pending(values: dict[str, int]) -> int:
     """The pending gauge from the counters (``functions.PENDING_TERMS``, as traced calls derive it on the server)."""
-    values = {reply_text(k): int(v) for k, v in counters.items()}
     return sum(sign * values.get(name, 0) for name, sign in functions.PENDING_TERMS.items())
 
 
@@ -90,7 +89,6 @@ class RedisEngine:
     (their settles elsewhere arrive on the ``retired`` feed), and its place in that feed.
     """
 
-    admit_reaps = True
     max_batch = functions.MAX_BATCH
 
     def __init__(
@@ -253,15 +251,6 @@ class RedisEngine:
         self._sent[wire] = ref
         self._wire[ref.sample_id] = wire
 
-    def abandon(self, sample_ids: list[str]) -> set[str]:
-        self.reap()  # a put refused before it reaches the server still reaps, as every queue call does
-        try:
-            return self.held(sample_ids)
-        except redis.RedisError:
-            # Un-retaining a queued sample would lose it, keeping an unqueued one only pins it.
-            logger.warning("could not tell which of %r the queue holds; their retains stay", sample_ids)
-            return set(sample_ids)
-
     def held(self, sample_ids: Sequence[str]) -> set[str]:
         """Which of ``sample_ids`` the queue holds (pending or leased, put by any process); raises when Redis
         cannot tell."""
@@ -275,18 +264,8 @@ class RedisEngine:
         replicated = self._link.replicated if self._link.min_replicas else None
         return RedisTrainingLedger(self._redis, self._link.prefix, self._retrying, holds, replicated)
 
-    def round(self, ref: SampleRef) -> bool:
-        """Like the in-process queue: reap, refuse once closed, and only then move the hysteresis."""
-        _, reaped_events, _, state, held, left = self._run("reclaim")
-        self._apply(reaped_events)
-        if left:  # traced: the state the reclaim left, which this round's own events report
-            self._seen_state = event_state(left)
-        if reply_text(state) != "open":
-            raise errors.QueueClosed(ref.sample_id)
-        return bool(int(held))
-
     # -- leasing --------------------------------------------------------------------
-    def lease(self, n: int, wait: float) -> tuple[list[Lease], Any]:
+    def lease(self, n: int, wait: float) -> tuple[list[Lease], object | None]:
         """Up to ``n`` leases from one server call; the server registers the caller's wait of ``wait``
         seconds, so a put (in any process) while it lasts wakes it."""
         base = self._token()
@@ -303,8 +282,8 @@ class RedisEngine:
         self._report_unmatched(expected)
         return leases, None
 
-    def wait(self, hint: Any, seconds: float) -> None:
-        last_wake, until_deadline = (reply_text(v) for v in hint)
+    def wait(self, wake: object, seconds: float) -> None:
+        last_wake, until_deadline = (reply_text(v) for v in wake)  # type: ignore[attr-defined]
         block = seconds
         if until_deadline:
             block = min(block, max(float(until_deadline), 0.0))
@@ -443,26 +422,28 @@ class RedisEngine:
             return self._clock() + (float(reply_text(deadline)) - float(reply_text(now)))
         return float(reply_text(deadline))
 
-    def reap(self) -> int:
+    def reap(self) -> contract.Reaped:
         total = 0
         while True:
-            _, reply_events, count, *_ = self._run("reclaim")
+            _, reply_events, count, state, held, left = self._run("reclaim")
             self._apply(reply_events)
+            if left:  # traced: the state the reclaim left, which a producer's Pause or Resume reports
+                self._seen_state = event_state(left)
             total += int(count)
             # One call reaps at most REAP_LIMIT leases, to keep the server responsive.
             if int(count) < functions.REAP_LIMIT:
-                return total
+                return contract.Reaped(total, reply_text(state), bool(int(held)))
 
     # -- lifecycle and dead-letter repair ---------------------------------------------
     def close(self) -> None:
         _, reply_events = self._run("close")
         self._apply(reply_events)
 
-    def lifecycle_state(self) -> str:
-        return reply_text(self._retrying(self._redis.hget, self._key["meta"], "state"))
-
-    def requeue(self, sample_ids: Iterable[str] | None) -> list[str]:
+    def repair(self, action: str, sample_ids: Iterable[str] | None) -> list[str]:
         ids = _sample_ids(sample_ids)
+        return self._requeue(ids) if action == "requeue" else self._purge(ids)
+
+    def _requeue(self, ids: list[str]) -> list[str]:
         status, reply_events, detail = self._run("requeue", self._token(), *ids)
         self._apply(reply_events)
         status = reply_text(status)
@@ -477,8 +458,7 @@ class RedisEngine:
             raise errors.DeadLetterQueued(sample_id)
         raise errors.QueueDrained(self._name)
 
-    def purge(self, sample_ids: Iterable[str] | None) -> list[str]:
-        ids = _sample_ids(sample_ids)
+    def _purge(self, ids: list[str]) -> list[str]:
         status, reply_events, *rest = self._run("purge", *ids)
         self._apply(reply_events)
         if reply_text(status) != "ok":
@@ -495,18 +475,18 @@ class RedisEngine:
     def count_pause(self) -> None:
         self._retrying(self._redis.hincrby, self._key["stats"], "producer_pauses", 1)
 
-    def pending_count(self) -> int:
-        return _pending(self._retrying(self._redis.hgetall, self._key["stats"]))
-
-    def outstanding_count(self) -> int:
-        return int(self._retrying(self._redis.hlen, self._key["leases"]))
-
-    def counters(self) -> dict[str, int]:
-        """The queue-wide counters and gauges (one MULTI/EXEC)."""
-        counters, outstanding = self._link.snapshot()
+    def snapshot(self, *, lease_ages: bool = False) -> contract.Snapshot:
+        """The queue-wide counters and gauges, and the lifecycle state, in one MULTI/EXEC; ``lease_ages`` reads
+        every live lease record too (each holds the server's ``TIME`` when it was leased): O(live leases), by the
+        Redis server's clock."""
+        counters, outstanding, state, *ages = self._link.snapshot(lease_records=lease_ages)
         values = {reply_text(k): int(v) for k, v in counters.items()}
-        values.update(pending=_pending(counters), outstanding=int(outstanding))
-        return values
+        values.update(pending=_pending(values), outstanding=int(outstanding))
+        oldest = None
+        if ages and ages[0]:
+            records, (seconds, micros) = ages
+            oldest = max(0.0, seconds + micros / 1e6 - min(lease_issued(record) for record in records))
+        return contract.Snapshot(reply_text(state), values, oldest)
 
     def dead_letters(self, newest: int | None) -> list[DeadLetter]:
         """``newest`` reads (and decodes) just those: O(newest), not O(dead letters)."""
@@ -514,23 +494,6 @@ class RedisEngine:
             return []
         letters = self._retrying(self._redis.lrange, self._key["dead"], -newest if newest else 0, -1)
         return [dead_letter_from_json(raw) for raw in letters]
-
-    def oldest_lease_age(self) -> float | None:
-        """By the Redis server's clock, from the live lease records (each holds the server's ``TIME`` when it was
-        leased): O(live leases)."""
-
-        def read() -> tuple[list[Any], float]:
-            with self._redis.pipeline(transaction=True) as pipe:
-                pipe.hvals(self._key["leases"])
-                pipe.time()
-                records, (seconds, micros) = pipe.execute()
-            return records, seconds + micros / 1e6
-
-        records, server_now = self._retrying(read)
-        if not records:
-            return None
-        issued = min(lease_issued(record) for record in records)
-        return max(0.0, server_now - issued)
 
     def trace_state(self) -> dict[str, object]:
         """The queue state this instance's last call reported: exact for this instance, whose lock the front end

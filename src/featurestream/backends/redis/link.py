@@ -448,15 +448,19 @@ class Link:
                 time.sleep(delay)
                 delay = min(delay * 2, self._max_delay)
 
-    def snapshot(self) -> tuple[dict[Any, Any], int]:
-        """The ``stats`` hash and the number of live leases, read together (one MULTI/EXEC)."""
+    def snapshot(self, *, lease_records: bool) -> list[Any]:
+        """Read together (one MULTI/EXEC): the ``stats`` hash, the number of live leases, the lifecycle state and,
+        with ``lease_records``, every live lease record and the server's ``TIME``."""
 
-        def read() -> tuple[dict[Any, Any], int]:
+        def read() -> list[Any]:
             with self.redis.pipeline(transaction=True) as pipe:
                 pipe.hgetall(self.key["stats"])
                 pipe.hlen(self.key["leases"])
-                counters, outstanding = pipe.execute()
-            return counters, outstanding
+                pipe.hget(self.key["meta"], "state")
+                if lease_records:
+                    pipe.hvals(self.key["leases"])
+                    pipe.time()
+                return pipe.execute()
 
         return self.retrying(read)
 
