@@ -2,6 +2,11 @@
 
 ``FEATURESTREAM_REQUIRE_TOOLS=1`` (set by CI) turns every skip into a
 failure, so a missing TLC, graphviz or redis-server cannot pass silently.
+
+Tests marked ``slow`` run nightly only (``tox -e deep``): they are deselected
+unless ``FEATURESTREAM_DEEP=1`` or a ``-m`` expression naming ``slow`` asks for
+them. Deselection, not a skip, so CI's no-skip rule does not turn the
+nightly-only run into a failure.
 """
 
 from __future__ import annotations
@@ -19,6 +24,15 @@ STRICT_TOOLS = os.environ.get("FEATURESTREAM_REQUIRE_TOOLS") == "1"
 # nothing: the suite loads the profile HYPOTHESIS_PROFILE names (.ci/run: ci), else ci.
 settings.register_profile("dev", max_examples=50, stateful_step_count=30, deadline=None, print_blob=True)
 load_profile()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if os.environ.get("FEATURESTREAM_DEEP") == "1" or "slow" in (config.getoption("markexpr") or ""):
+        return
+    nightly = [item for item in items if item.get_closest_marker("slow")]
+    if nightly:
+        config.hook.pytest_deselected(items=nightly)
+        items[:] = [item for item in items if not item.get_closest_marker("slow")]
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -442,7 +442,6 @@ def test_a_retried_restore_reports_the_keys_its_first_run_rolled_back(make: Any)
     assert ledger.progress().restores == 2  # the one before the commits, and this one once
 
 
-@pytest.mark.slow
 def test_sigkilled_primary_host_and_trainer_train_every_prompt_once(cluster: ReplicatedRedis, tmp_path: Path) -> None:
     """tests/redis/test_redis_resume.py's SIGKILL run with the Redis host lost instead of one server restarted:
     a trainer and a producer process through Sentinel; the trainer SIGKILLed twice (restored from its latest

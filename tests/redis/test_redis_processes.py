@@ -45,7 +45,6 @@ def _lines(path: Path) -> list[str]:
     return path.read_text().splitlines() if path.exists() else []
 
 
-@pytest.mark.slow
 def test_sigkilled_consumer_and_restarted_redis_lose_and_duplicate_nothing(durable_redis: Any, tmp_path: Path) -> None:
     name = f"procs-{uuid.uuid4().hex}"
     shared = tmp_path / "shared"

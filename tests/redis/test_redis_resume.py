@@ -90,7 +90,6 @@ def test_in_process_over_redis_a_restore_reproduces_only_the_rolled_back_prompts
     assert reports[0].produced == 20 + 2  # step 5's two prompts; step 6's were never acked: redelivered
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("seed", [1, 2])
 def test_sigkilled_trainer_and_producer_processes_train_every_prompt_once(
     durable_redis: Any, tmp_path: Path, seed: int

@@ -1,17 +1,18 @@
-"""Fixtures for the spec tests: TLC availability and the pinned state counts.
+"""Fixtures for the spec tests: TLC availability, one TLC run per model, and the pinned state counts.
 
-Tests marked ``slow`` here (the deep TLC model) are deselected unless
-``FEATURESTREAM_DEEP=1`` or ``-m slow`` asks for them: deselection, not a skip,
-so CI's no-skip rule does not turn the nightly-only run into a failure.
+Every shipped model and mutant is checked by TLC once per run: ``tlc`` runs each (config, module,
+deadlock checking, workers) once per session, and ``featurestream check`` (the CLI) reads the same
+session's results, so a model's own test and the CLI's test of it share one TLC run.
 """
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
+from featurestream.spec import check
 from featurestream.spec.tlc import ToolMissing, find_jar, find_java
+
+from .tlc_runs import tlc
 
 # Distinct states of each shipped exhaustive config; TLC and the Python mirror must both find exactly this many.
 CI_DISTINCT_STATES = 27_202  # spec/LeaseQueue.cfg
@@ -22,14 +23,10 @@ LOST_DISTINCT_STATES = 25_528  # spec/LeaseQueueLost.cfg (the store loses a samp
 DEEP_DISTINCT_STATES = 218_132  # spec/LeaseQueueDeep.cfg (nightly)
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if os.environ.get("FEATURESTREAM_DEEP") == "1" or "slow" in (config.getoption("markexpr") or ""):
-        return
-    here = os.path.dirname(__file__)
-    deselected = [item for item in items if item.get_closest_marker("slow") and str(item.path).startswith(here)]
-    if deselected:
-        config.hook.pytest_deselected(items=deselected)
-        items[:] = [item for item in items if item not in deselected]
+@pytest.fixture(autouse=True)
+def _cli_reads_the_session_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``featurestream check`` runs TLC through the session's runs: a model a test checked is not checked again."""
+    monkeypatch.setattr(check, "run_tlc", tlc)
 
 
 @pytest.fixture(scope="session")

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import pytest
 
-from featurestream.spec.tlc import TLCResult, run_tlc, spec_dir
+from featurestream.spec.tlc import TLCResult, spec_dir
+
+from .tlc_runs import tlc
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -25,9 +27,7 @@ UNDRAINED = "mutants/OrphanSweepUndrained.cfg"
 
 def _run(config: str) -> TLCResult:
     module = spec_dir() / "OrphanReclaim.tla"
-    return run_tlc(
-        spec_dir() / config, modules=[module], main_module="OrphanReclaim.tla", check_deadlock=True, workers=1
-    )
+    return tlc(spec_dir() / config, modules=[module], main_module="OrphanReclaim.tla", check_deadlock=True, workers=1)
 
 
 def _actions(result: TLCResult) -> list[str]:

@@ -11,7 +11,9 @@ from typing import Any
 
 import pytest
 
-from featurestream.spec.tlc import TLCResult, run_tlc, spec_dir
+from featurestream.spec.tlc import TLCResult, spec_dir
+
+from .tlc_runs import tlc
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -20,7 +22,7 @@ RESUME_DISTINCT_STATES = 11_179  # spec/Resume.cfg
 
 def _run(config: str) -> TLCResult:
     module = spec_dir() / "Resume.tla"
-    return run_tlc(spec_dir() / config, modules=[module], main_module="Resume.tla", check_deadlock=True, workers=2)
+    return tlc(spec_dir() / config, modules=[module], main_module="Resume.tla", check_deadlock=True, workers=2)
 
 
 def test_the_resume_model_has_no_error_and_the_pinned_state_count(tlc_available: None) -> None:
@@ -60,7 +62,7 @@ def test_check_command_runs_the_resume_model(tlc_available: None, capsys: pytest
     assert main(["check", "--resume", "--workers", "2"]) == 0
     out = capsys.readouterr().out
     assert "Resume.tla with" in out and f"TLC: no error; {RESUME_DISTINCT_STATES} distinct states" in out
-    assert main(["check", "--config", str(spec_dir() / "mutants" / "ResumeNoAdmission.cfg"), "--workers", "1"]) == 1
+    assert main(["check", "--config", str(spec_dir() / "mutants" / "ResumeNoAdmission.cfg"), "--workers", "2"]) == 1
     assert "TLC: VIOLATED AtMostOnce" in capsys.readouterr().out
 
 

@@ -18,6 +18,8 @@ from featurestream.core.machines import LEASE
 from featurestream.spec.mirror import LEASE_STATES, LEASE_TRANSITIONS, constants_from_config, reachable_states
 from featurestream.spec.tlc import Simulation, parse_output, run_tlc, spec_dir
 
+from .tlc_runs import tlc
+
 pytestmark = pytest.mark.timeout(900)
 
 LIVENESS = ("EventuallySettled", "ProducerProgress", "EventuallyDrained", "DrainAfterFaults")
@@ -29,7 +31,7 @@ def _assert_clean(result_ok: bool, output: str, command: tuple[str, ...]) -> Non
 
 
 def test_ci_model_has_no_error_and_the_pinned_state_count(tlc_available: None, ci_distinct_states: int) -> None:
-    result = run_tlc(spec_dir() / "LeaseQueue.cfg", workers=2, timeout=600)
+    result = tlc(spec_dir() / "LeaseQueue.cfg", workers=2, timeout=600)
     print(result.summary())
     _assert_clean(result.ok, result.output, result.command)
     assert "temporal properties for the complete state space" in result.output, (
@@ -47,7 +49,7 @@ def test_ci_model_has_no_error_and_the_pinned_state_count(tlc_available: None, c
 def test_small_model_has_no_error_and_the_pinned_state_count(
     tlc_available: None, pinned_states: dict[str, int], config: str
 ) -> None:
-    result = run_tlc(spec_dir() / config, workers=2, timeout=600)
+    result = tlc(spec_dir() / config, workers=2, timeout=600)
     print(result.summary())
     _assert_clean(result.ok, result.output, result.command)
     assert "temporal properties for the complete state space" in result.output
@@ -165,7 +167,7 @@ def test_simulation_of_the_large_model_finds_no_error(tlc_available: None) -> No
     """`-simulate -depth 100` on 4 samples, 3 producers, 3 consumers, 2 faults, a window of 2: ~1 minute."""
     seed = int(os.environ.get("FEATURESTREAM_TLC_SEED", "20261130"))
     simulation = Simulation(depth=100, seconds=90, seed=seed, traces=2000)
-    result = run_tlc(spec_dir() / "LeaseQueueSim.cfg", workers=1, timeout=200, simulate=simulation)
+    result = tlc(spec_dir() / "LeaseQueueSim.cfg", workers=1, timeout=200, simulate=simulation)
     print(f"seed {seed}: {result.summary()}")
     _assert_clean(result.ok, result.output, result.command)
     assert "Running Random Simulation" in result.output
@@ -190,7 +192,7 @@ def test_simulation_of_the_large_model_finds_no_error(tlc_available: None) -> No
     ],
 )
 def test_each_defect_switch_yields_a_counterexample(tlc_available: None, bug: str, violated: str) -> None:
-    result = run_tlc(spec_dir() / "mutants" / f"Bug{bug}.cfg", workers=1, timeout=300)
+    result = tlc(spec_dir() / "mutants" / f"Bug{bug}.cfg", workers=1, timeout=300)
     print(f"Bug{bug}: {result.summary()}")
     assert "-deadlock" not in result.command
     assert not result.ok
@@ -200,7 +202,7 @@ def test_each_defect_switch_yields_a_counterexample(tlc_available: None, bug: st
 
 def test_defect_e_is_also_a_liveness_counterexample(tlc_available: None) -> None:
     """With deadlock checking off, the stuck lease of defect E shows as EventuallySettled failing."""
-    result = run_tlc(spec_dir() / "mutants" / "BugE.cfg", workers=1, timeout=300, check_deadlock=False)
+    result = tlc(spec_dir() / "mutants" / "BugE.cfg", workers=1, timeout=300, check_deadlock=False)
     print(f"BugE without deadlock checking: {result.summary()}")
     assert "-deadlock" in result.command
     assert result.violated == "EventuallySettled", result.output[-4000:]
@@ -208,7 +210,7 @@ def test_defect_e_is_also_a_liveness_counterexample(tlc_available: None) -> None
 
 def test_the_old_backpressure_rule_strands_both_producers_with_nothing_queued(tlc_available: None) -> None:
     """Issue 9's scenario: both producers stored a sample and wait paused while nothing is pending or leased."""
-    result = run_tlc(spec_dir() / "mutants" / "BugProducerBytesCounted.cfg", workers=1, timeout=300)
+    result = tlc(spec_dir() / "mutants" / "BugProducerBytesCounted.cfg", workers=1, timeout=300)
     assert result.violated == "ProducerProgress"
     states = [block for block in result.output.split("\nState ") if "/\\ bp = " in block]
     last = states[-1]  # the state the behaviour stutters in (or loops back to) for ever
@@ -220,13 +222,13 @@ def test_the_old_backpressure_rule_strands_both_producers_with_nothing_queued(tl
 def test_producer_progress_needs_strong_fairness_on_the_enqueue(tlc_available: None, tmp_path: Path) -> None:
     """Weak fairness on Enqueue starves a producer; the same model under FairSpec (strong) is clean."""
     weak_config = spec_dir() / "mutants" / "WeakEnqueueFairness.cfg"
-    weak = run_tlc(weak_config, workers=2, timeout=300)
+    weak = tlc(weak_config, workers=1, timeout=300)  # one worker, as the CLI test of this mutant runs it
     print(f"WeakFairSpec: {weak.summary()}")
     assert weak.violated == "ProducerProgress", weak.output[-4000:]
     assert "Back to state" in weak.output, "the counterexample is a cycle in which the producer keeps waiting"
     strong_config = tmp_path / "StrongEnqueueFairness.cfg"
     strong_config.write_text(weak_config.read_text().replace("SPECIFICATION WeakFairSpec", "SPECIFICATION FairSpec"))
-    strong = run_tlc(strong_config, workers=2, timeout=300)
+    strong = tlc(strong_config, workers=2, timeout=300)
     print(f"FairSpec: {strong.summary()}")
     _assert_clean(strong.ok, strong.output, strong.command)
 
@@ -368,7 +370,7 @@ def test_run_tlc_refuses_a_missing_config(tlc_available: None) -> None:
 @pytest.mark.timeout(7200)
 def test_deep_model_has_no_error(tlc_available: None, pinned_states: dict[str, int]) -> None:
     """Nightly only: the CI model with two consumers, every property including liveness."""
-    result = run_tlc(spec_dir() / "LeaseQueueDeep.cfg", workers=2, timeout=None)
+    result = tlc(spec_dir() / "LeaseQueueDeep.cfg", workers=2, timeout=None)
     print(result.summary())
     _assert_clean(result.ok, result.output, result.command)
     assert result.distinct_states == pinned_states["LeaseQueueDeep.cfg"]
