@@ -11,7 +11,7 @@ pending.
 Then the parts of one lifecycle, each timed alone over ``--ops`` distinct refs (best of ``--repeats``): the three
 public calls one at a time (into and out of a queue holding 1,000 samples), the checks a ``put`` makes on its
 argument (``check_ref_for``: the ref is a ``SampleRef``, holds no tensor, lives in this queue's store; over refs
-never checked before, as a put's), one ``Operation`` (the lock, the owed-call check and the store's ``gc``: three
+never checked before, as a put's), one ``LockedCall`` (the lock, the owed-call check and the store's ``gc``: three
 per lifecycle), the consumer's ``Lease``, the two engine events (``Leased``, ``Settled``) built, and those two
 events applied by the front end (dispatch, the two ``transitions`` lease-machine fires, the ack's scrub), built
 included.

@@ -5,7 +5,7 @@ heavy, and a name's module (torch included) is imported on first access, so
 torch-free tools such as ``featurestream --help`` stay fast.
 
 Layout: ``common`` (refs, argument checks, errors: what both planes need),
-``core`` (control plane: the front end, leases, machines), ``stores`` (data
+``core`` (control plane: the coordinator, leases, machines), ``stores`` (data
 plane), ``backends`` (the queue engines: ``memory``, ``redis``), ``pipeline``
 (algorithm schemas, producer, loader), ``spec`` and ``testing``
 (verification), ``monitor`` (trainer-side status and metrics), ``ops``

@@ -8,7 +8,7 @@ import threading
 import pytest
 
 from featurestream import LocalFeatureStore, SampleRef, SampleRefQueue, VisibilityTimeout
-from featurestream.spec.trace import TraceRecorder
+from featurestream.spec.recording import TraceRecorder
 from featurestream.testing import FakeClock
 
 from .samples import put_sample

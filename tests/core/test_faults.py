@@ -302,7 +302,7 @@ def test_the_shared_dir_store_retries_an_unlink_that_failed(
     # The store takes a data file out of the directory by renaming it (the unlink follows in the background).
     def rename(source: str, *args: object, **kwargs: object) -> None:
         if failing["on"] and os.fspath(source) == path:
-            raise PermissionError(errno.EPERM, "Operation not permitted", source)
+            raise PermissionError(errno.EPERM, "LockedCall not permitted", source)
         real_rename(source, *args, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(os, "rename", rename)
@@ -340,7 +340,7 @@ def test_the_shared_dir_store_retries_a_failed_release_unlink_on_gc(
 
 def test_every_traced_event_carries_the_state_it_left() -> None:
     """Trace fields for TLC's value checks: n, pending/outstanding after the step, the clock, lease deadlines."""
-    from featurestream.spec.trace import TraceRecorder
+    from featurestream.spec.recording import TraceRecorder
 
     recorder = TraceRecorder()
     store = FaultyStore(LocalFeatureStore(max_samples=None, max_bytes=1 << 30))

@@ -162,7 +162,7 @@ def test_the_queue_fires_the_lease_machine_on_every_transition(monkeypatch: pyte
             fired.append(trigger)
         machines.fire(machine, trigger, model)
 
-    monkeypatch.setattr("featurestream.core.frontend.fire", counting)
+    monkeypatch.setattr("featurestream.core.effects.fire", counting)
     store, queue = _queue()
     queue.put(store.put("s0", sample_tensors(0)))
     lease = queue.acquire(timeout=0)

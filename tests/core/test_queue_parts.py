@@ -1,4 +1,4 @@
-"""The parts both queue backends share (core.backpressure, core.backlog, core.operation, core.arguments)."""
+"""The parts both queue backends share (core.backpressure, core.backlog, core.locked_call, core.arguments)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from featurestream.core import events
 from featurestream.core.arguments import check_queue_arguments
 from featurestream.core.backlog import Owed, call_or_owe, pay_owed
 from featurestream.core.backpressure import Backpressure
-from featurestream.core.operation import Operation
+from featurestream.core.locked_call import LockedCall
 from featurestream.testing import FaultyStore
 
 from .samples import put_sample
@@ -106,7 +106,7 @@ def test_owed_calls_are_retried_oldest_first_and_a_failure_ends_the_round() -> N
 
 
 class _Queue:
-    """What an Operation is given, with a store whose gc is counted."""
+    """What an LockedCall is given, with a store whose gc is counted."""
 
     def __init__(self) -> None:
         self.store = FaultyStore(LocalFeatureStore())
@@ -114,7 +114,7 @@ class _Queue:
         self.owed: Owed = collections.OrderedDict()
         self.faults: list[str] = []
         self.paid_rounds = 0
-        self.op = Operation(self.lock, self.store, self.owed, self.pay_owed, self.store_fault)
+        self.op = LockedCall(self.lock, self.store, self.owed, self.pay_owed, self.store_fault)
 
     def pay_owed(self) -> None:
         self.paid_rounds += 1

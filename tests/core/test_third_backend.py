@@ -13,8 +13,8 @@ from hypothesis import settings
 from hypothesis.stateful import run_state_machine_as_test
 
 from featurestream import LocalFeatureStore, VisibilityTimeout
+from featurestream.core.coordinator import Coordinator
 from featurestream.core.engine import EngineContext
-from featurestream.core.frontend import FrontEnd
 from featurestream.testing import FakeClock, MachineConfig, make_queue_machine, sample_tensors
 
 DOC = pathlib.Path(__file__).parents[2] / "docs" / "architecture.md"
@@ -34,7 +34,7 @@ def test_the_example_is_a_lease_queue_whose_engine_sees_every_delivery() -> None
     store = LocalFeatureStore()
     clock = FakeClock(100.0)
     queue = example["tally_queue"](store, VisibilityTimeout(10.0), clock=clock, max_deliveries=3)
-    assert isinstance(queue, FrontEnd) and type(queue._engine) is example["TallyEngine"]
+    assert isinstance(queue, Coordinator) and type(queue._engine) is example["TallyEngine"]
     queue.put(store.put("s0", sample_tensors(0)))
     first = queue.acquire(timeout=0)
     assert first is not None and queue.fail(first)
@@ -46,7 +46,7 @@ def test_the_example_is_a_lease_queue_whose_engine_sees_every_delivery() -> None
     assert third is not None and not queue.ack(second) and queue.ack(third)
     assert queue._engine.tally == {"s0": 3}
     assert queue.stats().acked == 1 and queue.stats().reclaimed == 1 and queue.stats().stale_rejected == 1
-    assert store.health().sample_count == 0  # the front end scrubbed the acked sample
+    assert store.health().sample_count == 0  # the coordinator scrubbed the acked sample
 
 
 def test_the_front_end_checks_its_arguments_before_it_builds_the_engine() -> None:
@@ -57,9 +57,9 @@ def test_the_front_end_checks_its_arguments_before_it_builds_the_engine() -> Non
         raise AssertionError("not reached")
 
     with pytest.raises(ValueError, match="max_deliveries"):
-        FrontEnd(LocalFeatureStore(), engine=factory, max_deliveries=0)
+        Coordinator(LocalFeatureStore(), engine=factory, max_deliveries=0)
     with pytest.raises(TypeError, match="store must be a FeatureStore"):
-        FrontEnd(object(), engine=factory)  # type: ignore[arg-type]
+        Coordinator(object(), engine=factory)  # type: ignore[arg-type]
     assert built == []
 
 
@@ -71,8 +71,10 @@ def test_a_factory_that_raises_starts_no_reaper() -> None:
         raise ConnectionError("no server")
 
     with pytest.raises(ConnectionError, match="no server"):
-        FrontEnd(LocalFeatureStore(), VisibilityTimeout(7.0), engine=refuse, max_deliveries=4, tracer=lambda *_: None,
-                 reaper_interval=0.01)  # fmt: skip
+        Coordinator(
+            LocalFeatureStore(), VisibilityTimeout(7.0), engine=refuse, max_deliveries=4, tracer=lambda *_: None,
+            reaper_interval=0.01,
+        )  # fmt: skip
     assert set(threading.enumerate()) == before
 
 

@@ -12,7 +12,8 @@ from featurestream import VisibilityTimeout as VT
 from featurestream.backends.memory.queue import SampleRefQueue
 from featurestream.common.refs import SampleRef
 from featurestream.core import events
-from featurestream.core.frontend import FrontEnd
+from featurestream.core.coordinator import Coordinator
+from featurestream.core.effects import Effects
 from featurestream.core.protocol import LeaseQueue
 from featurestream.testing import FakeClock, sample_tensors
 
@@ -180,8 +181,9 @@ BEYOND_PROTOCOL = {
 @pytest.mark.parametrize("backend", list(BEYOND_PROTOCOL), ids=lambda cls: cls.__name__)
 def test_each_backend_implements_the_protocol_itself(backend: type) -> None:
     protocol = {name for name in [*vars(LeaseQueue), *LeaseQueue.__annotations__] if not name.startswith("_")}
-    defined = {name for cls in (backend, FrontEnd) for name in vars(cls) if not name.startswith("_")}
-    # max_deliveries and dedup_window are instance attributes; everything else the class or the front end defines.
+    defined = {name for cls in (backend, Coordinator) for name in vars(cls) if not name.startswith("_")}
+    # max_deliveries and dedup_window are instance attributes; everything else the class or the coordinator defines.
     assert protocol - defined == {"max_deliveries", "dedup_window"}
     assert defined - protocol == BEYOND_PROTOCOL[backend]
-    assert backend.__mro__ == (backend, FrontEnd, object)  # the shared front end only, never another backend
+    # The shared coordinator (and its effects half) only, never another backend.
+    assert backend.__mro__ == (backend, Coordinator, Effects, object)

@@ -52,7 +52,7 @@ def fired(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
         if machine is machines.LEASE_MACHINE:
             seen.append((trigger, model.state))
 
-    monkeypatch.setattr("featurestream.core.frontend.fire", counting)
+    monkeypatch.setattr("featurestream.core.effects.fire", counting)
     return seen
 
 

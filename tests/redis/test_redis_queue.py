@@ -23,7 +23,7 @@ from featurestream import (
 from featurestream import VisibilityTimeout as VT
 from featurestream.common import errors
 from featurestream.core.protocol import LeaseQueue
-from featurestream.spec.trace import TraceRecorder
+from featurestream.spec.recording import TraceRecorder
 from featurestream.testing import FakeClock, sample_tensors
 
 redis = pytest.importorskip("redis", reason="redis-py is missing: pip install 'featurestream[redis]'")

@@ -25,8 +25,9 @@ import pytest
 
 from featurestream import LocalFeatureStore, SampleRef, VisibilityTimeout
 from featurestream.core import events
+from featurestream.spec.recording import TraceRecorder
 from featurestream.spec.tlc import ToolMissing, find_jar, find_java
-from featurestream.spec.trace import TraceConstants, TraceRecorder, validate_traces
+from featurestream.spec.trace import TraceConstants, validate_traces
 from featurestream.testing import (
     MachineConfig,
     describe_rejections,

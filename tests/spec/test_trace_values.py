@@ -11,7 +11,8 @@ from __future__ import annotations
 import pytest
 
 from featurestream.core import events
-from featurestream.spec.trace import STORE_GET, STORE_PUT, STORE_RELEASE, STORE_SCRUB, TraceConstants, validate_traces
+from featurestream.spec.recording import STORE_GET, STORE_PUT, STORE_RELEASE, STORE_SCRUB
+from featurestream.spec.trace import TraceConstants, validate_traces
 
 pytestmark = pytest.mark.timeout(600)
 

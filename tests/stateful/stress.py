@@ -7,7 +7,7 @@ import random
 import threading
 
 from featurestream import LocalFeatureStore, SampleRefQueue, VisibilityTimeout
-from featurestream.spec.trace import TracedStore, TraceRecorder
+from featurestream.spec.recording import TracedStore, TraceRecorder
 from featurestream.testing import sample_tensors
 
 TOKENS = 2  # every sample 80 bytes (one size, as trace validation needs)

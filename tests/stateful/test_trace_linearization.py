@@ -13,8 +13,9 @@ from __future__ import annotations
 import pytest
 
 from featurestream.core import events
+from featurestream.spec.recording import STORE_GET, STORE_PUT, STORE_RELEASE, STORE_SCRUB
 from featurestream.spec.tlc import ToolMissing, find_jar, find_java
-from featurestream.spec.trace import STORE_GET, STORE_PUT, STORE_RELEASE, STORE_SCRUB, TraceConstants, validate_traces
+from featurestream.spec.trace import TraceConstants, validate_traces
 from featurestream.testing import describe_rejections
 
 Event = tuple[str, dict[str, object]]

@@ -1,9 +1,9 @@
-"""The engine contract: the few state changes a queue backend implements under the shared front end.
+"""The engine contract: the few state changes a queue backend implements under the shared coordinator.
 
-``featurestream.core.frontend.FrontEnd`` writes every public ``LeaseQueue`` call once: argument checks, the
+``featurestream.core.coordinator.Coordinator`` writes every public ``LeaseQueue`` call once: argument checks, the
 lock, the owed-call backlog, retains, backpressure, callbacks, stats and tracing, and the lease machines.
 An ``Engine`` keeps the queue's state (in this process's memory, in Redis, ...) and changes it in a handful
-of primitives. It tells the front end what each change did by *reporting events*: it calls the ``report``
+of primitives. It tells the coordinator what each change did by *reporting events*: it calls the ``report``
 it was built with, in the order the changes happened, with one of the event types below. The front
 end applies each at once: it fires the lease machine on the event's model (a trigger the table does not
 allow raises ``IllegalTransition``), traces the event, scrubs or releases the bytes the queue is done with
@@ -14,7 +14,7 @@ queue state it left: ``n``, ``pending``, ``outstanding``, ``now``, a lease's ``d
 the queue is not traced: an untraced engine builds no trace fields at all. ``model`` is a ``LeaseModel``:
 the lease-machine model of one lease, which the engine keeps as long as it can report about that lease.
 
-The front end builds its engine: ``FrontEnd(store, ..., engine=factory)`` calls ``factory(context)`` with an
+The coordinator builds its engine: ``Coordinator(store, ..., engine=factory)`` calls ``factory(context)`` with an
 ``EngineContext`` (the report sink, the lock, the shared settings) once it has checked its arguments. A new
 backend is an engine (a class meeting ``Engine``), its factory and a test module: see ``docs/architecture.md``.
 """
@@ -81,7 +81,7 @@ class LeaseModel:
         return f"lease {self.lease_id} of sample {self.sample_id!r}"
 
 
-# Events are read-only by contract (the front end only reads them) but not frozen: a frozen dataclass's __init__
+# Events are read-only by contract (the coordinator only reads them) but not frozen: a frozen dataclass's __init__
 # sets each field through object.__setattr__, several times a plain slotted one's cost, and every lifecycle
 # builds two events per sample (docs/performance.md).
 _event = dataclasses.dataclass(slots=True)
@@ -90,7 +90,7 @@ _frozen = dataclasses.dataclass(frozen=True, slots=True)
 
 @_event
 class Admitted:
-    """A sample was enqueued (traced ``Put``). The front end only traces it, so an untraced engine may leave it
+    """A sample was enqueued (traced ``Put``). The coordinator only traces it, so an untraced engine may leave it
     unreported (both engines do: it is the one event of the in-process put)."""
 
     sample_id: str
@@ -229,7 +229,7 @@ Holds = Callable[[Sequence[str]], set[str]]
 
 @_frozen
 class EngineContext:
-    """What the front end gives the engine it builds: where to report, the lock, the shared settings.
+    """What the coordinator gives the engine it builds: where to report, the lock, the shared settings.
 
     ``report`` applies one event (call it under ``lock``, in order); ``lock`` is held around every engine call but
     ``wait``; ``traced``: build trace fields (``None`` otherwise); ``max_deliveries``, ``dedup_window`` and
@@ -249,7 +249,7 @@ class EngineContext:
 
 @_frozen
 class Refusal:
-    """A put the engine refused after the front end retained its samples: ``error`` to raise (``None``: an
+    """A put the engine refused after the coordinator retained its samples: ``error`` to raise (``None``: an
     ``if_idle`` put into a queue that holds samples, which is no error), and the refs to un-retain (those whose
     id the queue does not hold: a held id's retain belongs to the queued sample)."""
 
@@ -281,13 +281,13 @@ class Snapshot:
 class Engine(Protocol):
     """What a queue backend implements: the queue's state and its primitive changes.
 
-    The front end calls every method with its lock held, except ``wait``. Every primitive that changes state
+    The coordinator calls every method with its lock held, except ``wait``. Every primitive that changes state
     first reaps due leases (reporting ``Reclaimed`` and what followed), as every queue call does; it reports
     each change as an event, in order, before it returns. Errors are ``common.errors``' types. A method returns
-    only what the front end needs to answer its caller.
+    only what the coordinator needs to answer its caller.
 
     ``max_batch`` is a limit, not a capability: the most items one batch call takes (``None``: no cap; the Redis
-    engine's is what one server call carries). The front end refuses a longer batch with one message for every
+    engine's is what one server call carries). The coordinator refuses a longer batch with one message for every
     backend, before any engine call.
     """
 
@@ -296,7 +296,7 @@ class Engine(Protocol):
     def screen(self, batch: list[SampleRef], check: Callable[[SampleRef], None]) -> None:
         """Before any store call: raise ``put``'s error for the first ref of ``batch`` the queue refuses
         (closed, held, in the dedup window -- reported ``DedupRefused`` --, a kept dead letter), calling
-        ``check`` on each ref it lets through (the front end's own refusals)."""
+        ``check`` on each ref it lets through (the coordinator's own refusals)."""
 
     def admit(self, batch: list[SampleRef], health: StoreHealth | None, *, if_idle: bool) -> Refusal | None:
         """Enqueue ``batch`` (retained, screened), all or none; ``if_idle``: only into a queue holding nothing.
@@ -338,14 +338,14 @@ class Engine(Protocol):
 
     def held(self, sample_ids: Sequence[str]) -> set[str]:
         """Which of ``sample_ids`` the queue holds (pending or leased, put by any instance); raises when it cannot
-        tell (the front end then keeps a refused put's retains: un-retaining a queued sample would lose it)."""
+        tell (the coordinator then keeps a refused put's retains: un-retaining a queued sample would lose it)."""
 
     def training_ledger(self, holds: Holds) -> TrainingLedger:
         """A new training ledger (``docs/resume.md``) kept where the queue's state is; ``holds`` is ``held`` under
-        the front end's lock, which the ledger calls without it."""
+        the coordinator's lock, which the ledger calls without it."""
 
     def trace_state(self) -> dict[str, object]:
-        """The queue state a front-end event (a store fault, a pause) is traced with: ``pending``,
+        """The queue state a coordinator event (a store fault, a pause) is traced with: ``pending``,
         ``outstanding``, ``now`` as the engine knows them."""
 
     def snapshot(self, *, lease_ages: bool = False) -> Snapshot:

@@ -3,7 +3,7 @@
 ``SampleRefQueue`` (in-process) and ``RedisSampleRefQueue`` satisfy it; the
 loader, the async pipeline and ``featurestream.testing`` are typed against it,
 so a new backend (Postgres, NATS ...) runs the same stateful suite. A backend
-meets it by subclassing ``core.frontend.FrontEnd`` over an engine: the backend
+meets it by subclassing ``core.coordinator.Coordinator`` over an engine: the backend
 writer's contract is ``core.engine.Engine``. The semantics are those of
 ``spec/LeaseQueue.tla``.
 """

@@ -6,6 +6,10 @@ the two counts equal, with every invariant, action property and deadlock
 freedom checked on the way), and every action below carries the name of the
 TLA+ action it mirrors.
 
+It is one module, longer than the 600 lines every other module of the package stays under, on purpose: it
+follows ``spec/LeaseQueue.tla`` action by action and in the spec's order, so a reader checks one against the
+other side by side; split by size, an action's guard and effect would sit apart from the spec's.
+
 Step API (used by ``featurestream.testing`` to drive the implementation and the
 mirror side by side). ``SpecMirror(constants)`` holds one spec state plus the
 ``QueueStats``-style counters; each method applies one spec action and returns

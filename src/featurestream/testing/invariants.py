@@ -29,7 +29,7 @@ from featurestream.core.lease import Lease
 from featurestream.core.machines import HELD, SETTLED
 from featurestream.core.protocol import LeaseQueue
 from featurestream.spec.mirror import SpecMirror
-from featurestream.spec.trace import STORE_GET, STORE_PUT, STORE_RELEASE, STORE_SCRUB, TraceRecorder
+from featurestream.spec.recording import STORE_GET, STORE_PUT, STORE_RELEASE, STORE_SCRUB, TraceRecorder
 from featurestream.stores.base import FeatureStore
 from featurestream.testing.clock import FakeClock
 from featurestream.testing.faults import QUEUE_CALLS, FaultyStore

@@ -41,7 +41,7 @@ from featurestream.backends.memory.queue import SampleRefQueue
 from featurestream.core.lease import VisibilityTimeout
 from featurestream.core.protocol import LeaseQueue
 from featurestream.spec.mirror import SpecConstants, SpecMirror
-from featurestream.spec.trace import TraceRecorder
+from featurestream.spec.recording import TraceRecorder
 from featurestream.stores.base import FeatureStore, StoreHealth
 from featurestream.testing.clock import FakeClock
 from featurestream.testing.config import BOUND, CALLBACK_MODES, MachineConfig

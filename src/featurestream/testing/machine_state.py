@@ -21,7 +21,7 @@ from featurestream.core.lease import Lease
 from featurestream.core.machines import HELD, SETTLED
 from featurestream.core.protocol import LeaseQueue
 from featurestream.spec.mirror import SpecMirror
-from featurestream.spec.trace import TraceRecorder
+from featurestream.spec.recording import TraceRecorder
 from featurestream.stores.base import FeatureStore, StoreHandle
 from featurestream.testing.clock import FakeClock
 from featurestream.testing.config import MachineConfig

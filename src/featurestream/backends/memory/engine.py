@@ -31,16 +31,16 @@ from featurestream.core.engine import (
     Stale,
     Trace,
 )
-from featurestream.core.frontend import Signal
 from featurestream.core.lease import LOST_REASON, DeadLetter, Lease
 from featurestream.core.machines import LIFECYCLE, LIFECYCLE_MACHINE, fire
 from featurestream.core.resume import MemoryLedger, TrainingLedger
+from featurestream.core.signal import Signal
 from featurestream.core.stats import QUEUE_STATS_GAUGES, STATS_FIELDS
 from featurestream.stores.base import StoreHealth
 
 __all__ = ["MemoryEngine"]
 
-# What the engine counts: ``QueueStats``' counters but the front end's own ``store_errors`` and the two that
+# What the engine counts: ``QueueStats``' counters but the coordinator's own ``store_errors`` and the two that
 # ``snapshot`` derives from the others (``_DERIVED``).
 _DERIVED = ("put", "leased")
 _COUNTERS = tuple(
@@ -76,7 +76,7 @@ class _QueueLifecycle:
 
 
 class MemoryEngine:
-    """The in-process engine (``core.engine.Engine``): plain Python structures under the front end's lock.
+    """The in-process engine (``core.engine.Engine``): plain Python structures under the coordinator's lock.
 
     The pending FIFO of ``_Record``s, the live leases with a deadline heap, the held ids, the dedup window and
     the dead letters (with the kept bytes of those a requeue may send back).
@@ -130,7 +130,7 @@ class MemoryEngine:
             check(ref)
 
     def admit(self, batch: list[SampleRef], health: StoreHealth | None, *, if_idle: bool) -> Refusal | None:
-        # The front end asks ``if_idle`` only of a queue it saw hold nothing, under this same lock: nothing to
+        # The coordinator asks ``if_idle`` only of a queue it saw hold nothing, under this same lock: nothing to
         # re-check.
         traced = self._traced
         for ref in batch:
@@ -139,7 +139,7 @@ class MemoryEngine:
             if traced:
                 extra = {} if health is None else {"resident_bytes": health.resident_bytes}
                 self._report(Admitted(ref.sample_id, self._fields(record, **extra)))
-            # Untraced, an Admitted carries nothing the front end acts on (it only traces it), so none is
+            # Untraced, an Admitted carries nothing the coordinator acts on (it only traces it), so none is
             # reported, as the Redis engine reports none for an untraced put.
         return None
 

@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING
 from featurestream.backends.memory.engine import MemoryEngine
 from featurestream.common.errors import LeaseLost
 from featurestream.core.backpressure import HealthCallback
+from featurestream.core.coordinator import Coordinator, QueueOptions
 from featurestream.core.engine import EngineContext
-from featurestream.core.frontend import FrontEnd, QueueOptions
 from featurestream.core.lease import DeadLetter, Lease, VisibilityTimeout
 from featurestream.core.stats import DEFAULT_DEDUP_WINDOW, DEFAULT_MAX_DELIVERIES, QUEUE_STATS_GAUGES, QueueStats
 from featurestream.stores.base import FeatureStore
@@ -35,11 +35,11 @@ __all__ = [
 ]
 
 
-class SampleRefQueue(FrontEnd):
-    """The in-process ``LeaseQueue``: the shared front end over ``MemoryEngine``.
+class SampleRefQueue(Coordinator):
+    """The in-process ``LeaseQueue``: the shared coordinator over ``MemoryEngine``.
 
     The contract (lifecycle, store faults, callbacks, dead-letter repair, batches) is ``LeaseQueue``'s
-    docstring; ``options`` are ``FrontEnd``'s (``max_deliveries``, ``dedup_window``, ``on_dead_letter``,
+    docstring; ``options`` are ``Coordinator``'s (``max_deliveries``, ``dedup_window``, ``on_dead_letter``,
     ``reaper_interval``, ``tracer``, ``keep_dead_letter_bytes``); ``clock`` (default ``time.monotonic``) is the
     deadline clock.
     """
@@ -48,7 +48,7 @@ class SampleRefQueue(FrontEnd):
     _engine_class: type[MemoryEngine] = MemoryEngine
     _engine: MemoryEngine
 
-    # ``FrontEnd``'s six positional parameters are written out again here and in ``RedisSampleRefQueue``: a def
+    # ``Coordinator``'s six positional parameters are written out again here and in ``RedisSampleRefQueue``: a def
     # cannot inherit parameters, and each constructor is a public signature of its own (``inspect.signature``
     # and type checkers read it), so none can take another's.
     def __init__(

@@ -1,7 +1,7 @@
 """``RedisEngine``: the engine (``core.engine.Engine``) behind ``RedisSampleRefQueue``.
 
 Every state change is one atomic call of the server-side function library (``functions``); the server's
-reply lists what the call did as events, which ``RedisEngine._apply`` reports to the front end in order.
+reply lists what the call did as events, which ``RedisEngine._apply`` reports to the coordinator in order.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from typing import Any
 import redis
 from featurestream.backends.redis import functions
 from featurestream.backends.redis.link import Link, reply_text
+from featurestream.backends.redis.replies import pending_gauge, refusal, requeue_refusal, sample_ids_of
 from featurestream.backends.redis.resume import RedisTrainingLedger
 from featurestream.backends.redis.wire import (
     dead_letter_from_json,
@@ -53,29 +54,6 @@ class RedisLease(Lease):
     token: str = dataclasses.field(default="", repr=False)
 
 
-def _sample_ids(sample_ids: Iterable[str] | None) -> list[str]:
-    """The ids of a dead-letter request (``None``: all, sent as no ids); ``TypeError`` for anything but strs."""
-    if sample_ids is None:
-        return []
-    if isinstance(sample_ids, (str, bytes)):
-        kind = type(sample_ids).__name__
-        raise TypeError(f"sample_ids must be a list of ids or None, got the single {kind} {sample_ids!r}")
-    ids = list(sample_ids)
-    for sample_id in ids:
-        if not isinstance(sample_id, str):
-            raise TypeError(f"sample ids must be str, got {sample_id!r}")
-    if not ids:
-        raise ValueError("sample_ids is empty: pass None for every dead letter, or name at least one")
-    if len(ids) > functions.MAX_BATCH:
-        raise ValueError(f"sample_ids must hold at most {functions.MAX_BATCH} items (one server call), got {len(ids)}")
-    return ids
-
-
-def _pending(values: dict[str, int]) -> int:
-    """The pending gauge from the counters (``functions.PENDING_TERMS``, as traced calls derive it on the server)."""
-    return sum(sign * values.get(name, 0) for name, sign in functions.PENDING_TERMS.items())
-
-
 # A lease this call expects the server to report on: (the trigger, its lease, its model, if known yet).
 _Expected = tuple[str, Lease, "contract.LeaseModel | None"]
 
@@ -84,7 +62,7 @@ class RedisEngine:
     """The Redis Functions engine (``core.engine.Engine``): every state change one atomic library call.
 
     The server reports what each call did as a flat event list (see ``functions``); ``_apply`` turns it into
-    the front end's events, in order. This instance keeps what only it can know: the leases it was issued
+    the coordinator's events, in order. This instance keeps what only it can know: the leases it was issued
     (the object and its token) and their lease-machine models, the samples it put and has not seen settled
     (their settles elsewhere arrive on the ``retired`` feed), and its place in that feed.
     """
@@ -126,7 +104,7 @@ class RedisEngine:
         # A traced call's events carry their state as a fourth item (see functions).
         self._event_width = 4 if traced else 3
         # Traced instances: the queue's state as this instance last saw it reported (pending, outstanding, now), which
-        # the events the front end traces itself (StoreFault, ScrubRetried) carry, as the in-process queue's carry
+        # the events the coordinator traces itself (StoreFault, ScrubRetried) carry, as the in-process queue's carry
         # its state.
         self._seen_state: dict[str, object] = {}
         self._issued: weakref.WeakValueDictionary[int, RedisLease] = weakref.WeakValueDictionary()
@@ -197,7 +175,7 @@ class RedisEngine:
         status = reply_text(status)
         if status != "fresh":
             offending = next((ref for ref in batch if ref.sample_id == reply_text(rest[0])), batch[0])
-            raise _refusal(status, offending, rest[1])  # nothing was retained: nothing to undo
+            raise refusal(status, offending, rest[1])  # nothing was retained: nothing to undo
 
     def admit(self, batch: list[SampleRef], health: StoreHealth | None, *, if_idle: bool) -> contract.Refusal | None:
         self._producing = True
@@ -222,7 +200,7 @@ class RedisEngine:
         unretain = [ref for ref in batch if not flags[ref.sample_id] and ref is not offending]
         if not flags[offending.sample_id]:
             unretain.append(offending)
-        return contract.Refusal(_refusal(status, offending, outcome), tuple(unretain))
+        return contract.Refusal(refusal(status, offending, outcome), tuple(unretain))
 
     def _put_one(self, ref: SampleRef, health: StoreHealth | None, if_idle: bool) -> contract.Refusal | None:
         wire = ref_to_json(ref).encode()
@@ -237,7 +215,7 @@ class RedisEngine:
         if status == "busy":
             return contract.Refusal(None, (ref,))
         held = bool(int(rest[0])) if status == "closed" else status in ("held", "kept")
-        return contract.Refusal(_refusal(status, ref, rest[0] if rest else ""), () if held else (ref,))
+        return contract.Refusal(refusal(status, ref, rest[0] if rest else ""), () if held else (ref,))
 
     def _settled_since(self, ref: SampleRef, settled: object) -> None:
         """A retried put whose first run's reply was lost: the server says whether the sample settled since
@@ -440,7 +418,7 @@ class RedisEngine:
         self._apply(reply_events)
 
     def repair(self, action: str, sample_ids: Iterable[str] | None) -> list[str]:
-        ids = _sample_ids(sample_ids)
+        ids = sample_ids_of(sample_ids)
         return self._requeue(ids) if action == "requeue" else self._purge(ids)
 
     def _requeue(self, ids: list[str]) -> list[str]:
@@ -449,14 +427,7 @@ class RedisEngine:
         status = reply_text(status)
         if status == "ok":
             return [reply_text(sample_id) for sample_id in detail]
-        sample_id = reply_text(detail)
-        if status == "unknown":
-            raise errors.NotDeadLetter(sample_id, "requeued", self._name)
-        if status == "gone":
-            raise errors.DeadLetterNotKept(sample_id, self._keep_cap)
-        if status == "held":
-            raise errors.DeadLetterQueued(sample_id)
-        raise errors.QueueDrained(self._name)
+        raise requeue_refusal(status, reply_text(detail), self._name, self._keep_cap)
 
     def _purge(self, ids: list[str]) -> list[str]:
         status, reply_events, *rest = self._run("purge", *ids)
@@ -481,7 +452,7 @@ class RedisEngine:
         Redis server's clock."""
         counters, outstanding, state, *ages = self._link.snapshot(lease_records=lease_ages)
         values = {reply_text(k): int(v) for k, v in counters.items()}
-        values.update(pending=_pending(values), outstanding=int(outstanding))
+        values.update(pending=pending_gauge(values), outstanding=int(outstanding))
         oldest = None
         if ages and ages[0]:
             records, (seconds, micros) = ages
@@ -496,7 +467,7 @@ class RedisEngine:
         return [dead_letter_from_json(raw) for raw in letters]
 
     def trace_state(self) -> dict[str, object]:
-        """The queue state this instance's last call reported: exact for this instance, whose lock the front end
+        """The queue state this instance's last call reported: exact for this instance, whose lock the coordinator
         holds since that call (another process may have changed the queue since)."""
         return self._seen_state
 
@@ -507,7 +478,7 @@ class RedisEngine:
         expected: dict[str, _Expected] | None = None,
         put_health: StoreHealth | None = None,
     ) -> None:
-        """Report the server's events to the front end, in order.
+        """Report the server's events to the coordinator, in order.
 
         ``expected``: lease key -> the trigger this call made on that lease, reported (and removed) at the
         server's event for it; ``put_health``: the store read a put was decided on, whose resident bytes its
@@ -623,8 +594,3 @@ class RedisEngine:
                     settled.popitem(last=False)
         self._mine.pop(ref.sample_id, None)
         self._sent.pop(self._wire.pop(ref.sample_id, b""), None)
-
-
-def _refusal(status: str, ref: SampleRef, outcome: object) -> Exception:
-    """``put``'s error for a refusal the server reported (which names no state for a held id)."""
-    return errors.put_refused(status, ref.sample_id, "" if status == "held" else reply_text(outcome))

@@ -7,7 +7,7 @@ names carry a hash of the source (``fs_<tag>_<script>``), so clients of
 different versions never call each other's code.
 
 The Lua lives in package resources next to this module: ``lua/prelude.lua``
-(the helpers every function shares) and ``lua/<function>.lua`` (one body per
+and ``lua/prelude_calls.lua`` (the helpers every function shares) and ``lua/<function>.lua`` (one body per
 function, see ``FUNCTIONS``). Every constant the Lua uses (``LAYOUT``,
 ``REAP_LIMIT``, ``FEED_LIMIT`` ...) is defined once below, in ``CONSTANTS``, and
 prepended to the prelude as a Lua local, so Python and Lua cannot disagree.
@@ -222,6 +222,7 @@ PRELUDE = (
     + _record_codec("lease", LEASE_FIELDS)
     + _record_codec("done", DONE_FIELDS)
     + _lua("prelude")
+    + _lua("prelude_calls")
 )
 SCRIPTS: dict[str, str] = {name: _lua(name) for name in FUNCTIONS}
 

@@ -61,9 +61,10 @@ from featurestream.backends.redis.link import Link, first_contact, reply_text
 from featurestream.common import errors
 from featurestream.common.checks import check_seconds
 from featurestream.core.backpressure import HealthCallback
+from featurestream.core.coordinator import Coordinator, QueueOptions
 from featurestream.core.engine import EngineContext
-from featurestream.core.frontend import FrontEnd, NoStore, QueueOptions
 from featurestream.core.lease import VisibilityTimeout
+from featurestream.core.operator_store import NoStore
 from featurestream.stores.base import FeatureStore
 
 if TYPE_CHECKING:
@@ -78,7 +79,7 @@ def _settings(values: dict[str, int]) -> str:
     return ", ".join(f"{name}={value}" for name, value in values.items())
 
 
-class RedisSampleRefQueue(FrontEnd):
+class RedisSampleRefQueue(Coordinator):
     """A ``LeaseQueue`` whose state lives in Redis, shared by every instance with the same ``name``.
 
     Same constructor and methods as ``SampleRefQueue`` plus, keyword-only:
@@ -120,7 +121,7 @@ class RedisSampleRefQueue(FrontEnd):
     _engine: RedisEngine
     _reaper_name = "featurestream-redis-reaper"
 
-    # The positional parameters restate ``FrontEnd``'s and ``open`` restates the connection keywords: each is a
+    # The positional parameters restate ``Coordinator``'s and ``open`` restates the connection keywords: each is a
     # public signature of its own (see ``SampleRefQueue.__init__``).
     def __init__(
         self,

@@ -1,4 +1,4 @@
-"""``Operation``: how the front end holds its lock around one public call."""
+"""``LockedCall``: how the coordinator holds its lock around one public call."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from collections.abc import Callable, Iterator
 from featurestream.core.backlog import Outbox, Owed, StoreFault, run_deferred
 from featurestream.stores.base import FeatureStore
 
-__all__ = ["Operation"]
+__all__ = ["LockedCall"]
 
 
-class Operation:
+class LockedCall:
     """``with queue._op:`` -- hold ``lock`` for the body, after retrying owed store calls (``pay_owed``, when
     ``owed`` is not empty); then, even if the body (or that retry) raised, release it and run the callbacks the
     body ``defer``red (``backlog.run_deferred``) and ``store``'s gc outside it; a ``gc`` that raises is reported

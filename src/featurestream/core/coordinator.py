@@ -1,13 +1,13 @@
-"""The front end every queue backend shares: each public ``LeaseQueue`` call, written once over an engine.
+"""The coordinator every queue backend shares: each public ``LeaseQueue`` call, written once over an engine.
 
-``FrontEnd(store, ..., engine=factory)`` is every backend's one constructor: it checks the shared options and
+``Coordinator(store, ..., engine=factory)`` is every backend's one constructor: it checks the shared options and
 builds its ``Engine`` (``core/engine.py``: where the state lives and the few primitive changes) by calling
 ``factory`` with an ``EngineContext``. A backend class is that call with its factory. Everything else a caller
-sees is here: argument checks and errors,
-the lock and ``Operation``, retains and the owed-call backlog with its retries, the reaper, backpressure
-and ``put_blocks_until_below``, callbacks, stats, tracing, and the lease machines: the front end fires the
-lease machine on the model each engine event names, so an engine that reports a transition the table does
-not allow raises ``IllegalTransition``. ``docs/architecture.md`` shows the split.
+sees is here: argument checks and errors, the lock and ``LockedCall`` (one locked call: its owed store calls
+retried first, its callbacks and the store's gc run after), retains, backpressure and
+``put_blocks_until_below``, stats; the effects of the engine's events (the lease machines, tracing, scrubs and
+owed store calls, callbacks, the reaper's round) are ``core/effects.py``. ``docs/architecture.md`` shows the
+split.
 """
 
 from __future__ import annotations
@@ -26,27 +26,10 @@ from featurestream.common.periodic import start_periodic
 from featurestream.common.refs import SampleRef
 from featurestream.core import events
 from featurestream.core.arguments import check_queue_arguments, check_ref_for, check_resident
-from featurestream.core.backlog import Owed, call_or_owe, pay_owed
+from featurestream.core.backlog import Owed
 from featurestream.core.backpressure import Backpressure, HealthCallback
-from featurestream.core.engine import (
-    Admitted,
-    Closed,
-    DeadLettered,
-    DedupRefused,
-    Drained,
-    Engine,
-    EngineContext,
-    EngineFactory,
-    Event,
-    Extended,
-    Leased,
-    Purged,
-    Reclaimed,
-    Released,
-    Requeued,
-    Settled,
-    Stale,
-)
+from featurestream.core.effects import Effects, Tracer
+from featurestream.core.engine import EngineContext, EngineFactory
 from featurestream.core.lease import (
     SCHEMA_REASON,
     DeadLetter,
@@ -56,26 +39,25 @@ from featurestream.core.lease import (
     check_lease,
     check_leases,
 )
-from featurestream.core.machines import LEASE_MACHINE, fire
-from featurestream.core.operation import Operation
+from featurestream.core.locked_call import LockedCall
+from featurestream.core.operator_store import NoStore
 from featurestream.core.resume import TrainingLedger
+from featurestream.core.signal import Signal
 from featurestream.core.stats import DEFAULT_DEDUP_WINDOW, DEFAULT_MAX_DELIVERIES, STATS_FIELDS, QueueStats
 from featurestream.stores.base import FeatureStore, StoreHealth
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-__all__ = ["FrontEnd", "NoStore", "QueueOptions", "QueueStats", "Signal", "Tracer"]
+__all__ = ["Coordinator", "QueueOptions", "Tracer"]
 
 logger = logging.getLogger(__name__)
-
-Tracer = Callable[[str, dict[str, object]], None]
 
 _NUMBERS = (int, float)  # the exact types of a plain number of seconds (``bool`` is no number here)
 
 
 class QueueOptions(TypedDict, total=False):
-    """The keyword options every backend takes and hands to ``FrontEnd`` unchanged (``**options``)."""
+    """The keyword options every backend takes and hands to ``Coordinator`` unchanged (``**options``)."""
 
     max_deliveries: int
     dedup_window: int
@@ -85,66 +67,9 @@ class QueueOptions(TypedDict, total=False):
     keep_dead_letter_bytes: int
 
 
-class Signal:
-    """A condition of the queue's lock that notifies only when someone waits on it.
-
-    ``threading.Condition.notify`` checks lock ownership and walks its waiters on every call, and the queue
-    signals on every put and settle, nearly always with nobody waiting. ``waiting`` (how many threads wait) is
-    read and changed only under the queue's lock (``Condition.wait`` re-acquires it before returning or raising);
-    the hot paths read it themselves and call ``notify`` only when someone waits.
-    """
-
-    __slots__ = ("_condition", "waiting")
-
-    def __init__(self, lock: threading.Lock) -> None:
-        self._condition = threading.Condition(lock)
-        self.waiting = 0
-
-    def wait(self, timeout: float) -> None:
-        self.waiting += 1
-        try:
-            self._condition.wait(timeout)
-        finally:
-            self.waiting -= 1
-
-    def notify(self) -> None:
-        if self.waiting:
-            self._condition.notify()
-
-    def notify_all(self) -> None:
-        if self.waiting:
-            self._condition.notify_all()
-
-
-class NoStore(FeatureStore):
-    """The store of an operator's handle on queue ``queue`` (made by ``opened_by``): nothing to retain or read, so
-    every producing or consuming call fails; health and gc are empty."""
-
-    store_uri = "none://operator-handle"
-
-    def __init__(self, queue: str, opened_by: str) -> None:
-        self.queue = queue
-        self.opened_by = opened_by
-
-    def _refuse(self, *_: object, **__: object) -> Any:
-        raise RuntimeError(f"this is an operator's handle ({self.opened_by}): it has no feature store")
-
-    put = get = release = retain = unretain = scrub = _refuse  # type: ignore[assignment]
-
-    def gc(self) -> int:
-        return 0
-
-    def health(self) -> StoreHealth:
-        return StoreHealth(0, 0, 0, False, True)
-
-    def close(self) -> None:
-        pass
-
-
-class FrontEnd:
+class Coordinator(Effects):
     """The shared half of every ``LeaseQueue`` backend; the contract is ``LeaseQueue``'s docstring."""
 
-    _engine: Engine
     # The reaper thread's name (in logs and thread dumps).
     _reaper_name = "featurestream-reaper"
 
@@ -201,7 +126,7 @@ class FrontEnd:
         self._reaper_stop = threading.Event()
         self._drained = False  # seen drained (by an event or a read): the reaper stops once nothing is owed
         self._ledger: TrainingLedger | None = None
-        self._op = Operation(self._lock, store, self._owed, self._pay_owed, self._store_fault)
+        self._op = LockedCall(self._lock, store, self._owed, self._pay_owed, self._store_fault)
         self._engine = engine(
             EngineContext(
                 self._report,
@@ -215,7 +140,7 @@ class FrontEnd:
             )
         )
         if reaper_interval is not None:
-            start_periodic(self, FrontEnd._reaper_round, reaper_interval, self._reaper_stop, name=self._reaper_name)
+            start_periodic(self, Coordinator._reaper_round, reaper_interval, self._reaper_stop, name=self._reaper_name)
 
     # -- producer side ----------------------------------------------------
     def put(self, ref: SampleRef) -> None:
@@ -546,7 +471,7 @@ class FrontEnd:
         check_resident(self._store, ref)
 
     def _check_local(self, ref: SampleRef) -> None:
-        """The front end's own refusals of a put, after the engine's: a scrub still owed, bytes gone."""
+        """The coordinator's own refusals of a put, after the engine's: a scrub still owed, bytes gone."""
         if self._owed and self._owes_scrub(ref.sample_id):
             raise errors.ScrubOwed(ref.sample_id)
         self._check_resident(ref)
@@ -647,149 +572,3 @@ class FrontEnd:
             self._engine.count_pause()
         self._trace_state(event, resident_bytes=health.resident_bytes)
         return callback
-
-    def _scrub(self, ref: SampleRef) -> None:
-        """The queue is done with ``ref`` for good: its store scrubs it now (waking blocked producers), or the
-        scrub is owed."""
-        if self._owe("scrub", ref):
-            self._not_full.notify_all()
-
-    def _owe(self, call: str, ref: SampleRef) -> bool:
-        """Make the store call ``call(ref)``; if it raises, log, count and keep it owed. ``True``: done."""
-        return call_or_owe(self._store, self._owed, call, ref, self._store_fault)
-
-    def _pay_owed(self) -> None:
-        """Retry owed scrubs/unretains (``backlog.pay_owed``)."""
-        pay_owed(self._store, self._owed, self._store_fault, self._paid)
-        if not self._owed and self._drained:
-            self._reaper_stop.set()
-
-    def _paid(self, sample_id: str, call: str) -> None:
-        self._trace_state(events.SCRUB_RETRIED, sample_id=sample_id, call=call)
-        self._not_full.notify_all()
-
-    def _store_fault(self, call: str, sample_id: str | None, exc: BaseException) -> None:
-        self._store_errors += 1
-        logger.warning("store %s(%r) raised %r; the queue carries on", call, sample_id, exc, exc_info=exc)
-        self._trace_state(events.STORE_FAULT, call=call, sample_id=sample_id, error=repr(exc))
-
-    def _reaper_round(self) -> bool:
-        """One round of the reaper thread; ``False`` once it has nothing left to do (drained, nothing owed)."""
-        try:
-            self._reclaim_orphans()
-        except Exception:  # a sweep that fails (the directory gone, the master unreachable) must not stop reaping
-            logger.exception("the orphan sweep of %s raised; the reaper carries on", self._store.store_uri)
-        if self.lifecycle_state == "drained" and not self._owed:
-            return False
-        self.reclaim_expired()
-        return True
-
-    def _reclaim_orphans(self, *, force: bool = False) -> int:
-        """Have the store free dead writers' bytes this queue does not hold (``FeatureStore.reclaim_orphans``)."""
-        return self._store.reclaim_orphans(self._holds_or_dead, force=force)
-
-    def _holds_or_dead(self, sample_ids: Sequence[str]) -> set[str]:
-        """Which of ``sample_ids`` this queue holds: pending, leased, or dead letters (whose bytes may be kept).
-        Not ``_holds``, which the training ledger asks and which counts no dead letter."""
-        with self._lock:
-            held = self._engine.held(sample_ids)
-            dead = {letter.ref.sample_id for letter in self._engine.dead_letters(None)}
-        return held | (dead & set(sample_ids))
-
-    def _trace_state(self, action: str, **fields: object) -> None:
-        """Trace an event the front end makes itself (a store fault, a paid scrub, a pause or resume) with the
-        queue state as the engine knows it."""
-        if self._tracer is not None:
-            self._tracer(action, {**fields, **self._engine.trace_state()})
-
-    # -- applying the engine's events (lock held) --------------------------------------------
-    def _report(self, event: Event) -> None:
-        """Apply one event the engine reports (see ``core/engine.py``), as it happens.
-
-        The two events of every lifecycle (``Leased``, ``Settled``) are applied here, the others by their
-        ``_on_*`` handler through ``_APPLY``: a second dispatch frame on each of them was a measurable share of
-        the in-process lifecycle.
-        """
-        kind = type(event)
-        if kind is Leased:
-            fire(LEASE_MACHINE, "lease", event.model)
-            if event.trace is not None:
-                self._trace(events.ACQUIRE, event.trace)
-        elif kind is Settled:
-            fire(LEASE_MACHINE, event.trigger, event.model)
-            if event.trace is not None:
-                self._trace(events.ACK if event.trigger == "ack" else events.FAIL, event.trace)
-            if event.retried and event.trigger == "fail" and self._tracer is not None:
-                self._tracer(events.DEAD_LETTER, {"sample_id": event.model.sample_id})
-            if event.scrub is not None:
-                self._scrub(event.scrub)
-            if self._not_full.waiting:
-                self._not_full.notify_all()
-        else:
-            _APPLY[kind](self, event)
-
-    def _trace(self, action: str, trace: object) -> None:
-        if trace is not None and self._tracer is not None:
-            self._tracer(action, trace)  # type: ignore[arg-type]
-
-    def _on_admitted(self, event: Admitted) -> None:
-        if event.trace is not None:
-            self._trace(events.PUT, event.trace)
-
-    def _on_dedup_refused(self, event: DedupRefused) -> None:
-        self._trace(events.DEDUP_REFUSED, event.trace)
-
-    def _on_extended(self, event: Extended) -> None:
-        fire(LEASE_MACHINE, "extend", event.model)
-        self._trace(events.EXTEND, event.trace)
-
-    def _on_reclaimed(self, event: Reclaimed) -> None:
-        fire(LEASE_MACHINE, "reclaim", event.model)
-        self._trace(events.RECLAIM, event.trace)
-
-    def _on_dead_lettered(self, event: DeadLettered) -> None:
-        self._trace(events.DEAD_LETTER, event.trace)
-        if self._on_dead_letter is not None:
-            self._op.defer(self._on_dead_letter, event.letter)
-        if not event.kept:
-            self._scrub(event.letter.ref)
-        self._not_full.notify_all()
-
-    def _on_stale(self, event: Stale) -> None:
-        if event.lease is not None:
-            self._stale_log.rejected(event.op, event.lease, event.why)
-        self._trace(events.STALE_REJECTED, event.trace)
-
-    def _on_released(self, event: Released) -> None:
-        self._scrub(event.ref)
-
-    def _on_requeued(self, event: Requeued) -> None:
-        self._trace(events.REQUEUE_DEAD_LETTER, event.trace)
-
-    def _on_purged(self, event: Purged) -> None:
-        self._trace(events.PURGE_DEAD_LETTER, event.trace)
-
-    def _on_closed(self, event: Closed) -> None:
-        self._trace(events.CLOSE, event.trace)
-        self._not_full.notify_all()
-
-    def _on_drained(self, event: Drained) -> None:
-        self._trace(events.DRAIN, event.trace)
-        self._drained = True
-        if not self._owed:
-            self._reaper_stop.set()
-
-
-_APPLY: dict[type, Callable[[FrontEnd, Any], None]] = {
-    Admitted: FrontEnd._on_admitted,
-    DedupRefused: FrontEnd._on_dedup_refused,
-    Extended: FrontEnd._on_extended,
-    Reclaimed: FrontEnd._on_reclaimed,
-    DeadLettered: FrontEnd._on_dead_lettered,
-    Stale: FrontEnd._on_stale,
-    Released: FrontEnd._on_released,
-    Requeued: FrontEnd._on_requeued,
-    Purged: FrontEnd._on_purged,
-    Closed: FrontEnd._on_closed,
-    Drained: FrontEnd._on_drained,
-}

@@ -1,4 +1,4 @@
-"""What FrontEnd writes once for every backend: the training ledger, its holds read, the operator-handle refusal."""
+"""What Coordinator writes once for every backend: the training ledger, its holds read, the operator-handle refusal."""
 
 from __future__ import annotations
 
@@ -6,8 +6,9 @@ import pytest
 
 from featurestream import LocalFeatureStore, SampleRefQueue, VisibilityTimeout
 from featurestream.backends.memory.engine import MemoryEngine
+from featurestream.core.coordinator import Coordinator
 from featurestream.core.engine import EngineContext
-from featurestream.core.frontend import FrontEnd, NoStore
+from featurestream.core.operator_store import NoStore
 from featurestream.testing import FakeClock, sample_tensors
 
 
@@ -29,7 +30,7 @@ def test_an_operator_handle_neither_puts_nor_leases_and_says_whose_handle_it_is(
     def engine(context: EngineContext) -> MemoryEngine:
         return MemoryEngine(context, clock=FakeClock(0.0))
 
-    handle = FrontEnd(NoStore("jobs", "MyQueue.open"), engine=engine)
+    handle = Coordinator(NoStore("jobs", "MyQueue.open"), engine=engine)
     store = LocalFeatureStore()
     ref = store.put("s0", sample_tensors(0))
     with pytest.raises(RuntimeError, match=r"handle on queue 'jobs' is an operator's handle \(MyQueue.open\)"):
