@@ -13,7 +13,7 @@ public calls one at a time (into and out of a queue holding 1,000 samples), the 
 argument (``check_ref_for``: the ref is a ``SampleRef``, holds no tensor, lives in this queue's store; over refs
 never checked before, as a put's), one ``LockedCall`` (the lock, the owed-call check and the store's ``gc``: three
 per lifecycle), the consumer's ``Lease``, the two engine events (``Leased``, ``Settled``) built, and those two
-events applied by the front end (dispatch, the two ``transitions`` lease-machine fires, the ack's scrub), built
+events applied by the coordinator (dispatch, the two ``transitions`` lease-machine fires, the ack's scrub), built
 included.
 """
 
