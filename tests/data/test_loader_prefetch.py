@@ -292,10 +292,11 @@ class TestPrefetch:
         queue.close()
         loader = FeatureDataLoader(queue, make_store(), prefetch=2)
         assert index_of(next(loader)) == 0
-        with pytest.raises(ValueError, match=r"dropped"):
+        with pytest.raises(ValueError, match=r"dead-lettered \(reason schema"):
             next(loader)
         assert [index_of(batch) for batch in loader] == [2]
-        assert queue.stats().acked == 3 and queue.stats().failed == 0
+        stats = queue.stats()
+        assert (stats.acked, stats.dead_lettered, stats.reclaimed) == (2, 1, 0)
 
     def test_close_from_another_thread_wakes_a_waiting_trainer(self, make_store: Callable[[], FeatureStore]) -> None:
         queue = SampleRefQueue(make_store())
