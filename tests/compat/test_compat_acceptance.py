@@ -6,7 +6,8 @@ it carries or lacks, supervision included); ``validate_eagle3_ref`` judges a
 ref by its names and schema version alone, as the reference's does, so 2-D
 hidden states pass it. Where featurestream's loader refuses a sample the
 reference's loader refuses too, both leave nothing pending or leased; the
-reference acks it, featurestream dead-letters it (reason ``schema``).
+reference acks it, featurestream dead-letters it (reason ``schema``). A
+feature of a recipe's own both loaders pass over.
 """
 
 from __future__ import annotations
@@ -212,6 +213,26 @@ def test_a_sample_both_loaders_refuse_leaves_nothing_queued_and_featurestream_ke
             [letter] = queue.dead_letters()
             assert letter.ref.sample_id == "bad" and letter.reason.startswith("schema: sample 'bad': ")
     assert counts["featurestream"] == counts["reference"] == (0, 0)
+
+
+def test_a_recipes_own_feature_is_passed_over_by_both_loaders_and_reaches_a_collate_fn(
+    sides: dict[str, types.SimpleNamespace],
+) -> None:
+    tensors = {**sample_tensors(0), "prompt_len": torch.tensor([6])}
+    for name, side in sides.items():
+        store = side.local.LocalFeatureStore(max_samples=8, max_bytes=1 << 20)
+        queue = side.queue.SampleRefQueue(store)
+        queue.put(store.put("own", tensors, **_put_kwargs(side, "EAGLE3")))
+        loader = side.loader.FeatureDataLoader(queue, store)
+        batch = next(iter(loader))
+        assert torch.equal(batch.logits, tensors["logits"]) and not hasattr(batch, "prompt_len"), name
+        loader.close()
+    store = sides["featurestream"].local.LocalFeatureStore()
+    queue = sides["featurestream"].queue.SampleRefQueue(store)
+    queue.put(store.put("own", tensors, **_put_kwargs(sides["featurestream"], "EAGLE3")))
+    with sides["featurestream"].loader.FeatureDataLoader(queue, store, collate_fn=lambda samples: samples) as loader:
+        [sample] = next(iter(loader))
+    assert torch.equal(sample["prompt_len"], tensors["prompt_len"])
 
 
 def test_forged_refs_carry_every_field(sides: dict[str, types.SimpleNamespace]) -> None:

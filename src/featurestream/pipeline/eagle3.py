@@ -262,9 +262,9 @@ def validate_eagle3_ref(ref: SampleRef) -> None:
 
 
 def validate_ref(ref: SampleRef) -> None:
-    """What the loader checks before materialising a sample: ``validate_eagle3_ref``'s rules, no feature outside the
-    schema, and each feature's dtype and shape (``check_feature_specs``); ``ValueError`` naming the sample, the
-    feature, what was expected and what came."""
+    """What the loader checks before materialising a sample: ``validate_eagle3_ref``'s rules and each feature's
+    dtype and shape (``check_feature_specs``); ``ValueError`` naming the sample, the feature, what was expected and
+    what came. A feature outside the schema (a recipe's own) is passed over, as by ``validate_eagle3_ref``."""
     _check_algorithm(ref)
     EAGLE3_FEATURES.check_ref_features(ref, SCHEMA_VERSION)
 

@@ -241,14 +241,15 @@ class FeatureSet:
 
     def check_ref_features(self, ref: SampleRef, schema_version: int) -> None:
         """``check_ref`` past the algorithm (which an algorithm with its own wording checks first): ``ValueError``
-        unless ``ref`` has ``schema_version`` and feature names and specs that pass the rules."""
+        unless ``ref`` has ``schema_version`` and feature names and specs that pass the rules. A feature this set
+        does not name is not checked (a recipe's own, which the reference's loader passes over too)."""
         if ref.schema_version != schema_version:
             raise ValueError(
                 f"sample {ref.sample_id!r}: {self.label} schema_version must be {schema_version}, got "
                 f"{ref.schema_version}"
             )
         try:
-            self.check_names(ref.feature_keys)
+            self.check_names(name for name in ref.feature_keys if name in self.by_name)
         except ValueError as exc:
             raise ValueError(f"sample {ref.sample_id!r}: {exc}") from None
         self.check_specs({name: (spec.shape, spec.dtype) for name, spec in ref.feature_specs.items()}, ref.sample_id)

@@ -100,8 +100,8 @@ class FeatureDataLoader:
     Errors, each leaving nothing leased: a ref of another algorithm -> its
     lease is failed (another consumer may take it) and ``ValueError``
     (``bound to algorithm=...``); a schema-invalid ref (a dtype, rank or
-    token count its schema refuses, no supervision, a schema version or a
-    feature it does not know) -> dead-lettered at once (``queue.reject``,
+    token count its schema refuses, no supervision, a schema version it
+    does not know) -> dead-lettered at once (``queue.reject``,
     reason ``schema`` naming the sample, the feature and what was wrong;
     logged, never redelivered, never acked) and ``ValueError``; a sample
     whose bytes the store lost (``SampleLostError``, or any ``KeyError``

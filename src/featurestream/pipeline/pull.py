@@ -208,8 +208,11 @@ class Puller:
             if spec.collate_fn is not None:
                 batch = spec.collate_fn(tensors)
             else:
+                # The batch holds the schema's features; a recipe's own ones reach a collate_fn only.
+                order = spec.schema.feature_order
+                known = [{name: sample[name] for name in order if name in sample} for sample in tensors]
                 ids = [lease.ref.sample_id for lease in leases]
-                merged = tensors[0] if len(tensors) == 1 else concat_samples(tensors, ids)
+                merged = known[0] if len(known) == 1 else concat_samples(known, ids)
                 batch = make_batch(merged, spec.batch_type)
         except Exception as exc:
             self.book.give_back(leases, handles)
