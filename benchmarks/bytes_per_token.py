@@ -12,7 +12,12 @@ included). Each is divided by the token count. The layers captured are the
 reference recipes' defaults: EAGLE-3's three auxiliary layers, DFlash's and
 DSpark's one target layer per draft layer for a five-layer draft. The draft-vocab
 row projects EAGLE-3's logits onto a 32k draft vocabulary before storing
-(``DraftVocabTarget``: ``target_probs`` float32 + ``position_mask``).
+(``DraftVocabTarget``: ``target_probs`` float32 + ``position_mask``). The
+last-hidden-state rows store EAGLE-3's supervision as the target's last
+hidden state (``supervision="hidden"``: a ``HiddenSupervised`` batch; the
+trainer's loader rebuilds the logits with the ``TargetHead``), lossless, and
+with the hidden states stored as ``float8_e4m3fn`` with per-token scales
+(``FeatureProducer(..., fp8=True)``).
 
 This is arithmetic made visible rather than a timing: the numbers depend on
 the shape only, and the script prints them as the Markdown table
@@ -36,6 +41,8 @@ from featurestream.pipeline.dspark import DSparkTargetBatch
 from featurestream.pipeline.eagle3 import DraftVocab, DraftVocabTarget, Eagle3TargetBatch
 from featurestream.pipeline.eagle12 import EagleTargetBatch
 from featurestream.pipeline.producer import FeatureProducer
+from featurestream.pipeline.supervision import HiddenSupervised
+from featurestream.pipeline.target_head import TargetHead
 from featurestream.stores.base import FeatureStore
 
 DRAFT_VOCAB = 32_000
@@ -86,6 +93,19 @@ def eagle3(tokens: int, shape: Shape) -> Eagle3TargetBatch:
     )
 
 
+def head_of(shape: Shape) -> TargetHead:
+    """A head of the target's shape and dtype (its values do not change a byte of the sample: it is not stored)."""
+    return TargetHead(torch.zeros(1, shape.hidden, dtype=torch.bfloat16).expand(shape.vocab, shape.hidden))
+
+
+def eagle3_hidden(tokens: int, shape: Shape) -> FixedTarget:
+    features = {
+        "aux_hidden_states": states(tokens, 3 * shape.hidden),
+        "last_hidden_states": states(tokens, shape.hidden),
+    }
+    return FixedTarget(HiddenSupervised({**features, **ids(tokens, shape)}, head_of(shape)))
+
+
 def draft_vocab(tokens: int, shape: Shape) -> DraftVocabTarget:
     selected = torch.randperm(shape.vocab)[:DRAFT_VOCAB]
     mask = torch.zeros(shape.vocab, dtype=torch.bool)
@@ -124,25 +144,37 @@ def eagle12(tokens: int, shape: Shape) -> EagleTargetBatch:
     )
 
 
-# (row label, algorithm, layers captured, the backend of one batch)
-ROWS: tuple[tuple[str, str, str, Callable[[int, Shape], object]], ...] = (
-    ("EAGLE-3, full-vocab logits", "eagle3", "3 aux layers", lambda t, s: FixedTarget(eagle3(t, s))),
-    (f"EAGLE-3, {DRAFT_VOCAB // 1000}k draft vocab", "eagle3", "3 aux layers", draft_vocab),
-    ("DFlash (DFlash 2, Domino)", "dflash", f"{DRAFT_LAYERS} layers", lambda t, s: FixedTarget(dflash(t, s))),
-    (
+@dataclasses.dataclass(frozen=True)
+class Row:
+    """One table row: its label, algorithm, the layers captured, the backend of one batch, the producer's options."""
+
+    label: str
+    algorithm: str
+    layers: str
+    build: Callable[[int, Shape], object]
+    options: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+ROWS: tuple[Row, ...] = (
+    Row("EAGLE-3, full-vocab logits", "eagle3", "3 aux layers", lambda t, s: FixedTarget(eagle3(t, s))),
+    Row(f"EAGLE-3, {DRAFT_VOCAB // 1000}k draft vocab", "eagle3", "3 aux layers", draft_vocab),
+    Row("EAGLE-3, last hidden state", "eagle3", "3 aux layers + final norm", eagle3_hidden),
+    Row("EAGLE-3, last hidden state, fp8", "eagle3", "3 aux layers + final norm", eagle3_hidden, {"fp8": True}),
+    Row("DFlash (DFlash 2, Domino)", "dflash", f"{DRAFT_LAYERS} layers", lambda t, s: FixedTarget(dflash(t, s))),
+    Row(
         "JetSpec (DFlash + logits)",
         "dflash",
         f"{DRAFT_LAYERS} layers",
         lambda t, s: FixedTarget(dflash(t, s, logits=True)),
     ),
-    ("DSpark", "dspark", f"{DRAFT_LAYERS} layers + final norm", lambda t, s: FixedTarget(dspark(t, s))),
-    ("EAGLE-1/2", "eagle", "final norm", lambda t, s: FixedTarget(eagle12(t, s))),
+    Row("DSpark", "dspark", f"{DRAFT_LAYERS} layers + final norm", lambda t, s: FixedTarget(dspark(t, s))),
+    Row("EAGLE-1/2", "eagle", "final norm", lambda t, s: FixedTarget(eagle12(t, s))),
 )
 
 
-def stored_bytes(backend: object, algorithm: str, store: FeatureStore, tokens: int, directory: str | None) -> int:
-    """What one produced sample of ``backend`` occupies: its ref's bytes, or the files under ``directory``."""
-    producer = FeatureProducer(backend, store, run_id="bytes", algorithm=algorithm)
+def stored_bytes(row: Row, shape: Shape, store: FeatureStore, tokens: int, directory: str | None = None) -> int:
+    """What one produced sample of ``row`` occupies: its ref's bytes, or the files under ``directory``."""
+    producer = FeatureProducer(row.build(tokens, shape), store, run_id="bytes", algorithm=row.algorithm, **row.options)
     ones = torch.ones(1, tokens, dtype=torch.long)
     ref = producer.produce(input_ids=ones, attention_mask=ones, loss_mask=ones)
     if directory is None:
@@ -164,14 +196,15 @@ def main() -> None:
     print("| features | layers captured | bytes/token (tensors) | bytes/token (shared-dir files) | vs EAGLE-3 logits |")
     print("| --- | --- | ---: | ---: | ---: |")
     baseline = None
-    for label, algorithm, layers, build in ROWS:
-        local = stored_bytes(build(tokens, shape), algorithm, LocalFeatureStore(), tokens, None)
+    for row in ROWS:
+        local = stored_bytes(row, shape, LocalFeatureStore(), tokens)
         with tempfile.TemporaryDirectory() as directory:
             store = SharedDirFeatureStore(directory)
-            on_disk = stored_bytes(build(tokens, shape), algorithm, store, tokens, directory)
+            on_disk = stored_bytes(row, shape, store, tokens, directory)
             store.close()
         baseline = baseline or local
-        print(f"| {label} | {layers} | {local / tokens:,.0f} | {on_disk / tokens:,.0f} | {local / baseline:.2f}x |")
+        per_token = f"{local / tokens:,.0f} | {on_disk / tokens:,.0f}"
+        print(f"| {row.label} | {row.layers} | {per_token} | {local / baseline:.2f}x |")
 
 
 if __name__ == "__main__":

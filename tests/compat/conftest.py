@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import inspect
 import types
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -42,3 +45,12 @@ def reference() -> Reference:
         )
     except ImportError as exc:
         pytest.skip(f"{INSTALL_HINT} ({exc})")
+
+
+def assert_takes_the_references_parameters(ours: Callable[..., Any], theirs: Callable[..., Any]) -> None:
+    """``ours`` takes the reference's parameters, in its order, and beyond them only keyword-only ones with a
+    default (featurestream's opt-ins), so every call written for the reference means the same."""
+    mine, expected = list(inspect.signature(ours).parameters.values()), list(inspect.signature(theirs).parameters)
+    assert [parameter.name for parameter in mine[: len(expected)]] == expected
+    extra = mine[len(expected) :]
+    assert all(p.kind is p.KEYWORD_ONLY and p.default is not p.empty for p in extra), extra

@@ -22,7 +22,7 @@ pytest.importorskip("transformers", reason="the HF backend tests need transforme
 from featurestream.hf import HFDFlashTargetModel, HFDSparkTargetModel, HFEagleTargetModel
 from featurestream.tools.models import tiny_hf_causal_lm
 
-from .conftest import PREFIX, Reference
+from .conftest import PREFIX, Reference, assert_takes_the_references_parameters
 from .test_compat_hf import CONFIG, packed, padded
 
 LAYERS = 6
@@ -116,8 +116,10 @@ def test_the_constructors_and_generate_batch_take_the_references_arguments(
     reference: Reference, algorithm: str
 ) -> None:
     ours, theirs = OURS[algorithm], reference_class(reference, algorithm)
-    for mine, expected in ((ours, theirs), (ours.generate_batch, theirs.generate_batch)):
-        assert list(inspect.signature(mine).parameters) == list(inspect.signature(expected).parameters)
+    assert_takes_the_references_parameters(ours, theirs)
+    assert list(inspect.signature(ours.generate_batch).parameters) == list(
+        inspect.signature(theirs.generate_batch).parameters
+    )
 
 
 class _Mixer(torch.nn.Module):

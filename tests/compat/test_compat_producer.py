@@ -24,13 +24,14 @@ def test_signature() -> None:
     parameters = inspect.signature(FeatureProducer).parameters
     assert list(parameters) == [
         "target_backend", "store", "run_id", "algorithm", "target_model_version", "draft_weight_version",
-        "sample_id_factory",
+        "sample_id_factory", "fp8",
     ]  # fmt: skip
     assert [p.kind for p in parameters.values()][:2] == [inspect.Parameter.POSITIONAL_OR_KEYWORD] * 2
     assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in list(parameters.values())[2:])
     defaults = {name: p.default for name, p in parameters.items() if p.default is not inspect.Parameter.empty}
     assert defaults == {
         "algorithm": None, "target_model_version": "0", "draft_weight_version": "0", "sample_id_factory": None,
+        "fp8": False,
     }  # fmt: skip
 
 

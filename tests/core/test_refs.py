@@ -31,6 +31,7 @@ def test_algorithm_values_and_field_order() -> None:
     assert [f.name for f in dataclasses.fields(SampleRef)] == [
         "sample_id", "run_id", "store_uri", "feature_keys", "feature_specs", "algorithm",
         "schema_version", "num_tokens", "estimated_bytes", "target_model_version", "draft_weight_version",
+        "provenance",
     ]  # fmt: skip
 
 

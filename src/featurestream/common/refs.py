@@ -15,12 +15,15 @@ import torch
 from featurestream.common.errors import TensorInRef
 
 __all__ = [
+    "HIDDEN_SUPERVISION",
     "REQUIRED_FEATURES",
     "REQUIRED_SUPERVISION",
     "FeatureAlgorithm",
     "FeatureSpec",
     "SampleRef",
     "algorithm_name",
+    "decoded_features",
+    "fp8_features",
     "assert_no_tensors",
     "check_tensor_free",
     "declare_algorithm",
@@ -70,6 +73,27 @@ REQUIRED_FEATURES: Mapping[FeatureAlgorithm, tuple[str, ...]] = MappingProxyType
 REQUIRED_SUPERVISION: Mapping[FeatureAlgorithm, tuple[tuple[str, ...], ...]] = MappingProxyType(
     {FeatureAlgorithm.EAGLE3: (("logits",), ("target_probs", "position_mask"))}
 )
+
+# The hidden-state encoding of a sample's supervision (``ref.provenance["supervision"] == "hidden"``): instead of
+# the logits feature a trainer takes (first), the sample stores the target's last hidden state (second), and the
+# consumer rebuilds the logits with the target's LM head, whose fingerprint ``ref.provenance["target_head"]``
+# names. EAGLE-3 and DFlash store that state as a feature of its own in the logits' place; EAGLE-1/2's
+# ``target_logits`` are the head over ``target_hidden_states``, which every sample carries already.
+HIDDEN_SUPERVISION: Mapping[FeatureAlgorithm, tuple[str, str]] = MappingProxyType(
+    {
+        FeatureAlgorithm.EAGLE3: ("logits", "last_hidden_states"),
+        FeatureAlgorithm.DFLASH: ("logits", "last_hidden_states"),
+        FeatureAlgorithm.EAGLE: ("target_logits", "target_hidden_states"),
+    }
+)
+# ``provenance`` keys: the supervision encoding ("logits" when absent, or "hidden") and the head's fingerprint.
+SUPERVISION_KEY = "supervision"
+TARGET_HEAD_KEY = "target_head"
+HIDDEN = "hidden"
+# ``provenance["fp8"]``: ``"<name>:<dtype>,..."``, the features stored as float8_e4m3fn, each with a float32
+# ``<name>_fp8_scale [..., 1]`` (``featurestream.pipeline.fp8``); a consumer gets them back in ``<dtype>``.
+FP8_KEY = "fp8"
+FP8_SCALE_SUFFIX = "_fp8_scale"
 
 # A user algorithm's name: what crosses the wire, so it is kept to a small, unambiguous alphabet.
 _ALGORITHM_NAME = re.compile(r"[a-z][a-z0-9_]*(?:[.-][a-z0-9_]+)*")
@@ -277,9 +301,80 @@ def _require_count(name: str, value: object) -> None:
         raise ValueError(f"SampleRef.{name} must be a non-negative int, got {value!r}")
 
 
+def fp8_features(provenance: Mapping[str, str]) -> dict[str, str]:
+    """The 8-bit features ``provenance`` names, with the dtype each had: ``{name: dtype name}``."""
+    listed = provenance.get(FP8_KEY)
+    if not listed:
+        return {}
+    return dict(entry.partition(":")[::2] for entry in listed.split(","))
+
+
+def _fp8_decoded(sample_id: str, specs: Mapping[str, FeatureSpec], provenance: Mapping[str, str]) -> list[str]:
+    """``specs``' names without the scales of the 8-bit features; ``ValueError`` naming the sample unless each
+    listed feature is float8_e4m3fn of a float dtype, beside its float32 ``[..., 1]`` scale."""
+    restored = fp8_features(provenance)
+    for name, dtype in restored.items():
+        spec, scale = specs.get(name), specs.get(name + FP8_SCALE_SUFFIX)
+        if (
+            dtype not in ("float16", "bfloat16", "float32")
+            or spec is None
+            or spec.dtype != torch.float8_e4m3fn
+            or scale is None
+            or scale.dtype != torch.float32
+            or scale.shape != (*spec.shape[:-1], 1)
+        ):
+            raise ValueError(
+                f"SampleRef {sample_id!r}: provenance fp8={provenance[FP8_KEY]!r} names {name!r} as an 8-bit copy of "
+                f"a {dtype} feature, which needs {name!r} float8_e4m3fn and {name + FP8_SCALE_SUFFIX!r} float32 "
+                f"[..., 1]; got {spec} and {scale}"
+            )
+    scales = {name + FP8_SCALE_SUFFIX for name in restored}
+    return [name for name in specs if name not in scales]
+
+
+def decoded_features(
+    sample_id: str, algorithm: FeatureAlgorithm | str, specs: Mapping[str, FeatureSpec], provenance: Mapping[str, str]
+) -> list[str]:
+    """The features a consumer gets of a sample stored with ``specs``: their names, less the scales of 8-bit
+    features (``FP8_KEY``), and for the hidden-state encoding (``HIDDEN_SUPERVISION``) the logits feature in place of
+    the extra hidden-state feature.
+
+    ``ValueError`` naming the sample for an encoding other than ``"hidden"``, an algorithm without one, a
+    hidden-encoded sample that lacks the state or the head's fingerprint, one that carries the logits too, or an
+    8-bit feature without its scale.
+    """
+    present = _fp8_decoded(sample_id, specs, provenance)
+    encoding = provenance.get(SUPERVISION_KEY)
+    if encoding is None:
+        return present
+    encodings = HIDDEN_SUPERVISION.get(algorithm) if isinstance(algorithm, FeatureAlgorithm) else None
+    if encoding != HIDDEN or encodings is None:
+        raise ValueError(
+            f"SampleRef {sample_id!r}: provenance supervision={encoding!r} is not an encoding of "
+            f"{algorithm_name(algorithm)} (the hidden-state encoding is for {[a.value for a in HIDDEN_SUPERVISION]})"
+        )
+    logits, hidden = encodings
+    if hidden not in present or logits in present or not provenance.get(TARGET_HEAD_KEY):
+        raise ValueError(
+            f"SampleRef {sample_id!r}: a hidden-state-supervised {algorithm_name(algorithm)} sample carries "
+            f"{hidden!r} and no {logits!r}, with the head's fingerprint as provenance[{TARGET_HEAD_KEY!r}]; got "
+            f"features {present} and provenance {dict(provenance)}"
+        )
+    if hidden in REQUIRED_FEATURES[algorithm]:
+        return [*present, logits]
+    return [logits if name == hidden else name for name in present]
+
+
 @dataclasses.dataclass(frozen=True)
 class SampleRef:
-    """A tensor-free reference to one sample's features in a ``FeatureStore``."""
+    """A tensor-free reference to one sample's features in a ``FeatureStore``.
+
+    ``provenance`` (optional, str -> str) says how the features were
+    encoded: ``{"supervision": "hidden", "target_head": <fingerprint>}`` for
+    a sample whose logits the consumer rebuilds from the target's last
+    hidden state (``HIDDEN_SUPERVISION``); empty for the reference's
+    encodings.
+    """
 
     sample_id: str
     run_id: str
@@ -292,6 +387,7 @@ class SampleRef:
     estimated_bytes: int
     target_model_version: str
     draft_weight_version: str
+    provenance: Mapping[str, str] | None = None
 
     def __post_init__(self) -> None:
         _require_id("sample_id", self.sample_id)
@@ -315,9 +411,11 @@ class SampleRef:
                 f"SampleRef feature_keys {sorted(keys)} and feature_specs {sorted(specs)} must name the same "
                 "feature set"
             )
+        provenance = _str_mapping({} if self.provenance is None else self.provenance, "provenance", str)
+        names = decoded_features(self.sample_id, algorithm, specs, provenance)
         # A user algorithm this process has not declared is checked by the consumer that knows it.
         required = required_features(algorithm) or ()
-        missing = [name for name in required if name not in keys]
+        missing = [name for name in required if name not in names]
         if missing:
             name = algorithm_name(algorithm)
             raise ValueError(
@@ -330,6 +428,7 @@ class SampleRef:
         object.__setattr__(self, "algorithm", algorithm)
         object.__setattr__(self, "feature_keys", _FrozenDict(keys))
         object.__setattr__(self, "feature_specs", _FrozenDict(specs))
+        object.__setattr__(self, "provenance", _FrozenDict(provenance))
 
     def __hash__(self) -> int:
         return hash((self.sample_id, self.run_id, self.store_uri))
@@ -343,6 +442,7 @@ class SampleRef:
         values = [getattr(self, f.name) for f in dataclasses.fields(self)]
         values[3] = dict(self.feature_keys)
         values[4] = dict(self.feature_specs)
+        values[11] = dict(self.provenance)  # type: ignore[arg-type]
         return (SampleRef, tuple(values))
 
 

@@ -57,11 +57,13 @@ except ImportError as exc:
         "pip install 'featurestream[hf]'"
     ) from exc
 
-from featurestream.pipeline.eagle3 import Eagle3ForwardBackend, ForwardInputs
+from featurestream.pipeline.eagle3 import Eagle3ForwardBackend, Eagle3TargetBatch, ForwardInputs, shift_left
+from featurestream.pipeline.features import TargetInputs
 from featurestream.pipeline.hf_capture import HFCaptureModel, Tap, check_layer_ids, find_decoder_layers
 from featurestream.pipeline.hf_dflash import HFDFlashTargetModel
 from featurestream.pipeline.hf_dspark import HFDSparkTargetModel
 from featurestream.pipeline.hf_eagle12 import HFEagleTargetModel
+from featurestream.pipeline.supervision import HiddenSupervised, hidden_supervised
 
 __all__ = [
     "HFDFlashTargetModel",
@@ -101,6 +103,14 @@ class HFEagle3TargetModel(HFCaptureModel, Eagle3ForwardBackend):
     ``cp_mesh``: the reference's context-parallel mesh argument; ``None`` or a
     mesh of size 1 (no sharding) is accepted, a larger one is ``ValueError``.
 
+    ``supervision``: ``"logits"`` (the reference's batch) or ``"hidden"``:
+    ``generate_batch`` returns a ``HiddenSupervised`` whose
+    ``last_hidden_states [B, T, H]`` (the final norm's output, shifted
+    left like the logits) stands in for the logits, with the model's
+    ``TargetHead``; the base model runs instead of the causal LM, so no LM
+    head does. ``ValueError`` for another value or a model whose logits are
+    more than its head's output (``TargetHead.from_model``).
+
     Each forward runs under ``torch.no_grad()`` in eval mode (every
     submodule's train/eval flag is restored afterwards, also on error); its
     hooks are removed when it returns or raises. Forwards are serialised
@@ -110,9 +120,18 @@ class HFEagle3TargetModel(HFCaptureModel, Eagle3ForwardBackend):
     store, run_id=...)`` infers ``FeatureAlgorithm.EAGLE3``.
     """
 
-    def __init__(self, model: nn.Module, aux_layer_ids: Sequence[int] | None = None, cp_mesh: Any = None) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        aux_layer_ids: Sequence[int] | None = None,
+        cp_mesh: Any = None,
+        *,
+        supervision: str = "logits",
+    ) -> None:
         super().__init__(model, cp_mesh)
         self._require_lm_head()
+        self.supervision = supervision
+        self.target_head = self._supervision_head(supervision)
         self.aux_layer_ids: tuple[int, int, int] = (
             default_aux_layer_ids(self.num_layers)
             if aux_layer_ids is None
@@ -178,7 +197,25 @@ class HFEagle3TargetModel(HFCaptureModel, Eagle3ForwardBackend):
         ``position_ids``, a model whose forward takes none, or a FlashAttention
         model given a batch of more than one row.
         """
-        taps = [Tap(self._layers[layer], key=layer, slot=slot) for slot, layer in enumerate(self.aux_layer_ids)]
-        captured = self.capture(inputs, taps, logits=True)
+        captured = self.capture(inputs, self._aux_taps(), logits=True)
         assert captured.concatenated is not None and captured.logits is not None
         return captured.concatenated, captured.logits
+
+    def target_batch(self, inputs: TargetInputs) -> Eagle3TargetBatch | HiddenSupervised:  # type: ignore[override]
+        """The EAGLE-3 batch of ``inputs`` (``Eagle3ForwardBackend``), or with ``supervision="hidden"`` its
+        ``HiddenSupervised`` form: the base model's last hidden state shifted left in place of the logits."""
+        if self.target_head is None:
+            return super().target_batch(inputs)
+        captured = self.capture(inputs, self._aux_taps(), logits=False, base=True)
+        assert captured.concatenated is not None and captured.last_hidden is not None
+        return hidden_supervised(
+            inputs,
+            self.target_head,
+            aux_hidden_states=captured.concatenated,
+            input_ids=shift_left(inputs.input_ids),
+            loss_mask=shift_left(inputs.loss_mask),
+            last_hidden_states=shift_left(captured.last_hidden),
+        )
+
+    def _aux_taps(self) -> list[Tap]:
+        return [Tap(self._layers[layer], key=layer, slot=slot) for slot, layer in enumerate(self.aux_layer_ids)]

@@ -28,8 +28,9 @@ from torch import nn
 
 from featurestream.pipeline.eagle3 import packed_attention_allowed
 from featurestream.pipeline.features import ForwardInputs
+from featurestream.pipeline.target_head import TargetHead
 
-__all__ = ["HFCaptureModel", "Tap", "check_layer_ids", "find_decoder_layers", "find_final_norm"]
+__all__ = ["HFCaptureModel", "Tap", "check_layer_ids", "find_base_model", "find_decoder_layers", "find_final_norm"]
 
 # Where Hugging Face causal LMs keep their decoder layer list, most common first.
 _LAYER_PATHS = (
@@ -88,20 +89,27 @@ def find_decoder_layers(model: nn.Module) -> nn.ModuleList:
     )
 
 
+def find_base_model(model: nn.Module, layers: nn.ModuleList) -> nn.Module:
+    """The module that holds ``layers`` (and the final norm): a causal LM's base model, whose output is the final
+    norm's, before any LM head. ``ValueError`` when ``layers`` is not a submodule of ``model``."""
+    for owner in model.modules():
+        if any(child is layers for child in owner.children()):
+            return owner
+    raise ValueError(f"the decoder layers are not a submodule of {type(model).__name__}")
+
+
 def find_final_norm(model: nn.Module, layers: nn.ModuleList) -> nn.Module:
     """The norm whose output feeds the LM head: an attribute named ``norm`` (or ``ln_f``, ...) of the module that
     holds ``layers``. ``ValueError`` naming the names tried when there is none."""
-    for owner in model.modules():
-        if any(child is layers for child in owner.children()):
-            for name in _NORM_NAMES:
-                norm = getattr(owner, name, None)
-                if isinstance(norm, nn.Module):
-                    return norm
-            raise ValueError(
-                f"cannot find the final norm of {type(model).__name__}: {type(owner).__name__}, which holds the "
-                f"decoder layers, has none of the attributes {list(_NORM_NAMES)}"
-            )
-    raise ValueError(f"the decoder layers are not a submodule of {type(model).__name__}")
+    owner = find_base_model(model, layers)
+    for name in _NORM_NAMES:
+        norm = getattr(owner, name, None)
+        if isinstance(norm, nn.Module):
+            return norm
+    raise ValueError(
+        f"cannot find the final norm of {type(model).__name__}: {type(owner).__name__}, which holds the "
+        f"decoder layers, has none of the attributes {list(_NORM_NAMES)}"
+    )
 
 
 def check_layer_ids(
@@ -182,11 +190,13 @@ class Tap:
 @dataclasses.dataclass(frozen=True)
 class Captured:
     """What one forward recorded: the concatenated slots (``None`` without slotted taps), the states of the taps
-    without a slot, by key, and the model's logits (``None`` unless asked for)."""
+    without a slot, by key, the model's logits (``None`` unless asked for) and, for a forward of the base model, its
+    last hidden state (the final norm's output)."""
 
     concatenated: torch.Tensor | None
     states: Mapping[Hashable, torch.Tensor]
     logits: torch.Tensor | None
+    last_hidden: torch.Tensor | None = None
 
 
 class HFCaptureModel:
@@ -211,6 +221,7 @@ class HFCaptureModel:
         self.cp_mesh = cp_mesh
         self._layers = find_decoder_layers(model)
         self.num_layers = len(self._layers)
+        self._base = find_base_model(model, self._layers)
         self._lock = threading.Lock()
 
     @property
@@ -232,25 +243,46 @@ class HFCaptureModel:
             )
         return head
 
+    def _supervision_head(self, supervision: str) -> TargetHead | None:
+        """The head a trainer rebuilds the logits with under ``supervision="hidden"``; ``None`` for ``"logits"``.
+        ``ValueError`` for another value, or a model whose logits a bare head cannot rebuild."""
+        if supervision == "logits":
+            return None
+        if supervision != "hidden":
+            raise ValueError(
+                f"supervision must be 'logits' (the target's logits are stored) or 'hidden' (its last hidden state, "
+                f"the trainer rebuilds the logits with featurestream.TargetHead), got {supervision!r}"
+            )
+        return TargetHead.from_model(self.model)
+
     def capture(
-        self, given: ForwardInputs, taps: Sequence[Tap], *, logits: bool, extra: Mapping[str, Any] | None = None
+        self,
+        given: ForwardInputs,
+        taps: Sequence[Tap],
+        *,
+        logits: bool,
+        base: bool = False,
+        extra: Mapping[str, Any] | None = None,
     ) -> Captured:
         """One no-grad eval forward over ``given`` recording ``taps`` (and the logits when ``logits``).
 
+        ``base``: run the base model (``find_base_model``) instead of the
+        causal LM, so no LM head runs; ``Captured.last_hidden`` is its output.
         ``extra``: further keyword inputs of the model's forward (passed when
         it takes them). ``ValueError`` for packing without ``position_ids``,
         a model whose forward takes none, or a FlashAttention model given more
         than one row; ``RuntimeError`` when a tapped module never ran.
         """
+        module = self._base if base else self.model
         with self._lock:
-            inputs = {**self._model_inputs(given), **self._accepted({**_FORWARD_FLAGS, **(extra or {})})}
-            if not logits:
+            inputs = {**self._model_inputs(given), **self._accepted({**_FORWARD_FLAGS, **(extra or {})}, module)}
+            if not logits and not base:
                 # The logits are not wanted: compute the LM head for one position only, when the model allows.
-                inputs.update(self._accepted({"logits_to_keep": 1}, declared_only=True))
-            return self._run(inputs, taps, logits)
+                inputs.update(self._accepted({"logits_to_keep": 1}, module, declared_only=True))
+            return self._run(module, inputs, taps, logits)
 
-    def _accepted(self, kwargs: Mapping[str, Any], *, declared_only: bool = False) -> dict[str, Any]:
-        parameters = inspect.signature(self.model.forward).parameters
+    def _accepted(self, kwargs: Mapping[str, Any], module: nn.Module, *, declared_only: bool = False) -> dict[str, Any]:
+        parameters = inspect.signature(module.forward).parameters
         if not declared_only and any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
             return dict(kwargs)
         return {name: value for name, value in kwargs.items() if name in parameters}
@@ -284,7 +316,7 @@ class HFCaptureModel:
         inputs["attention_mask"] = blocked.masked_fill_(allowed, 0.0).unsqueeze(1)
         return inputs
 
-    def _run(self, inputs: dict[str, Any], taps: Sequence[Tap], logits: bool) -> Captured:
+    def _run(self, runs: nn.Module, inputs: dict[str, Any], taps: Sequence[Tap], logits: bool) -> Captured:
         slots = sum(tap.slot is not None for tap in taps)
         buffer: list[torch.Tensor] = []
         states: dict[Hashable, torch.Tensor] = {}
@@ -319,7 +351,7 @@ class HFCaptureModel:
             handles.extend(hook(tap) for tap in taps)
             self.model.eval()
             with torch.no_grad():
-                outputs = self.model(**inputs)
+                outputs = runs(**inputs)
         finally:
             for handle in handles:
                 handle.remove()
@@ -328,7 +360,9 @@ class HFCaptureModel:
         missing = [tap.key for tap in taps if tap.key not in ran]
         if missing:
             raise RuntimeError(f"the forward of {type(self.model).__name__} never ran the module(s) for {missing}")
-        found = None
-        if logits:
+        found = last_hidden = None
+        if runs is not self.model:
+            last_hidden = _hidden(outputs)
+        elif logits:
             found = outputs.logits if hasattr(outputs, "logits") else outputs[0]
-        return Captured(buffer[0] if buffer else None, states, found)
+        return Captured(buffer[0] if buffer else None, states, found, last_hidden)

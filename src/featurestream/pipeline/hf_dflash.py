@@ -15,6 +15,12 @@ inputs:
   ``position_ids``, ``seq_lens``, ``doc_remaining``: the inputs, unshifted
   (DFlash's block attention aligns anchors itself).
 
+With ``capture_logits=True, supervision="hidden"`` the base model runs
+instead of the causal LM (no LM head), and ``generate_batch`` returns a
+``HiddenSupervised`` whose ``last_hidden_states [B, T, H]`` (the final norm's
+output, unshifted) stands in for the logits, which the trainer's loader
+rebuilds with the ``TargetHead``.
+
 Packed inputs run block-causal per document, as for every wrapper here (see
 ``featurestream.pipeline.hf_capture``).
 """
@@ -29,6 +35,7 @@ from torch import nn
 from featurestream.pipeline.dflash import DFlashTargetBackend, DFlashTargetBatch
 from featurestream.pipeline.features import TargetInputs
 from featurestream.pipeline.hf_capture import HFCaptureModel, Tap, check_layer_ids
+from featurestream.pipeline.supervision import HiddenSupervised, hidden_supervised
 
 __all__ = ["HFDFlashTargetModel"]
 
@@ -41,6 +48,8 @@ class HFDFlashTargetModel(HFCaptureModel, DFlashTargetBackend):
     ``ValueError`` naming the offending id otherwise. ``capture_logits``
     must be a bool; ``True`` needs a model with an LM head (``ValueError``).
     ``cp_mesh``: ``None`` or a mesh of size 1 (``ValueError`` for a larger one).
+    ``supervision``: ``"logits"`` or ``"hidden"`` (module docstring), which
+    needs ``capture_logits=True`` (``ValueError`` otherwise).
 
     One no-grad eval forward per batch with a forward hook per layer (never
     ``output_hidden_states=True``); forwards are serialised, so one wrapper
@@ -49,7 +58,13 @@ class HFDFlashTargetModel(HFCaptureModel, DFlashTargetBackend):
     """
 
     def __init__(
-        self, model: nn.Module, target_layer_ids: Sequence[int], capture_logits: bool = False, cp_mesh: Any = None
+        self,
+        model: nn.Module,
+        target_layer_ids: Sequence[int],
+        capture_logits: bool = False,
+        cp_mesh: Any = None,
+        *,
+        supervision: str = "logits",
     ) -> None:
         super().__init__(model, cp_mesh)
         if not isinstance(capture_logits, bool):
@@ -58,8 +73,12 @@ class HFDFlashTargetModel(HFCaptureModel, DFlashTargetBackend):
         self.capture_logits = capture_logits
         if capture_logits:
             self._require_lm_head()
+        elif supervision != "logits":
+            raise ValueError(f"supervision={supervision!r} stands in for the logits: it needs capture_logits=True")
+        self.supervision = supervision
+        self.target_head = self._supervision_head(supervision)
 
-    def target_batch(self, inputs: TargetInputs) -> DFlashTargetBatch:
+    def target_batch(self, inputs: TargetInputs) -> DFlashTargetBatch | HiddenSupervised:  # type: ignore[override]
         """One no-grad forward over ``inputs.input_ids [B, T]`` (``generate_batch``'s arguments): the captured
         layers' states as DFlash context.
 
@@ -68,5 +87,14 @@ class HFDFlashTargetModel(HFCaptureModel, DFlashTargetBackend):
         FlashAttention model given more than one row.
         """
         taps = [Tap(self._layers[layer], key=layer, slot=slot) for slot, layer in enumerate(self.target_layer_ids)]
+        if self.target_head is not None:
+            captured = self.capture(inputs, taps, logits=False, base=True)
+            assert captured.concatenated is not None and captured.last_hidden is not None
+            return hidden_supervised(
+                inputs,
+                self.target_head,
+                hidden_states=captured.concatenated,
+                last_hidden_states=captured.last_hidden,
+            )
         captured = self.capture(inputs, taps, logits=self.capture_logits)
         return inputs.batch(DFlashTargetBatch, hidden_states=captured.concatenated, logits=captured.logits)

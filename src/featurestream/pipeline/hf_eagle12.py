@@ -11,6 +11,11 @@
   left, the last position zero -- position ``t`` carries what position
   ``t + 1`` holds, the next-token supervision of the state at ``t``;
 - ``attention_mask`` and the packing metadata: passed through, unshifted.
+
+With ``supervision="hidden"`` no LM head runs: the base model's forward gives
+the final state, and ``generate_batch`` returns a ``HiddenSupervised`` of the
+same features but ``target_logits``, which the trainer's loader rebuilds from
+``target_hidden_states`` with the ``TargetHead``.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from featurestream.pipeline.eagle3 import shift_left
 from featurestream.pipeline.eagle12 import EagleTargetBackend, EagleTargetBatch
 from featurestream.pipeline.features import TargetInputs
 from featurestream.pipeline.hf_capture import HFCaptureModel, Tap, find_final_norm
+from featurestream.pipeline.supervision import HiddenSupervised, hidden_supervised
 
 __all__ = ["HFEagleTargetModel"]
 
@@ -34,19 +40,22 @@ class HFEagleTargetModel(HFCaptureModel, EagleTargetBackend):
     final norm, the full-sequence logits by the LM head applied to it (the
     model's own LM-head pass is cut to one position). Forwards are
     serialised, so one wrapper may be shared by threads. ``FeatureProducer``
-    infers ``FeatureAlgorithm.EAGLE`` from it.
+    infers ``FeatureAlgorithm.EAGLE`` from it. ``supervision``: ``"logits"``
+    or ``"hidden"`` (module docstring; ``ValueError`` for another value).
     """
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: nn.Module, *, supervision: str = "logits") -> None:
         super().__init__(model)
         self._lm_head = self._require_lm_head()
         self._taps = (Tap(find_final_norm(model, self._layers), key="final_norm"),)
+        self.supervision = supervision
+        self.target_head = self._supervision_head(supervision)
 
     def get_lm_head(self) -> nn.Module:
         """The target's LM head (a draft head may share it)."""
         return self._lm_head
 
-    def target_batch(self, inputs: TargetInputs) -> EagleTargetBatch:
+    def target_batch(self, inputs: TargetInputs) -> EagleTargetBatch | HiddenSupervised:  # type: ignore[override]
         """One no-grad forward over ``inputs.input_ids [B, T]`` (``generate_batch``'s arguments): the final hidden
         states and their shifted supervision.
 
@@ -54,6 +63,17 @@ class HFEagleTargetModel(HFCaptureModel, EagleTargetBackend):
         ``position_ids``, a model whose forward takes none, or a
         FlashAttention model given more than one row.
         """
+        if self.target_head is not None:
+            hidden = self.capture(inputs, (), logits=False, base=True).last_hidden
+            assert hidden is not None
+            return hidden_supervised(
+                inputs,
+                self.target_head,
+                input_hidden_states=hidden,
+                target_hidden_states=shift_left(hidden),
+                input_ids=shift_left(inputs.input_ids),
+                loss_mask=shift_left(inputs.loss_mask),
+            )
         hidden = self.capture(inputs, self._taps, logits=False).states["final_norm"]
         with torch.no_grad():
             logits = self._lm_head(hidden)

@@ -25,10 +25,13 @@ from featurestream.core.protocol import LeaseQueue
 from featurestream.core.resume import Restore
 from featurestream.pipeline import lockstep
 from featurestream.pipeline.batching import ack_many, fail_many
+from featurestream.pipeline.eagle3 import DraftVocab
 from featurestream.pipeline.prefetch import LeaseBook, LoaderCloseTimeout, Prefetcher, Pulled, Stuck
 from featurestream.pipeline.pull import Collate, Puller, PullSpec, stream_ended
 from featurestream.pipeline.resume import TrainerResume, ledger_of
 from featurestream.pipeline.schemas import schema_for
+from featurestream.pipeline.supervision import SupervisionDecoder
+from featurestream.pipeline.target_head import TargetHead
 from featurestream.stores.base import FeatureStore, StoreHandle
 
 __all__ = ["FeatureDataLoader", "LoaderCloseTimeout"]
@@ -86,6 +89,14 @@ class FeatureDataLoader:
       handed out the ranks agree (one ``all_reduce``) that every rank has one,
       else every rank stops at the same step and the batches already leased
       are failed back (``featurestream.pipeline.lockstep``).
+    - ``target_head``: a ``featurestream.TargetHead``, for samples that
+      carry the target's last hidden state instead of its logits
+      (``supervision="hidden"``): the logits are rebuilt with it, batch by
+      batch, on the head's device (or, with ``draft_vocab``, their
+      draft-vocabulary ``target_probs`` + ``position_mask``). Without a
+      head, or with one whose fingerprint is not the producer's, such a
+      sample's lease is failed back and ``ValueError`` says which head to
+      pass (``featurestream.pipeline.supervision``).
     - ``close_queue`` (default ``True``): whether ``close()`` closes the
       queue. ``False`` for a loader that must never end the run: a
       data-parallel rank other than the one that closes it, or a trainer of
@@ -130,6 +141,8 @@ class FeatureDataLoader:
         process_group: Any = None,
         close_timeout: float = 5.0,
         close_queue: bool = True,
+        target_head: TargetHead | None = None,
+        draft_vocab: DraftVocab | None = None,
     ) -> None:
         check_seconds("acquire_poll_interval", acquire_poll_interval)
         check_seconds("close_timeout", close_timeout)
@@ -146,6 +159,7 @@ class FeatureDataLoader:
         if process_group is not None:
             lockstep.check_group(process_group)
         schema = schema_for(FeatureAlgorithm.EAGLE3 if algorithm is None else algorithm)
+        supervision = SupervisionDecoder(schema, target_head, draft_vocab, device)
         self._resume: TrainerResume | None = None
         if callable(getattr(queue, "training_ledger", None)):
             rank, world_size = (0, 1) if process_group is None else lockstep.rank_of(process_group)
@@ -172,6 +186,7 @@ class FeatureDataLoader:
             device=None if device is None else torch.device(device),
             non_blocking=non_blocking,
             wait=_PREFETCH_WAIT if prefetch else acquire_poll_interval,
+            supervision=supervision,
             end_when_nothing_pending=process_group is not None,
             admit=None if resume is None else functools.partial(resume.admit, queue),
             epoch_done=None if resume is None else resume.epoch_done,

@@ -12,8 +12,11 @@ from typing import Any, Protocol
 
 import torch
 
+from featurestream.common.checks import check_flag
 from featurestream.common.refs import FeatureAlgorithm, FeatureSpec, SampleRef, algorithm_name
+from featurestream.pipeline.fp8 import quantize
 from featurestream.pipeline.schemas import AlgorithmSchema, registered_schemas, schema_for
+from featurestream.pipeline.supervision import HiddenSupervised, stored_tensors
 from featurestream.stores.base import FeatureStore
 
 __all__ = ["FeatureProducer", "TargetBackend"]
@@ -30,8 +33,10 @@ class TargetBackend(Protocol):
     that does not declare them gets the first three only) and returns an
     object (or mapping) with the schema's features; for EAGLE-3
     ``aux_hidden_states, input_ids, attention_mask, loss_mask`` and the
-    supervision, ``logits`` or ``target_probs, position_mask``.
-    The algorithm is inferred from the backend's base class (for EAGLE-3,
+    supervision, ``logits`` or ``target_probs, position_mask``. A
+    ``featurestream.pipeline.supervision.HiddenSupervised`` instead stores
+    the target's last hidden state for the trainer to rebuild the logits
+    from (the ref's ``provenance`` says so). The algorithm is inferred from the backend's base class (for EAGLE-3,
     ``featurestream.eagle3.Eagle3TargetBackend`` or the reference package's
     ``Eagle3TargetBackend``), else from the batch class ``generate_batch``
     is annotated to return (featurestream's or the reference's: the
@@ -70,6 +75,10 @@ class FeatureProducer:
     caller still owns those. A store without the keyword (written against the
     reference contract) is called without it and copies as it likes.
 
+    ``fp8=True`` (lossy, off by default) stores the hidden-state features as
+    ``float8_e4m3fn`` with per-token scales (``featurestream.pipeline.fp8``);
+    the loader dequantises them to the dtype the backend gave.
+
     Thread-safe: concurrent ``produce`` calls get distinct ids (the backend
     itself must tolerate concurrent forwards if they are made).
     """
@@ -84,6 +93,7 @@ class FeatureProducer:
         target_model_version: str = "0",
         draft_weight_version: str = "0",
         sample_id_factory: Callable[[int], str] | None = None,
+        fp8: bool = False,
     ) -> None:
         # The run_id comes first, as in the reference: a recipe's bad run_id is reported whatever its backend.
         if not isinstance(run_id, str) or not run_id:
@@ -95,6 +105,7 @@ class FeatureProducer:
             )
         if not isinstance(store, FeatureStore):
             raise TypeError(f"store must be a FeatureStore, got {type(store).__name__}")
+        check_flag("fp8", fp8)
         if sample_id_factory is not None and not callable(sample_id_factory):
             raise TypeError(f"sample_id_factory must be callable as factory(n) -> str, got {sample_id_factory!r}")
         self._target = target_backend
@@ -106,6 +117,7 @@ class FeatureProducer:
         self.target_model_version = target_model_version
         self.draft_weight_version = draft_weight_version
         self._sample_id_factory = sample_id_factory
+        self.fp8 = fp8
         self._counter = itertools.count(1)
         self._lock = threading.Lock()
         self._closed = False
@@ -191,10 +203,13 @@ class FeatureProducer:
         with torch.no_grad():
             batch = self.target_backend.generate_batch(**inputs)
         where = f"sample {sample_id!r}" if sample_id is not None else f"run {self.run_id!r}'s next sample"
-        if not self.schema.is_batch_type(type(batch)):
+        if not isinstance(batch, HiddenSupervised) and not self.schema.is_batch_type(type(batch)):
             self._check_not_another_algorithms(batch, where)
         try:
-            tensors = self.schema.produced_tensors(batch)
+            tensors, provenance = stored_tensors(self.schema, batch)
+            if self.fp8:
+                tensors, quantized = quantize(tensors)
+                provenance.update(quantized)
         except (TypeError, ValueError) as exc:
             raise type(exc)(f"{where}: {exc}; nothing was stored") from None
         if self._take_ownership:
@@ -203,6 +218,13 @@ class FeatureProducer:
                     tensors[name] = tensor.clone()
         measured = {name: FeatureSpec(tuple(t.shape), t.dtype) for name, t in tensors.items()}
         options: dict[str, Any] = {"take_ownership": True} if self._take_ownership else {}
+        if provenance:
+            if not _accepts_keywords(self.store.put, ("provenance",)):
+                raise TypeError(
+                    f"{where}: {type(self.store).__name__}.put takes no provenance=, which a hidden-state-supervised "
+                    "sample needs on its ref; use a featurestream store; nothing was stored"
+                )
+            options["provenance"] = provenance
         ref = self.store.put(
             self._next_sample_id() if sample_id is None else sample_id,
             tensors,

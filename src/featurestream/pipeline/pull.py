@@ -22,6 +22,7 @@ from featurestream.core.protocol import LeaseQueue
 from featurestream.pipeline.batching import acquire_many, concat_samples, fail_many
 from featurestream.pipeline.prefetch import LeaseBook, Pulled
 from featurestream.pipeline.schemas import AlgorithmSchema, make_batch, registered_schemas, unregistered_message
+from featurestream.pipeline.supervision import SupervisionDecoder
 from featurestream.stores.base import FeatureStore, SampleLostError, StoreHandle
 
 __all__ = ["Collate", "PullSpec", "Puller", "stream_ended"]
@@ -46,6 +47,8 @@ class PullSpec:
     device: torch.device | None
     non_blocking: bool
     wait: float
+    # Checks each ref's supervision encoding against the loader's target head and rebuilds the logits it stands for.
+    supervision: SupervisionDecoder
     # Lockstep ranks end their stream when the queue is closed with nothing pending, not at the drain: the
     # leases still out may be their peers' batches, held while those peers wait for this rank's vote.
     end_when_nothing_pending: bool
@@ -161,7 +164,13 @@ class Puller:
                 f"its lease was failed so a matching consumer can take it{unknown}"
             )
         try:
-            spec.schema.validate_ref(ref)
+            checked = spec.supervision.check(ref)
+        except ValueError as exc:
+            self.book.forget(lease)
+            spec.queue.fail(lease)
+            raise ValueError(f"{exc}; its lease was failed (redelivered, not acked)") from None
+        try:
+            spec.schema.validate_ref(checked)
         except ValueError as exc:
             self.book.forget(lease)
             # Every consumer of its algorithm would refuse it alike: dead now, never counted as trained.
@@ -203,8 +212,8 @@ class Puller:
         spec = self._spec
         leases = [lease for lease, _, _ in samples]
         handles = [handle for _, handle, _ in samples]
-        tensors = [sample_tensors for _, _, sample_tensors in samples]
         try:
+            tensors = [spec.supervision.decode(lease.ref, sample) for lease, _, sample in samples]
             if spec.collate_fn is not None:
                 batch = spec.collate_fn(tensors)
             else:

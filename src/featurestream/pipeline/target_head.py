@@ -191,10 +191,13 @@ def _dtype_name(dtype: torch.dtype) -> str:
 
 
 def _hash(weight: torch.Tensor) -> str:
-    flat = weight.detach().contiguous().view(-1).view(torch.uint8)
+    """BLAKE2b-128 of the weight's bytes in row-major order, read a block of rows at a time (so a strided or
+    device weight is never copied whole)."""
     digest = hashlib.blake2b(digest_size=16)
-    for start in range(0, flat.numel(), _HASH_CHUNK):
-        digest.update(flat[start : start + _HASH_CHUNK].cpu().numpy().tobytes())
+    rows = max(1, _HASH_CHUNK // max(1, weight.shape[1] * weight.element_size()))
+    for start in range(0, weight.shape[0], rows):
+        block = weight[start : start + rows].detach().contiguous().cpu()
+        digest.update(block.view(-1).view(torch.uint8).numpy())
     return digest.hexdigest()
 
 

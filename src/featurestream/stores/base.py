@@ -99,9 +99,14 @@ class FeatureStore(abc.ABC):
         target_model_version: str = "0",
         draft_weight_version: str = "0",
         num_tokens: int = 0,
+        provenance: Mapping[str, str] | None = None,
         take_ownership: bool = False,
     ) -> SampleRef:
         """Store ``tensors`` under ``sample_id`` and return the ref describing them.
+
+        ``provenance`` is the ref's (``SampleRef.provenance``: how the
+        features are encoded); ``FeatureProducer`` passes it only when it has
+        entries.
 
         ``take_ownership=True`` hands the tensors over: the caller promises
         never to touch them again, so the store may keep them instead of a

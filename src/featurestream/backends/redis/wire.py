@@ -82,6 +82,8 @@ _REF_FIELDS = {
     "features": list,
 }
 _FEATURE_FIELDS = {"name": str, "key": str, "shape": list, "dtype": str}
+# Written only when the ref has one (a ref of the reference's encodings has none, and its text is unchanged).
+_PROVENANCE = "provenance"
 # A dead letter: its sample id, its ref's JSON as text (the very text that was queued, so a requeue or a reader
 # gets it back byte for byte, whoever wrote the letter), why it died and after how many deliveries.
 _DEAD_FIELDS = {"sample": str, "ref": str, "reason": str, "deliveries": int}
@@ -120,8 +122,15 @@ def ref_to_json(ref: SampleRef) -> str:
         f'"store_uri":{_STRING(ref.store_uri)},"algorithm":{_STRING(algorithm_name(ref.algorithm))},'
         f'"schema_version":{ref.schema_version:d},"num_tokens":{ref.num_tokens:d},'
         f'"estimated_bytes":{ref.estimated_bytes:d},"target_model_version":{_STRING(ref.target_model_version)},'
-        f'"draft_weight_version":{_STRING(ref.draft_weight_version)},"features":[{features}]}}'
+        f'"draft_weight_version":{_STRING(ref.draft_weight_version)},{_provenance_json(ref)}"features":[{features}]}}'
     )
+
+
+def _provenance_json(ref: SampleRef) -> str:
+    """``"provenance":{...},`` for a ref with provenance entries, else nothing."""
+    if not ref.provenance:
+        return ""
+    return f'"{_PROVENANCE}":{json.dumps(dict(ref.provenance), separators=(",", ":"), ensure_ascii=False)},'
 
 
 def ref_from_json(text: str | bytes) -> SampleRef:
@@ -311,13 +320,17 @@ def _build_ref(
         estimated_bytes=obj["estimated_bytes"],
         target_model_version=obj["target_model_version"],
         draft_weight_version=obj["draft_weight_version"],
+        provenance=obj.get(_PROVENANCE),
     )
 
 
 def _ref_from_obj(obj: object, what: str) -> SampleRef:
     if not isinstance(obj, dict):
         raise ValueError(f"{what} must be a JSON object, got {type(obj).__name__}")
-    _check_fields(obj, _REF_FIELDS, what)
+    provenance = obj.get(_PROVENANCE)
+    if provenance is not None and not isinstance(provenance, dict):
+        raise ValueError(f"{what} field {_PROVENANCE!r} must be an object, got {provenance!r:.80}")
+    _check_fields({name: value for name, value in obj.items() if name != _PROVENANCE}, _REF_FIELDS, what)
     if obj["v"] != WIRE_VERSION:
         raise ValueError(f"{what} has wire version {obj['v']!r}; this reader speaks version {WIRE_VERSION}")
     keys: dict[str, str] = {}
