@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from featurestream import SharedDirFeatureStore
-from featurestream.stores.shared_dir import _HOST
+from featurestream.stores.directory import HOST
 
 WRITER = """
 import sys
@@ -38,7 +38,7 @@ def _dead_pid() -> int:
 
 def test_a_dead_writers_temporaries_go_at_construction_and_gc_and_live_ones_stay(tmp_path: Path) -> None:
     store = SharedDirFeatureStore(tmp_path)
-    dead, live = f".s1.{_HOST}-{_dead_pid()}.abc.tmp", f".s2.{_HOST}-{os.getpid()}.def.tmp"
+    dead, live = f".s1.{HOST}-{_dead_pid()}.abc.tmp", f".s2.{HOST}-{os.getpid()}.def.tmp"
     elsewhere = f".s3.otherhost-{_dead_pid()}.ghi.tmp"  # another host's process cannot be probed: kept
     for name in (dead, live, elsewhere):
         (tmp_path / name).write_bytes(b"partial")

@@ -24,6 +24,7 @@ from featurestream import SharedDirFeatureStore
 
 pytest.importorskip("redis", reason="redis-py is missing: pip install 'featurestream[redis]'")
 from featurestream.backends.redis.queue import RedisSampleRefQueue
+from featurestream.stores.directory import HOST
 from featurestream.testing import sample_tensors
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -130,3 +131,52 @@ def test_kept_dead_letter_bytes_of_an_exited_producer_are_freed_after_the_purge(
     assert operator.purge_dead_letters() == ["s0"]
     operator.disconnect()
     assert emptied(shared) == [], "the purged dead letter's bytes outlived their producer"
+
+
+@pytest.mark.parametrize("where", ["stored", "retained", "dangling"])
+def test_a_drained_queue_frees_a_killed_producers_leftovers_without_the_grace_period(
+    spawn: Spawn, redis_server: Any, queue_name: str, tmp_path: Path, where: str
+) -> None:
+    """Killed after ``store.put`` of s3 (its file and link), inside its ``queue.put`` (a queued marker too), or so
+    and its file gone since (a scrub killed halfway: a dangling link and a marker). Once the queue is closed and
+    drained no enqueue can land, so the close frees them at once, with a grace period of an hour."""
+    shared = tmp_path / "shared"
+    producer = spawn(0, 4, stop_at=3, where="stored" if where == "stored" else "retained")
+    kill(producer)
+    store = SharedDirFeatureStore(shared, orphan_grace=3600.0, orphan_interval=None)
+    queue = RedisSampleRefQueue(store, url=redis_server.url, name=queue_name, **QUEUE_OPTIONS)
+    assert train(queue, 3) == ["s0", "s1", "s2"]
+    if where == "dangling":
+        [data] = [name for name in os.listdir(shared) if name.startswith("s3@") and name.endswith(".safetensors")]
+        os.unlink(shared / data)
+    left = sorted(os.listdir(shared))
+    assert "s3.safetensors" in left, left
+    assert any(name.endswith(".retained") for name in left) == (where != "stored"), left
+    assert queue.reclaim_expired() == 0 and sorted(os.listdir(shared)) == left, "nothing goes while the queue is open"
+    # What a writer killed inside put (its temporary) and a process killed while unlinking (a file on its way
+    # out) leave; a new instance would sweep them at its start, the drained sweep does at once.
+    (shared / f".s7.{HOST}-{producer.pid}.0123.tmp").write_bytes(b"partial")
+    (shared / ".scrubbed-0123").write_bytes(b"freed")
+    queue.close()  # nothing pending or leased: drained
+    assert os.listdir(shared) == [], "the drained queue's sweep left the dead writer's files"
+    queue.disconnect()
+    store.close()
+
+
+def test_the_drained_sweep_spares_a_live_writers_sample_and_a_kept_dead_letter(
+    spawn: Spawn, trainer: RedisSampleRefQueue, tmp_path: Path
+) -> None:
+    """A writer that lives may still be between its ``store.put`` and its (refused) enqueue: its close frees its
+    sample. A kept dead letter is the queue's until it is purged."""
+    shared = tmp_path / "shared"
+    spawn(0, 1).wait(30)  # puts s0 and exits without closing its store
+    lease = trainer.acquire(timeout=DEADLINE)
+    assert lease is not None and trainer.fail(lease) is not None  # one delivery: a dead letter, its bytes kept
+    writer = SharedDirFeatureStore(shared, orphan_interval=None)
+    writer.put("s9", sample_tensors(9, TOKENS))
+    trainer.close()  # drained: the dead letter is no lease
+    assert data_files(shared) == ["s0", "s9"]
+    writer.close()
+    assert data_files(shared) == ["s0"]
+    assert trainer.purge_dead_letters() == ["s0"]
+    assert emptied(shared) == []

@@ -100,6 +100,7 @@ class Effects:
         except Exception:  # a sweep that fails (the directory gone, the master unreachable) must not stop reaping
             logger.exception("the orphan sweep of %s raised; the reaper carries on", self._store.store_uri)
         if self.lifecycle_state == "drained" and not self._owed:
+            self._sweep_drained()
             return False
         self.reclaim_expired()
         return True
@@ -107,6 +108,14 @@ class Effects:
     def _reclaim_orphans(self, *, force: bool = False) -> int:
         """Have the store free dead writers' bytes this queue does not hold (``FeatureStore.reclaim_orphans``)."""
         return self._store.reclaim_orphans(self._holds_or_dead, force=force)
+
+    def _sweep_drained(self) -> None:
+        """The queue is closed and drained, so no enqueue can land any more: the store frees what writers no longer
+        alive left, without the grace period (``FeatureStore.reclaim_orphans(drained=True)``); a failure is logged."""
+        try:
+            self._store.reclaim_orphans(self._holds_or_dead, force=True, drained=True)
+        except Exception:
+            logger.exception("the drained sweep of %s raised; what it left waits for the orphan reclaim", self._store)
 
     def _holds_or_dead(self, sample_ids: Sequence[str]) -> set[str]:
         """Which of ``sample_ids`` this queue holds: pending, leased, or dead letters (whose bytes may be kept).

@@ -155,13 +155,17 @@ class FeatureStore(abc.ABC):
         resident or not, stays as it is.
         """
 
-    def reclaim_orphans(self, held: Callable[[Sequence[str]], set[str]] | None = None, *, force: bool = False) -> int:
+    def reclaim_orphans(
+        self, held: Callable[[Sequence[str]], set[str]] | None = None, *, force: bool = False, drained: bool = False
+    ) -> int:
         """Free bytes whose writer died before any queue took them; return how many samples were freed.
 
         ``held(sample_ids)`` is a queue's answer to which of those ids it holds (pending, leased or as a dead
         letter): a store asks it before freeing a sample that carries a queued marker. ``force``: sweep now,
-        whatever the store's own interval. Stores whose bytes die with their writer (in-process ones) have
-        nothing to reclaim: the default frees nothing.
+        whatever the store's own interval. ``drained``: ``held`` answers for a queue that is closed and drained,
+        so no enqueue can land any more: the samples of every writer no longer alive (dead, or closed) go now,
+        without the grace period. Stores whose bytes die with their writer (in-process ones) have nothing to
+        reclaim: the default frees nothing.
         """
         return 0
 

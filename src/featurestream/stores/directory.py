@@ -1,12 +1,17 @@
-"""The store directory itself: checking it is usable, and telling whether a writer's process lives."""
+"""The store directory itself: checking it is usable, telling whether a writer's process lives, and sweeping the
+temporaries of writers that died inside ``put``."""
 
 from __future__ import annotations
 
 import errno
 import os
+import socket
 import tempfile
 
-__all__ = ["alive", "prepare_directory"]
+__all__ = ["HOST", "TEMP_SUFFIX", "alive", "prepare_directory", "sweep_dead_temporaries"]
+
+TEMP_SUFFIX = ".tmp"
+HOST = socket.gethostname().replace(".", "_").replace("-", "_") or "host"  # a temporary's writer: <HOST>-<pid>
 
 
 def alive(pid: int) -> bool:
@@ -59,3 +64,26 @@ def prepare_directory(directory: str, create: bool) -> None:
         ) from exc
     os.close(fd)
     os.unlink(probe)
+
+
+def sweep_dead_temporaries(directory: str) -> int:
+    """Unlink the ``.tmp`` files of writers on this host that died inside ``put`` (SIGKILL); return how many.
+
+    A temporary names its writer (``.<id>.<HOST>-<pid>.<random>.tmp``); one whose process is gone is garbage,
+    whatever its age. Temporaries of live processes, and of other hosts (whose processes cannot be probed from
+    here), are left alone.
+    """
+    swept = 0
+    for name in os.listdir(directory):
+        if not (name.startswith(".") and name.endswith(TEMP_SUFFIX)):
+            continue
+        parts = name[: -len(TEMP_SUFFIX)].rsplit(".", 2)
+        host, _, pid = parts[1].rpartition("-") if len(parts) == 3 else ("", "", "")
+        if host != HOST or not pid.isdigit() or alive(int(pid)):
+            continue
+        try:
+            os.unlink(os.path.join(directory, name))
+        except FileNotFoundError:
+            continue  # another instance swept it first
+        swept += 1
+    return swept

@@ -432,7 +432,7 @@ class MooncakeFeatureStore(ResidencyRecords):
             self._remove(self.object_key(ref), f"scrub sample {ref.sample_id!r}:")
             super().scrub(ref)
 
-    def reclaim_orphans(self, held: Holds | None = None, *, force: bool = False) -> int:
+    def reclaim_orphans(self, held: Holds | None = None, *, force: bool = False, drained: bool = False) -> int:
         """Remove the objects of writers whose record has not beaten for ``orphan_grace`` seconds (past its own
         interval) that ``held`` -- a queue's answer, which its reaper passes -- says it holds neither pending,
         leased nor as a dead letter; return how many.
@@ -443,11 +443,12 @@ class MooncakeFeatureStore(ResidencyRecords):
         freed. A dead writer's record goes once none of its objects is left. Writers' clocks must agree to well
         within ``orphan_grace``. Runs at most every ``orphan_interval`` seconds unless ``force``; each sweep
         reads the residency slots and records (the master calls ``health`` makes) and removes by object key, so
-        a later put of the same id is never touched.
+        a later put of the same id is never touched. ``drained`` (the queue is closed and drained): a record is
+        dead once it missed its beat, without the grace period.
         """
-        if held is None or not (force or self._orphans.due(True)):
+        if held is None or not (force or drained or self._orphans.due(True)):
             return 0
-        dead = self._dead_records()
+        dead = self._dead_records(0.0 if drained else self._orphans.grace)
         if not dead:
             return 0
         start = len(self.namespace) + 1
@@ -474,8 +475,9 @@ class MooncakeFeatureStore(ResidencyRecords):
             )
         return freed
 
-    def _dead_records(self) -> dict[str, list[str]]:
-        """Residency slot -> the object keys still held, of the other writers whose record stopped beating."""
+    def _dead_records(self, grace: float) -> dict[str, list[str]]:
+        """Residency slot -> the object keys still held, of the other writers whose record has not beaten for its
+        interval plus ``grace``."""
         with self._client_lock:
             if self._client_closed:
                 return {}
@@ -486,7 +488,7 @@ class MooncakeFeatureStore(ResidencyRecords):
         now, dead = time.time(), {}
         for slot, blob in zip(others, blobs, strict=True):
             record = self._beating(blob) if blob else None
-            if record is not None and now - record[0] > record[1] + self._orphans.grace:
+            if record is not None and now - record[0] > record[1] + grace:
                 dead[slot] = record[2]
         if not dead:
             return {}

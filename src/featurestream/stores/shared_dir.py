@@ -66,7 +66,6 @@ import errno
 import logging
 import os
 import re
-import socket
 import stat
 import tempfile
 import threading
@@ -81,7 +80,7 @@ from featurestream.common.periodic import start_periodic
 from featurestream.common.refs import SampleRef
 from featurestream.stores.base import SampleLostError
 from featurestream.stores.deleter import BackgroundDeleter, remove_reporting
-from featurestream.stores.directory import alive, prepare_directory
+from featurestream.stores.directory import HOST, TEMP_SUFFIX, prepare_directory, sweep_dead_temporaries
 from featurestream.stores.ledger import (
     INCARNATION_SEP,
     LedgerFeatureStore,
@@ -110,14 +109,12 @@ POINTER_SUFFIX = DATA_SUFFIX  # ``<id>.safetensors``: the reference's name of th
 SCRUBBED_PREFIX = ".scrubbed-"
 
 
-TEMP_SUFFIX = ".tmp"
 _INCARNATION = re.compile(r"[0-9a-f]{32}")
 # A data file or queued marker of an incarnation (what a link to a data file names, too).
 _OWNED_NAME = re.compile(
     rf"(?P<id>.+){INCARNATION_SEP}(?P<inc>[0-9a-f]{{32}})(?:{re.escape(DATA_SUFFIX)}|{re.escape(RETAINED_SUFFIX)})"
 )
 _INCARNATION_TAIL = re.compile(rf"{INCARNATION_SEP}[0-9a-f]{{32}}$")
-_HOST = socket.gethostname().replace(".", "_").replace("-", "_") or "host"
 
 
 class SharedDirFeatureStore(LedgerFeatureStore):
@@ -168,10 +165,11 @@ class SharedDirFeatureStore(LedgerFeatureStore):
         for name in os.listdir(self.directory):
             if name.startswith(SCRUBBED_PREFIX):  # left by a process that died before unlinking it
                 self._deleter.submit(os.path.join(self.directory, name))
-        self._sweep_dead_writers()
+        sweep_dead_temporaries(self.directory)
         self._writer = WriterToken(self.directory)
         self._orphans = OrphanClock(orphan_grace, orphan_interval or DEFAULT_ORPHAN_INTERVAL)
         self._sweep_stop = threading.Event()
+        self._drained: Holds | None = None  # the answer of a drained queue this instance swept with, for its close
         self.reclaim_orphans(force=True)  # notes the writers already dead: their samples go a grace later
         if orphan_interval is not None:
             start_periodic(
@@ -241,7 +239,7 @@ class SharedDirFeatureStore(LedgerFeatureStore):
 
     def _temp_name(self, sample_id: str) -> str:
         """A temporary name prefix the dead-writer sweep recognises (``.<id>.<host>-<pid>.``)."""
-        return f".{sample_id}.{_HOST}-{os.getpid()}."
+        return f".{sample_id}.{HOST}-{os.getpid()}."
 
     def _point_at(self, sample_id: str, data_name: str) -> None:
         """Make ``<id>.safetensors`` name ``data_name`` (relative: nodes may mount the directory at other paths).
@@ -442,11 +440,16 @@ class SharedDirFeatureStore(LedgerFeatureStore):
     def gc(self) -> int:
         """Forget orphan handles, retry failed unlinks, sweep dead writers' temporaries and reclaim their
         unqueued samples (``reclaim_orphans``, whatever the interval); return how many."""
-        return super().gc() + self._retry_unlinks() + self._sweep_dead_writers() + self.reclaim_orphans(force=True)
+        swept = super().gc() + self._retry_unlinks() + sweep_dead_temporaries(self.directory)
+        return swept + self.reclaim_orphans(force=True)
 
-    def reclaim_orphans(self, held: Holds | None = None, *, force: bool = False) -> int:
+    def reclaim_orphans(self, held: Holds | None = None, *, force: bool = False, drained: bool = False) -> int:
         """Free what writers seen dead for ``orphan_grace`` seconds left that no queue holds; return how many
         incarnations were freed.
+
+        ``drained`` (``held`` answers for a closed, drained queue: no enqueue can land any more): every writer no
+        longer alive (dead, or closed) is ripe at once, no grace; dead writers' temporaries and files on their way
+        out go too, all unlinked on return; this instance's ``close`` sweeps so once more, counting itself gone.
 
         A writer is a store instance on this directory, dead once its process is (``stores.orphans``). Of a
         dead writer's samples, one without a queued marker is freed; a marked one (its writer died between
@@ -458,8 +461,23 @@ class SharedDirFeatureStore(LedgerFeatureStore):
         link no file of its id explains and a probe per other writer. Each is freed as ``scrub`` frees: the data
         file, its link, its marker.
         """
+        if drained and held is not None:
+            self._drained = held
+            freed = self._sweep(held, drained=True)
+            self._deleter.flush()
+            return freed
         if not force and not self._orphans.due(held is not None):
             return 0
+        return self._sweep(held)
+
+    def _sweep(self, held: Holds | None, *, drained: bool = False, leaving: bool = False) -> int:
+        """``reclaim_orphans``' sweep; ``leaving``: this instance is closing, its own samples count as a gone
+        writer's."""
+        if drained:
+            sweep_dead_temporaries(self.directory)
+            for name in os.listdir(self.directory):
+                if name.startswith(SCRUBBED_PREFIX):  # renamed out already: garbage, whoever is unlinking it
+                    self._unlink(os.path.join(self.directory, name))
         names = set(os.listdir(self.directory))  # before the probes: a writer found dead adds no file after them
         found: dict[str, dict[str, str]] = {}  # writer token -> {stem: sample id}
         links = []
@@ -478,7 +496,8 @@ class SharedDirFeatureStore(LedgerFeatureStore):
                 if match is not None:
                     stem = f"{match['id']}{INCARNATION_SEP}{match['inc']}"
                     found.setdefault(match["inc"][:TOKEN_DIGITS], {})[stem] = match["id"]
-        ripe = self._orphans.ripe({token: self._writer.alive(token) for token in found})
+        live = {token: self._writer.alive(token) and not (leaving and token == self._writer.hex) for token in found}
+        ripe = {token for token, up in live.items() if not up} if drained else self._orphans.ripe(live)
         orphans = {stem: sample_id for token in ripe for stem, sample_id in found[token].items()}
         queued = {stem for stem in orphans if stem + DATA_SUFFIX in names and stem + RETAINED_SUFFIX in names}
         holding = self._queue_holds(held, [orphans[stem] for stem in queued])
@@ -511,39 +530,25 @@ class SharedDirFeatureStore(LedgerFeatureStore):
             )
             return None
 
-    def _sweep_dead_writers(self) -> int:
-        """Unlink the ``.tmp`` files of writers on this host that died inside ``put`` (SIGKILL); return how many.
-
-        A temporary names its writer (``<host>-<pid>``); one whose process is gone is garbage, whatever its
-        age. Temporaries of live processes, and of other hosts (whose processes cannot be probed from here),
-        are left alone.
-        """
-        swept = 0
-        for name in os.listdir(self.directory):
-            if not (name.startswith(".") and name.endswith(TEMP_SUFFIX)):
-                continue
-            parts = name[: -len(TEMP_SUFFIX)].rsplit(".", 2)
-            host, _, pid = parts[1].rpartition("-") if len(parts) == 3 else ("", "", "")
-            if host != _HOST or not pid.isdigit() or alive(int(pid)):
-                continue
-            try:
-                os.unlink(os.path.join(self.directory, name))
-            except FileNotFoundError:
-                continue  # another instance swept it first
-            swept += 1
-        return swept
-
     def close(self) -> None:
         """Unlink every sample this instance wrote that no queue holds (idempotent), retrying unlinks that failed
         before; a queued sample (its marker on disk, whichever process's queue made it) stays readable by every
         instance until the queue scrubs it.
 
-        Returns once every file this instance removed is unlinked, those of earlier scrubs included. Its
-        liveness token goes last: what it leaves is queued, and a queue that drops such a sample (or a sweep,
-        asking the queue) frees it.
+        Once a queue of this instance swept as drained (``reclaim_orphans(drained=True)``), the close sweeps so
+        once more, this instance counted as gone: on a drained run, the last writer's close leaves nothing but
+        kept dead letters. Returns once every file this instance removed is unlinked, those of earlier scrubs
+        included. Its liveness token goes last: what it leaves is queued, and a queue that drops such a sample
+        (or a sweep, asking the queue) frees it.
         """
         self._sweep_stop.set()
+        first = not self._closed
         super().close()
+        if first and self._drained is not None:
+            try:
+                self._sweep(self._drained, drained=True, leaving=True)
+            except Exception:
+                logger.exception("%s: the sweep of a drained run on close raised", self.store_uri)
         self._deleter.flush()
         self._retry_unlinks()
         self._writer.release()

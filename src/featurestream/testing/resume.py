@@ -38,6 +38,7 @@ from featurestream.pipeline.loader import FeatureDataLoader
 from featurestream.pipeline.producer import FeatureProducer
 from featurestream.pipeline.resume import ProducerReport, ResumableProducer
 from featurestream.stores.base import FeatureStore
+from featurestream.stores.orphans import DEFAULT_ORPHAN_GRACE
 
 __all__ = [
     "KeyTarget",
@@ -274,7 +275,7 @@ def _open(args: argparse.Namespace) -> tuple[LeaseQueue, FeatureStore]:
     from featurestream.backends.redis.queue import RedisSampleRefQueue  # needs redis-py: only for the processes
     from featurestream.stores.shared_dir import SharedDirFeatureStore
 
-    store = SharedDirFeatureStore(args.store_dir, max_samples=None, max_bytes=1 << 30)
+    store = SharedDirFeatureStore(args.store_dir, max_samples=None, max_bytes=1 << 30, orphan_grace=args.orphan_grace)
     # through Sentinel: "--sentinel HOST:PORT,HOST:PORT --service NAME" (a replicated Redis that fails over)
     target: dict[str, Any] = {"url": args.url}
     if args.sentinel:
@@ -295,24 +296,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--checkpoints", help="trainer: the checkpoint directory")
     parser.add_argument("--prompts", type=int, required=True)
     parser.add_argument("--visibility", type=float, default=1.0)
+    parser.add_argument("--orphan-grace", type=float, default=DEFAULT_ORPHAN_GRACE, help="the store's orphan_grace")
     parser.add_argument("--every", type=int, default=3)
     parser.add_argument("--batch-size", type=int, default=2)
     parser.add_argument("--step-seconds", type=float, default=0.0, help="trainer: sleep per step (a slower trainer)")
     args = parser.parse_args(argv)
     queue, store = _open(args)
-    if args.role == "producer":
-        report = produce(queue, store, args.prompts)
-        print(json.dumps(vars(report)), flush=True)
+    try:
+        if args.role == "producer":
+            report = produce(queue, store, args.prompts)
+            print(json.dumps(vars(report)), flush=True)
+            return 0
+        rng = random.Random()
+
+        def slow(point: str) -> None:  # steps of random length, so a SIGKILL lands anywhere in one
+            if args.step_seconds and point == "step":
+                time.sleep(args.step_seconds * rng.random() * 2)
+
+        history = train(queue, store, args.checkpoints, every=args.every, batch_size=args.batch_size, crash=slow)
+        print(json.dumps({"steps": len(history)}), flush=True)
         return 0
-    rng = random.Random()
-
-    def slow(point: str) -> None:  # steps of random length, so a SIGKILL lands anywhere in one
-        if args.step_seconds and point == "step":
-            time.sleep(args.step_seconds * rng.random() * 2)
-
-    history = train(queue, store, args.checkpoints, every=args.every, batch_size=args.batch_size, crash=slow)
-    print(json.dumps({"steps": len(history)}), flush=True)
-    return 0
+    finally:  # a clean exit: the run's last one, on a drained queue, leaves the store directory empty
+        queue.disconnect()  # type: ignore[attr-defined]
+        store.close()
 
 
 if __name__ == "__main__":
