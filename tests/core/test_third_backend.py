@@ -14,7 +14,7 @@ from hypothesis.stateful import run_state_machine_as_test
 
 from featurestream import LocalFeatureStore, VisibilityTimeout
 from featurestream.core.coordinator import Coordinator
-from featurestream.core.engine import EngineContext
+from featurestream.core.engine import Engine, EngineContext
 from featurestream.testing import FakeClock, MachineConfig, make_queue_machine, sample_tensors
 
 DOC = pathlib.Path(__file__).parents[2] / "docs" / "architecture.md"
@@ -83,3 +83,10 @@ def test_the_stateful_kit_passes_against_the_example() -> None:
     machine = make_queue_machine(LocalFeatureStore, example["tally_queue"], MachineConfig(), name="TallyMachine")
     budget = settings(max_examples=40, stateful_step_count=30, deadline=None, derandomize=True, database=None)
     run_state_machine_as_test(machine, settings=budget)
+
+
+def test_the_engine_contract_stays_narrow() -> None:
+    """At most 15 methods, and no capability flag: ``max_batch`` (a limit) is the one attribute."""
+    methods = [name for name, value in vars(Engine).items() if callable(value) and not name.startswith("_")]
+    assert len(methods) <= 15, sorted(methods)
+    assert set(Engine.__annotations__) == {"max_batch"}

@@ -16,7 +16,7 @@ from featurestream import (
     PromptSource,
     SampleRefQueue,
 )
-from featurestream.pipeline.eagle3 import shift_left
+from featurestream.pipeline.alignment import shift_left
 from featurestream.tools.models import TinyConfig, TinyTargetModel, prompt_batches
 
 CONFIG = TinyConfig(vocab_size=32, hidden_size=16, num_layers=3, num_heads=2, max_seq_len=16)

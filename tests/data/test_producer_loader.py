@@ -20,7 +20,7 @@ from featurestream import (
     SampleRef,
     SampleRefQueue,
 )
-from featurestream.pipeline.eagle3 import shift_left
+from featurestream.pipeline.alignment import shift_left
 from featurestream.tools.models import TinyConfig, TinyTargetModel, prompt_batches
 
 from .helpers import eagle3_sample, put_eagle3, untrainable_eagle3_sample

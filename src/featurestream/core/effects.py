@@ -71,7 +71,7 @@ class Effects:
     def _scrub(self, ref: SampleRef) -> None:
         """The queue is done with ``ref`` for good: its store scrubs it now (waking blocked producers), or the
         scrub is owed."""
-        if self._owe("scrub", ref):
+        if call_or_owe(self._store, self._owed, "scrub", ref, self._store_fault):
             self._not_full.notify_all()
 
     def _owe(self, call: str, ref: SampleRef) -> bool:
@@ -133,21 +133,28 @@ class Effects:
 
     # -- applying the engine's events (lock held) --------------------------------------------
     def _report(self, event: Event) -> None:
-        """Apply one event the engine reports (see ``core/engine.py``), as it happens."""
-        _APPLY[type(event)](self, event)
+        """Apply one event the engine reports (see ``core/engine.py``), as it happens.
 
-    def _on_leased(self, event: Leased) -> None:
-        fire(LEASE_MACHINE, "lease", event.model)
-        self._trace(events.ACQUIRE, event.trace)
-
-    def _on_settled(self, event: Settled) -> None:
-        fire(LEASE_MACHINE, event.trigger, event.model)
-        self._trace(events.ACK if event.trigger == "ack" else events.FAIL, event.trace)
-        if event.retried and event.trigger == "fail" and self._tracer is not None:
-            self._tracer(events.DEAD_LETTER, {"sample_id": event.model.sample_id})
-        if event.scrub is not None:
-            self._scrub(event.scrub)
-        self._not_full.notify_all()
+        Every sample's lifecycle reports a ``Leased`` and a ``Settled``: those two are applied here, every other
+        event by its ``_on_*`` handler through ``_APPLY``.
+        """
+        kind = type(event)
+        if kind is Leased:
+            fire(LEASE_MACHINE, "lease", event.model)
+            if event.trace is not None:
+                self._trace(events.ACQUIRE, event.trace)
+        elif kind is Settled:
+            fire(LEASE_MACHINE, event.trigger, event.model)
+            if event.trace is not None:
+                self._trace(events.ACK if event.trigger == "ack" else events.FAIL, event.trace)
+            if event.retried and event.trigger == "fail" and self._tracer is not None:
+                self._tracer(events.DEAD_LETTER, {"sample_id": event.model.sample_id})
+            if event.scrub is not None:
+                self._scrub(event.scrub)
+            if self._not_full.waiting:  # Signal's own test, read here as its docstring asks of hot paths
+                self._not_full.notify_all()
+        else:
+            _APPLY[kind](self, event)
 
     def _trace(self, action: str, trace: object) -> None:
         if trace is not None and self._tracer is not None:
@@ -201,8 +208,6 @@ class Effects:
 
 
 _APPLY: dict[type, Callable[[Effects, Any], None]] = {
-    Leased: Effects._on_leased,
-    Settled: Effects._on_settled,
     Admitted: Effects._on_admitted,
     DedupRefused: Effects._on_dedup_refused,
     Extended: Effects._on_extended,

@@ -52,6 +52,7 @@ from featurestream.common.refs import (
     FeatureSpec,
     SampleRef,
 )
+from featurestream.pipeline.alignment import shift_left
 from featurestream.pipeline.features import (
     ATTENTION_MASK_RULE,
     INPUT_IDS_RULE,
@@ -92,10 +93,8 @@ __all__ = [
     "eagle3_logits_feature_specs",
     "eagle3_logits_tensors",
     "feature_tensors",
-    "packed_attention_allowed",
     "produced_tensors",
     "project_to_draft_vocab",
-    "shift_left",
     "validate_eagle3_packing_inputs",
     "validate_eagle3_ref",
     "validate_ref",
@@ -545,33 +544,6 @@ class DraftVocabTarget(Eagle3TargetBackend):
                 input_ids=inputs.input_ids, attention_mask=inputs.attention_mask, loss_mask=inputs.loss_mask, **given
             )
             return project_to_draft_vocab(batch, vocab)
-
-
-def shift_left(tensor: torch.Tensor) -> torch.Tensor:
-    """``tensor [B, T, ...]`` moved one position left along ``T``, the last position zero: a new tensor."""
-    shifted = torch.zeros_like(tensor)
-    shifted[:, :-1] = tensor[:, 1:]
-    return shifted
-
-
-def packed_attention_allowed(seq_lens: torch.Tensor, length: int) -> torch.Tensor:
-    """``[B, T, T]`` bool: which key ``k`` query ``q`` of a packed row may attend to (causal, same document).
-
-    ``seq_lens [B, D]`` holds each row's document lengths, zero-padded; each
-    row must sum to ``length`` (trailing padding belongs to the last document),
-    else ``ValueError`` naming the sums.
-    """
-    if seq_lens.dim() != 2:
-        raise ValueError(f"seq_lens must be [batch, documents], got shape {tuple(seq_lens.shape)}")
-    sums = seq_lens.sum(dim=1)
-    if bool((sums != length).any()):
-        raise ValueError(f"each row of seq_lens must sum to the sequence length {length}, got {sums.tolist()}")
-    positions = torch.arange(length, device=seq_lens.device)
-    ends = seq_lens.cumsum(dim=1)
-    # A position's document: how many documents end at or before it (zero-length padding entries end nothing new).
-    document = (ends[:, None, :] <= positions[None, :, None]).sum(dim=2)
-    causal = torch.ones(length, length, dtype=torch.bool, device=seq_lens.device).tril()
-    return (document[:, :, None] == document[:, None, :]) & causal
 
 
 class Eagle3ForwardBackend(Eagle3TargetBackend):

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from featurestream.pipeline.eagle3 import packed_attention_allowed
+from featurestream.pipeline.alignment import packed_attention_allowed
 from featurestream.pipeline.features import ForwardInputs
 from featurestream.pipeline.target_head import TargetHead
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from featurestream.pipeline.eagle3 import shift_left
+from featurestream.pipeline.alignment import shift_left
 from featurestream.pipeline.eagle12 import EagleTargetBackend, EagleTargetBatch
 from featurestream.pipeline.features import TargetInputs
 from featurestream.pipeline.hf_capture import HFCaptureModel, Tap, find_final_norm

@@ -41,9 +41,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from featurestream.pipeline.alignment import packed_attention_allowed
 from featurestream.pipeline.dflash import DFlashTargetBackend, DFlashTargetBatch
 from featurestream.pipeline.dspark import DSparkTargetBackend, DSparkTargetBatch
-from featurestream.pipeline.eagle3 import Eagle3ForwardBackend, Eagle3TargetBatch, packed_attention_allowed
+from featurestream.pipeline.eagle3 import Eagle3ForwardBackend, Eagle3TargetBatch
 from featurestream.pipeline.features import ForwardInputs, TargetInputs
 
 __all__ = [
