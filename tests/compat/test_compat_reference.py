@@ -300,6 +300,32 @@ def test_a_paused_producer_over_an_empty_queue_differs_as_documented(reference: 
         assert len(paused) == 1 and resumed == [], streaming.__name__
 
 
+def test_a_producer_closing_its_store_differs_as_documented(reference: Reference, tmp_path: Path) -> None:
+    """docs/compatibility.md: the reference's close unlinks a sample its queue still holds, and the trainer's get
+    then raises; featurestream's keeps it for the trainer (another instance on the directory) until the ack."""
+    for streaming, keeps in ((reference.streaming, False), (featurestream, True)):
+        directory = tmp_path / streaming.__name__
+        producer, trainer = (
+            streaming.SharedDirFeatureStore(str(directory)),
+            streaming.SharedDirFeatureStore(str(directory)),
+        )
+        queue = streaming.SampleRefQueue(producer)
+        queue.put(producer.put("s0", sample_tensors(0), run_id="r"))
+        queue.close()
+        producer.close()  # the producer's natural end
+        lease = queue.acquire()  # the reference's takes no timeout
+        assert lease is not None
+        if keeps:
+            tensors, handle = trainer.get(lease.ref)
+            assert torch.equal(tensors["input_ids"], sample_tensors(0)["input_ids"])
+            trainer.release(handle)
+            assert queue.ack(lease)
+            assert os.listdir(directory) == []
+        else:
+            with pytest.raises(KeyError):
+                trainer.get(lease.ref)
+
+
 # -- a recipe written for the reference, its streaming imports aliased to featurestream ------------------------
 
 ALIASED_RECIPE = """
