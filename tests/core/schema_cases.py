@@ -42,9 +42,10 @@ UNTRAINABLE: dict[str, tuple[dict[str, torch.Tensor], str, str]] = {
 TRAINABLE = ("ok-first", "ok-last")
 
 
-def put_all(queue: Any, store: FeatureStore) -> None:
-    """A trainable sample, each untrainable one, another trainable one: every put taken, as the reference's are."""
-    ids = [TRAINABLE[0], *UNTRAINABLE, TRAINABLE[1]]
+def put_all(queue: Any, store: FeatureStore, untrainable: list[str]) -> None:
+    """A trainable sample, the ``untrainable`` ones, another trainable one: every put taken, as the reference's
+    are."""
+    ids = [TRAINABLE[0], *untrainable, TRAINABLE[1]]
     for sample_id in ids:
         tensors = UNTRAINABLE[sample_id][0] if sample_id in UNTRAINABLE else eagle3_tensors(TOKENS)
         queue.put(store.put(sample_id, tensors, run_id="run"))
@@ -72,20 +73,24 @@ def drain_through_loader(
     return trained, raised
 
 
-def check_untrainable_dead_lettered(queue: Any, store: FeatureStore, caplog: pytest.LogCaptureFixture) -> None:
-    """Put ``UNTRAINABLE`` between two good samples, drain through a loader: each untrainable one is dead-lettered
-    once, reason ``schema`` naming it, its feature and the fault, logged once, counted as dead and never as acked
-    (``stats``, the status snapshot and the metrics agree); the good ones train; the store ends empty."""
-    put_all(queue, store)
+def check_untrainable_dead_lettered(
+    queue: Any, store: FeatureStore, caplog: pytest.LogCaptureFixture, untrainable: list[str]
+) -> None:
+    """Put the ``untrainable`` samples (``UNTRAINABLE``'s ids) between two good ones, drain through a loader: each
+    untrainable one is dead-lettered once, reason ``schema`` naming it, its feature and the fault, logged once,
+    counted as dead and never as acked (``stats``, the status snapshot and the metrics agree); the good ones train;
+    the store ends empty."""
+    put_all(queue, store, untrainable)
     queue.close()
     with caplog.at_level(logging.WARNING, logger="featurestream.pipeline.pull"):
         trained, raised = drain_through_loader(queue, store)
     assert trained == list(TRAINABLE)
-    assert [exc.args[0].split("'")[1] for exc in raised] == list(UNTRAINABLE)
+    assert [exc.args[0].split("'")[1] for exc in raised] == untrainable
     assert all("dead-lettered (reason schema, never trained)" in str(exc) for exc in raised)
     letters = {letter.ref.sample_id: letter for letter in queue.dead_letters()}
-    assert sorted(letters) == sorted(UNTRAINABLE)
-    for sample_id, (_, feature, fault) in UNTRAINABLE.items():
+    assert sorted(letters) == sorted(untrainable)
+    for sample_id in untrainable:
+        _, feature, fault = UNTRAINABLE[sample_id]
         letter = letters[sample_id]
         assert letter.reason.startswith(f"schema: sample {sample_id!r}: eagle3 "), letter.reason
         assert feature in letter.reason and fault in letter.reason, letter.reason
@@ -93,11 +98,11 @@ def check_untrainable_dead_lettered(queue: Any, store: FeatureStore, caplog: pyt
         logged = [record for record in caplog.records if repr(sample_id) in record.getMessage()]
         assert len(logged) == 1 and "reason schema" in logged[0].getMessage()
     stats = queue.stats()
-    bad = len(UNTRAINABLE)
+    bad = len(untrainable)
     assert (stats.acked, stats.dead_lettered, stats.pending, stats.outstanding) == (len(TRAINABLE), bad, 0, 0)
     status = snapshot(queue)
     assert status["counters"]["acked"] == len(TRAINABLE) and status["dead_letters"]["count"] == bad
-    assert {entry["sample_id"] for entry in status["dead_letters"]["newest"]} <= set(UNTRAINABLE)
+    assert {entry["sample_id"] for entry in status["dead_letters"]["newest"]} <= set(untrainable)
     metrics = queue_metrics(queue)
     assert metrics["featurestream/acked_total"] == len(TRAINABLE) and metrics["featurestream/dead_letters"] == bad
     assert queue.lifecycle_state == "drained"

@@ -14,7 +14,15 @@ from featurestream import LocalFeatureStore
 from featurestream.cli import main
 
 
-def test_each_untrainable_sample_is_dead_lettered_with_reason_schema(
+@pytest.mark.parametrize("case", UNTRAINABLE)
+def test_an_untrainable_sample_is_dead_lettered_with_reason_schema(
+    make: Callable[..., Any], case: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = LocalFeatureStore()
+    check_untrainable_dead_lettered(make(store, max_deliveries=5), store, caplog, [case])
+
+
+def test_untrainable_samples_among_good_ones_are_dead_lettered_and_status_says_so(
     make: Callable[..., Any],
     redis_server: Any,
     queue_name: str,
@@ -22,7 +30,7 @@ def test_each_untrainable_sample_is_dead_lettered_with_reason_schema(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     store = LocalFeatureStore()
-    check_untrainable_dead_lettered(make(store, max_deliveries=5), store, caplog)
+    check_untrainable_dead_lettered(make(store, max_deliveries=5), store, caplog, list(UNTRAINABLE))
     capsys.readouterr()
     assert main(["status", "--redis", redis_server.url, "--name", queue_name, "--json"]) == 0
     status = json.loads(capsys.readouterr().out)
