@@ -28,7 +28,7 @@ from featurestream.stores.directory import HOST
 from featurestream.testing import sample_tensors
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _orphan_worker import QUEUE_OPTIONS, TOKENS
+from _orphan_worker import QUEUE_OPTIONS, TOKENS, dead_letter
 
 WORKER = str(Path(__file__).with_name("_orphan_worker.py"))
 GRACE = 1.0
@@ -38,17 +38,21 @@ Spawn = Callable[..., subprocess.Popen[str]]
 
 
 @pytest.fixture
-def spawn(redis_server: Any, queue_name: str, tmp_path: Path) -> Iterator[Spawn]:
-    """``spawn(first, count, stop_at, where)``: a producer process; returns once it printed its first line."""
+def spawn(request: pytest.FixtureRequest, queue_name: str, tmp_path: Path) -> Iterator[Spawn]:
+    """``spawn(first, count, stop_at, where)``: a producer process (``where="lease"``: a trainer holding a lease);
+    returns once it printed its first line. On the test's ``durable_redis`` when it has one."""
+    durable = "durable_redis" in request.fixturenames
+    server = request.getfixturevalue("durable_redis" if durable else "redis_server")
     procs: list[subprocess.Popen[str]] = []
 
     def start(first: int, count: int, stop_at: int = -1, where: str = "stored") -> subprocess.Popen[str]:
-        args = [redis_server.url, queue_name, tmp_path / "shared", first, count, stop_at, where]
+        args = [server.url, queue_name, tmp_path / "shared", first, count, stop_at, where]
         proc = subprocess.Popen([sys.executable, WORKER, *map(str, args)], stdout=subprocess.PIPE, text=True)
         procs.append(proc)
         assert proc.stdout is not None
         line = proc.stdout.readline().strip()
-        assert line == ("done" if stop_at < 0 else f"stopped s{stop_at}"), (line, proc.wait(5))
+        expected = "leased" if where == "lease" else "done" if stop_at < 0 else f"stopped s{stop_at}"
+        assert line.startswith(expected), (line, proc.wait(5))
         return proc
 
     yield start
@@ -122,9 +126,7 @@ def test_kept_dead_letter_bytes_of_an_exited_producer_are_freed_after_the_purge(
     them, gone with its process; the trainer's reaper reclaims them."""
     shared = tmp_path / "shared"
     spawn(0, 1).wait(30)  # puts s0 and exits without closing its store
-    lease = trainer.acquire(timeout=DEADLINE)
-    assert lease is not None and trainer.fail(lease) is not None
-    assert [letter.ref.sample_id for letter in trainer.dead_letters()] == ["s0"]
+    assert dead_letter(trainer) == "s0"
     time.sleep(GRACE + 0.5)  # the writer is long dead, and the reaper's sweeps ran: a kept dead letter is held
     assert data_files(shared) == ["s0"]
     operator = RedisSampleRefQueue.open(redis_server.url, queue_name)  # `featurestream dead-letters purge`: no store
@@ -170,8 +172,7 @@ def test_the_drained_sweep_spares_a_live_writers_sample_and_a_kept_dead_letter(
     sample. A kept dead letter is the queue's until it is purged."""
     shared = tmp_path / "shared"
     spawn(0, 1).wait(30)  # puts s0 and exits without closing its store
-    lease = trainer.acquire(timeout=DEADLINE)
-    assert lease is not None and trainer.fail(lease) is not None  # one delivery: a dead letter, its bytes kept
+    assert dead_letter(trainer) == "s0"  # its bytes kept
     writer = SharedDirFeatureStore(shared, orphan_interval=None)
     writer.put("s9", sample_tensors(9, TOKENS))
     trainer.close()  # drained: the dead letter is no lease
@@ -180,3 +181,25 @@ def test_the_drained_sweep_spares_a_live_writers_sample_and_a_kept_dead_letter(
     assert data_files(shared) == ["s0"]
     assert trainer.purge_dead_letters() == ["s0"]
     assert emptied(shared) == []
+
+
+@pytest.mark.parametrize("where", ["stored", "retained"])
+def test_a_sigkill_history_leaves_no_file_once_drained_and_closed(
+    spawn: Spawn, durable_redis: Any, queue_name: str, tmp_path: Path, where: str
+) -> None:
+    """A producer SIGKILLed between its store and queue steps, a trainer process SIGKILLed holding a lease (and a
+    handle), redis-server SIGKILLed (AOF) and restarted, the producer restarted: once the queue is drained and the
+    trainer closed cleanly, the directory is empty, with a grace period of an hour."""
+    shared = tmp_path / "shared"
+    kill(spawn(0, 4, stop_at=3, where=where))  # s0..s2 queued; s3 stored (or retained), never enqueued
+    kill(spawn(0, 0, where="lease"))  # s0 leased, read, never settled
+    durable_redis.restart(kill=True)
+    spawn(3, 3).wait(30)  # the restarted producer: s3 anew (another incarnation), s4, s5
+    store = SharedDirFeatureStore(shared, orphan_grace=3600.0, orphan_interval=None)
+    queue = RedisSampleRefQueue(store, url=durable_redis.url, name=queue_name, reaper_interval=0.1, **QUEUE_OPTIONS)
+    assert sorted(train(queue, 6)) == [f"s{i}" for i in range(6)], "s0 is redelivered once its lease expired"
+    assert len([name for name in os.listdir(shared) if name.startswith("s3@")]) >= 1, "the killed writer's s3 is left"
+    queue.close()
+    queue.disconnect()
+    store.close()
+    assert os.listdir(shared) == []
