@@ -27,6 +27,8 @@ python3 -m venv .venv
 # target modules import.
 .venv/bin/pip install -q -c constraints/test.txt --no-deps nemo-automodel
 .venv/bin/pip install -q -c constraints/test.txt datasets pillow pyyaml
+# vLLM (tests/vllm) in its own environment, .venv-vllm: its pins conflict with the test dependencies above.
+bash scripts/vllm-env.sh
 .venv/bin/ruff check src tests benchmarks
 .venv/bin/ruff format --check src tests benchmarks
 .venv/bin/python -m pytest "$@"
