@@ -29,6 +29,7 @@ from featurestream.stores.shared_dir import SharedDirFeatureStore
 from featurestream.tools.models import TinyConfig, prompt_batches, tiny_hf_causal_lm
 
 from .conftest import PREFIX, Reference
+from .reference_trainers import dflash_trainer_module
 
 CONFIG = TinyConfig(vocab_size=96, hidden_size=32, num_layers=4, num_heads=4, max_seq_len=32)
 TARGET_LAYERS = 6
@@ -65,23 +66,8 @@ def reference_module(name: str) -> Any:
 
 
 def dflash_trainer(target: torch.nn.Module) -> tuple[torch.nn.Module, Callable[[Any], torch.Tensor]]:
-    draft_qwen3, core = reference_module("dflash.draft_qwen3"), reference_module("dflash.core")
-    config = draft_qwen3.build_qwen3_dflash_draft_config(
-        target.config,
-        num_draft_layers=1,
-        num_target_layers=TARGET_LAYERS,
-        block_size=BLOCK,
-        dflash_config={"block_size": BLOCK, "mask_token_id": MASK_TOKEN, "target_layer_ids": LAYER_IDS},
-        attention_backend="sdpa",
-    )
-    trainer = core.DFlashTrainerModule(
-        draft_qwen3.Qwen3DFlashDraftModel(config),
-        target.get_output_embeddings(),
-        target.get_input_embeddings(),
-        mask_token_id=MASK_TOKEN,
-        block_size=BLOCK,
-        attention_backend="sdpa",
-        num_anchors=8,
+    trainer = dflash_trainer_module(
+        target, layer_ids=LAYER_IDS, num_target_layers=TARGET_LAYERS, mask_token_id=MASK_TOKEN, block_size=BLOCK
     )
 
     def step(batch: Any) -> torch.Tensor:  # the reference recipe's call (train_dflash._run_trainer_step)

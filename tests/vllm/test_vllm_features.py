@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import torch
 
+from compat.reference_trainers import dflash_trainer_module
 from featurestream.backends.redis.queue import RedisSampleRefQueue
 from featurestream.hf import HFDFlashTargetModel, HFEagle3TargetModel
 from featurestream.pipeline.features import ForwardInputs
@@ -126,24 +127,14 @@ def test_the_references_dflash_trainer_learns_from_the_streamed_samples(
 def _dflash_trainer(target: torch.nn.Module) -> Any:
     """The reference's ``DFlashTrainerModule`` over a one-layer Qwen3 draft of ``target``: ``step(batch) -> loss``
     (one AdamW step)."""
-    prefix = "nemo_automodel.components.speculative.dflash"
-    draft_qwen3, core = (importlib.import_module(f"{prefix}.{name}") for name in ("draft_qwen3", "core"))
-    block, mask_token = 4, VOCAB - 1
-    config = draft_qwen3.build_qwen3_dflash_draft_config(
-        target.config,
-        num_draft_layers=1,
-        num_target_layers=LAYERS,
-        block_size=block,
-        dflash_config={"block_size": block, "mask_token_id": mask_token, "target_layer_ids": DFLASH_LAYERS},
-        attention_backend="sdpa",
-    )
     torch.manual_seed(0)
+    # Float copies: the target stays bf16 for the other tests.
     head, embeddings = (
         copy.deepcopy(m).float() for m in (target.get_output_embeddings(), target.get_input_embeddings())
     )
-    trainer = core.DFlashTrainerModule(
-        draft_qwen3.Qwen3DFlashDraftModel(config), head, embeddings, mask_token_id=mask_token, block_size=block,
-        attention_backend="sdpa", num_anchors=8,
+    trainer = dflash_trainer_module(
+        target, layer_ids=DFLASH_LAYERS, num_target_layers=LAYERS, mask_token_id=VOCAB - 1, block_size=4,
+        head=head, embeddings=embeddings,
     )  # fmt: skip
     optimizer = torch.optim.AdamW([p for p in trainer.draft_model.parameters() if p.requires_grad], lr=3e-3)
 

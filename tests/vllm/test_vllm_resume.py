@@ -54,6 +54,7 @@ def test_an_engine_killed_mid_run_and_restarted_trains_every_prompt_once(
         str(tmp_path / "prompts.pt"), "--url", redis_url, "--name", name, "--store-dir", str(shared),
     ]  # fmt: skip
     common = ["--url", redis_url, "--name", name, "--store-dir", str(shared), "--prompts", str(COUNT)]
+    common += ["--algorithm", "dflash", "--batch-size", "1"]  # prompts of several lengths: one per step
     watcher = RedisSampleRefQueue(SharedDirFeatureStore(shared), url=redis_url, name=name)
     ledger = watcher.training_ledger()
     give_up = time.monotonic() + DEADLINE

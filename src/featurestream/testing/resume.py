@@ -104,8 +104,11 @@ def train(
     batch_size: int = 2,
     prefetch: int = 2,
     crash: Callable[[str], None] | None = None,
+    algorithm: str | None = None,
 ) -> list[list[str]]:
     """Train from the latest checkpoint in ``directory`` to the end of the epoch; return the history.
+
+    ``algorithm``: the samples' algorithm (the loader's; default EAGLE-3, what ``produce`` stores).
 
     ``crash(point)`` is called at each point a crash may happen (``"step"``
     after a batch is trained, ``"saved"`` after a checkpoint was written); an
@@ -113,7 +116,7 @@ def train(
     """
     directory = Path(directory)
     checkpoint = latest_checkpoint(directory)
-    loader = FeatureDataLoader(queue, store, batch_size=batch_size, prefetch=prefetch)
+    loader = FeatureDataLoader(queue, store, batch_size=batch_size, prefetch=prefetch, algorithm=algorithm)
     history: list[list[str]] = []
     if checkpoint is not None:
         loader.load_state_dict(checkpoint["loader"])
@@ -300,6 +303,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--every", type=int, default=3)
     parser.add_argument("--batch-size", type=int, default=2)
     parser.add_argument("--step-seconds", type=float, default=0.0, help="trainer: sleep per step (a slower trainer)")
+    parser.add_argument("--algorithm", help="trainer: the samples' algorithm (default: EAGLE-3, the producer's)")
     args = parser.parse_args(argv)
     queue, store = _open(args)
     try:
@@ -313,7 +317,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.step_seconds and point == "step":
                 time.sleep(args.step_seconds * rng.random() * 2)
 
-        history = train(queue, store, args.checkpoints, every=args.every, batch_size=args.batch_size, crash=slow)
+        history = train(
+            queue,
+            store,
+            args.checkpoints,
+            every=args.every,
+            batch_size=args.batch_size,
+            crash=slow,
+            algorithm=args.algorithm,
+        )
         print(json.dumps({"steps": len(history)}), flush=True)
         return 0
     finally:  # a clean exit: the run's last one, on a drained queue, leaves the store directory empty

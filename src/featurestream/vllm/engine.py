@@ -16,6 +16,7 @@ and the engine puts them back in the order given.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 import uuid
@@ -114,7 +115,9 @@ class VLLMFeatureEngine:
     build an engine for it here; ``ImportError`` for a vLLM without
     ``extract_hidden_states``. ``llm_kwargs`` go to ``vllm.LLM`` (``dtype``,
     ``max_model_len``, ``max_num_seqs`` ...). ``start_seconds``: how long
-    building the engine took.
+    building the engine took. The engine core runs in this process (this sets
+    ``VLLM_ENABLE_V1_MULTIPROCESSING=0``): its sink is this object's. Runs are
+    serialised: one ``capture`` or ``stream`` at a time.
     """
 
     def __init__(self, model: str, algorithm: str, layer_ids: Sequence[int], **llm_kwargs: Any) -> None:
@@ -131,6 +134,8 @@ class VLLMFeatureEngine:
         self._sink = _Sink()
         self._lock = threading.Lock()
         register_sink(self._sink_name, self._sink)
+        # The sink lives in this process, so the engine core must too (vLLM reads this when it builds the engine).
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         started = time.monotonic()
         try:
             self.llm = vllm.LLM(**self.engine_args(self._sink_name), **llm_kwargs)
@@ -168,7 +173,8 @@ class VLLMFeatureEngine:
         """Each prompt's (token ids) states ``[T, len(layer_ids) * H]`` in the engine's dtype, in prompt order.
         ``TimeoutError`` when a capture is not delivered within ``timeout`` seconds."""
         keys = [uuid.uuid4().hex for _ in prompts]
-        self._run(prompts, [{"key": key} for key in keys], timeout)
+        with self._lock:
+            self._run(prompts, [{"key": key} for key in keys], timeout)
         found = [self._sink.take(key) for key in keys]
         missing = sum(captured is None for captured in found)
         if missing:
