@@ -88,7 +88,7 @@ def redis_node(directory: Path) -> Any:
     pytest.importorskip("redis", reason="redis-py is missing: pip install 'featurestream[redis]'")
     if shutil.which("redis-server") is None:
         pytest.skip("redis-server is not on PATH (Debian/Ubuntu: apt-get install redis-server)")
-    from featurestream.testing.sentinel import RedisNode
+    from featurestream.tools.redis_servers import RedisNode
 
     return RedisNode(directory, appendonly=True)
 
