@@ -343,8 +343,7 @@ class Coordinator(Effects):
         with self._op:
             self._engine.close()
             self._not_full.notify_all()
-        if self.lifecycle_state == "drained":
-            self._sweep_drained()
+        self._sweep_drained()
 
     @property
     def lifecycle_state(self) -> str:

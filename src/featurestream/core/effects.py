@@ -110,10 +110,12 @@ class Effects:
         return self._store.reclaim_orphans(self._holds_or_dead, force=force)
 
     def _sweep_drained(self) -> None:
-        """The queue is closed and drained, so no enqueue can land any more: the store frees what writers no longer
-        alive left, without the grace period (``FeatureStore.reclaim_orphans(drained=True)``); a failure is logged."""
+        """Once the queue is closed and drained no enqueue can land any more: the store then frees what writers no
+        longer alive left, without the grace period (``FeatureStore.reclaim_orphans(drained=True)``). A failure
+        (of the sweep, or of the read of the queue's state) is logged."""
         try:
-            self._store.reclaim_orphans(self._holds_or_dead, force=True, drained=True)
+            if self.lifecycle_state == "drained":
+                self._store.reclaim_orphans(self._holds_or_dead, force=True, drained=True)
         except Exception:
             logger.exception("the drained sweep of %s raised; what it left waits for the orphan reclaim", self._store)
 
