@@ -54,6 +54,8 @@ def features(args: argparse.Namespace) -> None:
         "algorithm": refused(lambda: VLLMFeatureEngine(args.model, "dspark", [0, 1])),
         "no_model": refused(lambda: VLLMFeatureEngine(args.prompts + ".missing", "dflash", [0])),
     }
+    if args.unloadable:
+        result["errors"]["unloadable"] = refused(lambda: VLLMFeatureEngine(args.unloadable, "dflash", [0], **ENGINE))
     if args.algorithm == "eagle3":
         result["errors"]["eagle3_target"] = refused(lambda: VLLMDFlashTarget(built))
         result["errors"]["eagle3_stream"] = refused(lambda: built.stream(prompts, None, None))  # type: ignore[arg-type]
@@ -90,6 +92,7 @@ def main() -> int:
     parser.add_argument("--url")
     parser.add_argument("--name")
     parser.add_argument("--store-dir")
+    parser.add_argument("--unloadable", help="features: a checkpoint whose config loads and vLLM refuses")
     args = parser.parse_args()
     {"features": features, "produce": produce}[args.command](args)
     return 0

@@ -2,7 +2,7 @@
 
 vLLM's pins conflict with the test dependencies, so the engine side (``_engine.py``) runs as a process of its own
 virtual environment; these tests skip (CI: fail) where it is not built. The checkpoint is a tiny random-init Llama
-saved by ``save_pretrained`` (head_dim 64: vLLM's CPU attention refuses 16).
+saved by ``save_pretrained`` (head_dim 64).
 """
 
 from __future__ import annotations

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import copy
 import importlib
+import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +41,10 @@ def engine_run(checkpoint: Path, redis_url: str, tmp_path_factory: pytest.TempPa
     torch.save(PROMPTS, directory / "prompts.pt")
     (directory / "store").mkdir()
     runs: dict[str, Any] = {"url": redis_url, "store": directory / "store", "name": "vllm-features"}
+    unloadable = directory / "unloadable"  # the checkpoint under an architecture name no library implements
+    shutil.copytree(checkpoint, unloadable)
+    config = json.loads((unloadable / "config.json").read_text())
+    (unloadable / "config.json").write_text(json.dumps({**config, "architectures": ["NoSuchModelForCausalLM"]}))
     for algorithm in ("dflash", "eagle3"):
         out = directory / f"{algorithm}.pt"
         stream = ["--url", redis_url, "--name", runs["name"], "--store-dir", str(runs["store"])]
@@ -48,7 +54,7 @@ def engine_run(checkpoint: Path, redis_url: str, tmp_path_factory: pytest.TempPa
             "--prompts", str(directory / "prompts.pt"),
             "--algorithm", algorithm,
             "--out", str(out),
-            *(stream if algorithm == "dflash" else []),
+            *([*stream, "--unloadable", str(unloadable)] if algorithm == "dflash" else []),
         )  # fmt: skip
         runs[algorithm]["captured"] = torch.load(out)
     return runs
@@ -97,6 +103,10 @@ def test_bad_input_is_refused_naming_the_value(engine_run: dict[str, Any]) -> No
     assert errors["out_of_range"].startswith("ValueError: target layer id 6 is out of range for a model with 6")
     assert errors["algorithm"].startswith("ValueError: algorithm 'dspark' cannot be captured from vLLM")
     assert errors["no_model"].startswith("ValueError: vLLM cannot load model ") and ".missing" in errors["no_model"]
+    assert (
+        errors["unloadable"].startswith("RuntimeError: vLLM cannot load model ")
+        and "unloadable" in errors["unloadable"]
+    )
     eagle3 = engine_run["eagle3"]["errors"]
     for refusal in (eagle3["eagle3_target"], eagle3["eagle3_stream"]):
         assert refusal.startswith("ValueError: ") and "supervision" in refusal and "logits" in refusal

@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+import typing
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -62,8 +63,6 @@ def _require_extract_hidden_states() -> Any:
         import vllm
     except ImportError as exc:
         raise ImportError(f"featurestream.vllm needs vLLM: pip install 'featurestream[vllm]' ({exc})") from exc
-    import typing
-
     if "extract_hidden_states" not in typing.get_args(EagleModelTypes):
         raise ImportError(
             f"vLLM {vllm.__version__} has no 'extract_hidden_states' speculative method, which featurestream.vllm "
@@ -91,13 +90,12 @@ class _Sink:
         self.stream: Callable[[CapturedRequest], None] | None = None
 
     def deliver(self, captured: CapturedRequest) -> None:
-        key = captured.params.get("key")
         stream = self.stream
         if stream is not None and captured.params.get("stream"):
             stream(captured)
             return
         with self._lock:
-            self._captured[str(key)] = captured
+            self._captured[str(captured.params.get("key"))] = captured
 
     def take(self, key: str) -> CapturedRequest | None:
         with self._lock:
