@@ -58,15 +58,17 @@ MaxSamples == Cardinality(Samples) + 1  \* the store's sample-count cap (max_sam
 BugOnlyBytes == FALSE                \* the OLD backpressure rule: only bytes pause producers, not the count cap
 MaxLosses == 0                       \* how many samples the store may lose in one behaviour (StoreLoses)
 BugLostRedelivered == FALSE          \* a consumer that finds a sample lost fails it like any error (a seeded defect)
+Untrainable == {}                    \* samples whose ref the loader's schema refuses: no consumer can train them
+BugUntrainedAcked == FALSE           \* LeaseQueue.reject acks the sample instead of dead-lettering it (a seeded defect)
 
 ASSUME /\ MaxDeliveries \in Nat \ {0}
        /\ LowWatermark \in Nat /\ HighWatermark \in Nat /\ LowWatermark < HighWatermark
        /\ MaxHeld \in Nat \ {0} /\ SampleBytes \in Nat \ {0} /\ LargeBytes \in Nat \ {0}
-       /\ LargeSamples \subseteq Samples
+       /\ LargeSamples \subseteq Samples /\ Untrainable \subseteq Samples
        /\ MaxFaults \in Nat /\ DedupWindow \in Nat \ {0} /\ MaxSamples \in Nat \ {0} /\ MaxLosses \in Nat
        /\ \A b \in {BugStaleRelease, BugNoScrub, BugNoDedup, BugNoDeliveryLimit, BugNoReaper,
                     BugProducerBytesCounted, BugScrubFailUnsettles, KeepDead, BugRequeueAnySettled,
-                    BugOnlyBytes, BugLostRedelivered} : b \in BOOLEAN
+                    BugOnlyBytes, BugLostRedelivered, BugUntrainedAcked} : b \in BOOLEAN
 
 NoLease == "none"            \* an attempt that was never created
 NoSample == "nothing"        \* what an idle producer holds
@@ -214,13 +216,17 @@ Retire(s, outcome, fault) ==
                ELSE /\ window' = Remember(s)
                     /\ ScrubOrOwe(s, fault)
 
+(* s's lease history becomes l and s is dead-lettered (its bytes scrubbed, owed or kept). *)
+DeadLetter(s, l, fault) ==
+    /\ lease' = l
+    /\ Retire(s, "dead", fault)
+    /\ UNCHANGED <<queue, deliveries>>
+
 (* SampleRefQueue._redeliver: to the tail as a new lease, or dead once deliveries are spent. *)
 Redeliver(s, l, fault) ==
     LET next == deliveries[s] + 1 IN
     IF next >= MaxDeliveries /\ ~BugNoDeliveryLimit
-    THEN /\ lease' = l
-         /\ Retire(s, "dead", fault)
-         /\ UNCHANGED <<queue, deliveries>>
+    THEN DeadLetter(s, l, fault)
     ELSE /\ ~fault
          /\ status' = [status EXCEPT ![s] = "pending"]
          /\ deliveries' = [deliveries EXCEPT ![s] = next]
@@ -268,6 +274,7 @@ AckCore(c, t, fault) ==
         k == t[2]
     IN /\ t \in held[c]
        /\ s \notin lost  \* its get raises SampleLostError: the consumer reports it (LoseCore), never acks it
+       /\ s \notin Untrainable  \* the loader refuses its ref before training: it rejects it (RejectCore)
        /\ held' = [held EXCEPT ![c] = @ \ {t}]
        /\ IF CanFire("Ack", s, k)
           THEN /\ lease' = Fired("Ack", s, k)
@@ -324,6 +331,32 @@ LoseCore(c, t) ==
                     /\ window' = Remember(s)
                     /\ UNCHANGED <<queue, deliveries, storeVars, backlog, faults, kept>>
           ELSE UNCHANGED <<status, queue, deliveries, lease, storeVars, faultVars>>
+       /\ UNCHANGED <<handles, bp>>
+
+(***************************************************************************)
+(* LeaseQueue.reject: the loader's schema refuses s's ref (Untrainable: a *)
+(* dtype, rank or token count no consumer can train), so it dead-letters  *)
+(* the live lease at once (reason "schema"), whatever deliveries are left: *)
+(* the Fail edge into Redeliver's dead-letter branch, the bytes scrubbed  *)
+(* (a failing scrub owed) or kept as any dead letter's.  It differs from  *)
+(* LoseCore, whose sample has no bytes left to scrub or keep.  A stale    *)
+(* lease changes nothing.  BugUntrainedAcked: the reject acks the sample, *)
+(* so it is counted as trained (AckedWasTrained fails).                   *)
+(***************************************************************************)
+RejectCore(c, t, fault) ==
+    LET s == t[1]
+        k == t[2]
+    IN /\ t \in held[c]
+       /\ s \in Untrainable
+       /\ held' = [held EXCEPT ![c] = @ \ {t}]
+       /\ IF CanFire("Fail", s, k)
+          THEN IF BugUntrainedAcked
+               THEN /\ lease' = Fired("Ack", s, k)
+                    /\ Retire(s, "acked", fault)
+                    /\ UNCHANGED <<queue, deliveries>>
+               ELSE DeadLetter(s, Fired("Fail", s, k), fault)
+          ELSE /\ ~fault
+               /\ UNCHANGED <<status, queue, deliveries, lease, storeVars, faultVars>>
        /\ UNCHANGED <<handles, bp>>
 
 (* SampleRefQueue._reap_due (every call) / reclaim_expired / the reaper thread: the live lease of s *)
@@ -591,6 +624,7 @@ PurgeDeadLetter(s, fault) ==
 AckStep(c, t, fault) == AckCore(c, t, fault) /\ DrainIfIdle /\ UNCHANGED envVars
 FailStep(c, t, fault) == FailCore(c, t, fault) /\ DrainIfIdle /\ UNCHANGED envVars
 LoseStep(c, t) == LoseCore(c, t) /\ DrainIfIdle /\ UNCHANGED envVars
+RejectStep(c, t, fault) == RejectCore(c, t, fault) /\ DrainIfIdle /\ UNCHANGED envVars
 ReclaimStep(s, fault) == ReclaimCore(s, fault) /\ DrainIfIdle /\ UNCHANGED envVars
 
 (* SampleRefQueue.close: refuse further puts, wake blocked producers; drained at once if it holds nothing. *)
@@ -603,7 +637,7 @@ CloseStep ==
 Finished == lifecycle = "drained" /\ backlog = {} /\ \A p \in Producers : pc[p] = "idle"
 Done == Finished /\ UNCHANGED vars
 
-Settle(c) == \E t \in held[c] : LoseStep(c, t) \/ \E f \in BOOLEAN : AckStep(c, t, f) \/ FailStep(c, t, f)
+Settle(c) == \E t \in held[c] : LoseStep(c, t) \/ \E f \in BOOLEAN : AckStep(c, t, f) \/ FailStep(c, t, f) \/ RejectStep(c, t, f)
 
 Next ==
     \/ \E p \in Producers :
@@ -670,6 +704,7 @@ StorePut(s) ==
 Put(s) == PutCore(s) /\ UNCHANGED envVars
 Ack(c, t) == AckCore(c, t, FALSE) /\ UNCHANGED <<lifecycle, envVars>>
 Fail(c, t) == FailCore(c, t, FALSE) /\ UNCHANGED <<lifecycle, envVars>>
+Reject(c, t) == RejectCore(c, t, FALSE) /\ UNCHANGED <<lifecycle, envVars>>
 Reclaim(s) == ReclaimCore(s, FALSE) /\ UNCHANGED <<lifecycle, envVars>>
 Close ==
     /\ lifecycle = "open"
@@ -735,6 +770,11 @@ NoLoss == \A s \in Samples : status[s] \in HeldByQueue => s \in resident \/ s \i
 LostReported == [][\A s \in lost, k \in Attempts :
     /\ lease[s][k] = "leased" /\ lease'[s][k] = "failed" => status'[s] = "dead"
     /\ status'[s] # "acked"]_vars
+
+(* 16. Nothing is counted as trained that was not: a sample is acked only by a consumer that trained it, *)
+(* so a sample no consumer can train (its ref refused by the loader's schema) is never acked -- it ends  *)
+(* a dead letter (RejectCore) or, its bytes gone, a lost one.                                          *)
+AckedWasTrained == \A s \in Untrainable : status[s] # "acked"
 
 (* 5. No leak: a settled or discarded sample's bytes have left the store, even with a crashed *)
 (* consumer's handle out -- unless its scrub (unretain) failed and is in the retry backlog, or *)

@@ -27,11 +27,13 @@ RefusedPutOwed(s) ==
                    window, kept, envVars>>
 (* The lease a StaleRejected event names is not live: never issued, settled or reclaimed -- or a forged copy. *)
 NotLive(e) == IF e.l = 0 \/ e.f THEN TRUE ELSE \A t \in held[e.l] : lease[t[1]][t[2]] # "leased"
-(* A settle of the lease e names (attempt e.n when traced) that consumer e.l holds. *)
+(* A settle of the lease e names (attempt e.n when traced) that consumer e.l holds.  A reject takes the *)
+(* lease machine's Fail edge.                                                                           *)
 Settles(e, name) == e.l \in Consumers /\ \E t \in held[e.l] :
-                     /\ t[1] = e.s /\ Chk(e.n, t[2]) /\ CanFire(name, t[1], t[2])
+                     /\ t[1] = e.s /\ Chk(e.n, t[2]) /\ CanFire(IF name = "Reject" THEN "Fail" ELSE name, t[1], t[2])
                      /\ CASE name = "Ack" -> AckCore(e.l, t, e.f)
                           [] name = "Fail" -> FailCore(e.l, t, e.f)
+                          [] name = "Reject" -> RejectCore(e.l, t, e.f)
                           [] name = "Extend" -> Extend(e.l, t)
 
 (* The event at the cursor, matched to the spec action it names. *)
@@ -45,7 +47,9 @@ Match(e) ==
       [] e.a = "Acquire" -> e.l \in Consumers /\ queue # <<>> /\ Head(queue) = e.s /\ Chk(e.n, deliveries[e.s])
                             /\ Acquire(e.l)
       [] e.a = "Ack" -> Settles(e, "Ack") /\ UNCHANGED <<lifecycle, envVars>>
-      [] e.a = "Fail" -> Settles(e, "Fail") /\ UNCHANGED <<lifecycle, envVars>> /\ status'[e.s] = e.o
+      \* a reject is traced as the Fail that dead-letters it (Untrainable: see featurestream.spec.trace)
+      [] e.a = "Fail" -> (Settles(e, "Fail") \/ Settles(e, "Reject")) /\ UNCHANGED <<lifecycle, envVars>>
+                         /\ status'[e.s] = e.o
       [] e.a = "Reclaim" -> e.l \in Consumers /\ <<e.s, deliveries[e.s]>> \in held[e.l] /\ Chk(e.n, deliveries[e.s])
                             /\ ReclaimCore(e.s, e.f) /\ UNCHANGED <<lifecycle, envVars>> /\ status'[e.s] = e.o
       [] e.a = "DeadLetter" -> status[e.s] = "dead" /\ Chk(e.n, deliveries[e.s]) /\ UNCHANGED vars

@@ -16,8 +16,8 @@ from .tlc_runs import tlc
 
 # Distinct states of each shipped exhaustive config; TLC and the Python mirror must both find exactly this many.
 CI_DISTINCT_STATES = 27_202  # spec/LeaseQueue.cfg
-WINDOW_DISTINCT_STATES = 15_476  # spec/LeaseQueueWindow.cfg
-KEEP_DISTINCT_STATES = 6_276  # spec/LeaseQueueKeep.cfg (dead-letter repair)
+WINDOW_DISTINCT_STATES = 12_780  # spec/LeaseQueueWindow.cfg (an untrainable sample rejected)
+KEEP_DISTINCT_STATES = 5_386  # spec/LeaseQueueKeep.cfg (dead-letter repair, an untrainable sample rejected)
 COUNT_DISTINCT_STATES = 30_192  # spec/LeaseQueueCount.cfg (the store's sample-count cap)
 LOST_DISTINCT_STATES = 25_528  # spec/LeaseQueueLost.cfg (the store loses a sample's bytes)
 DEEP_DISTINCT_STATES = 218_132  # spec/LeaseQueueDeep.cfg (nightly)

@@ -88,6 +88,31 @@ def test_window_model_evicts_and_stores_a_forgotten_id_anew() -> None:
     assert reborn
 
 
+def test_window_model_rejects_an_untrainable_sample_with_deliveries_left() -> None:
+    """The window config really reaches a reject: the untrainable sample's live lease is dead-lettered at its
+    first delivery, where a fail would redeliver it; no step acks it."""
+    from featurestream.spec.mirror import initial_state, labelled_successors
+
+    constants = constants_from_config((spec_dir() / "LeaseQueueWindow.cfg").read_text())
+    (bad,) = (constants.samples.index(s) for s in constants.untrainable)
+    assert constants.max_deliveries > 1 and not constants.bugs
+    start = initial_state(constants)
+    seen, frontier, rejected_early = {start}, [start], False
+    while frontier:
+        state = frontier.pop()
+        for name, step in labelled_successors(constants, state):
+            if step is None:
+                continue
+            assert name != "Ack" or step.state.status[bad] != "acked"
+            if name == "Reject" and state.status[bad] == "leased":
+                assert step.state.status[bad] == "dead"
+                rejected_early |= state.deliveries[bad] + 1 < constants.max_deliveries
+            if step.state not in seen:
+                seen.add(step.state)
+                frontier.append(step.state)
+    assert rejected_early
+
+
 def test_count_model_pauses_a_producer_at_the_sample_cap_and_resumes_it() -> None:
     """In the sample-count cap config only the count pauses (bytes stay below the high watermark): a producer
     really waits paused at the cap while the queue holds a sample, and is resumed once a slot is free."""
@@ -140,6 +165,7 @@ def test_keep_model_requeues_and_purges_kept_dead_letters() -> None:
                 seen.add(step.state)
                 frontier.append(step.state)
     assert {("RequeueDeadLetter", False), ("PurgeDeadLetter", False), ("PurgeDeadLetter", True)} <= taken
+    assert ("Reject", False) in taken  # an untrainable sample's bytes are kept, so it may be requeued
 
 
 def test_every_shipped_config_is_checked_by_a_test() -> None:
@@ -189,6 +215,7 @@ def test_simulation_of_the_large_model_finds_no_error(tlc_available: None) -> No
         ("RequeueAnySettled", "ExactlyOnce"),
         ("OnlyBytes", "SampleCapRoom"),
         ("LostRedelivered", "LostReported"),
+        ("UntrainedAcked", "AckedWasTrained"),
     ],
 )
 def test_each_defect_switch_yields_a_counterexample(tlc_available: None, bug: str, violated: str) -> None:
@@ -246,6 +273,7 @@ def test_producer_progress_needs_strong_fairness_on_the_enqueue(tlc_available: N
         ("RequeueAnySettled", "ExactlyOnce"),
         ("OnlyBytes", "SampleCapRoom"),
         ("LostRedelivered", "LostReported"),
+        ("UntrainedAcked", "AckedWasTrained"),
     ],
 )
 def test_the_mirror_finds_the_same_safety_violations(bug: str, violated: str | None) -> None:
@@ -306,6 +334,12 @@ def test_every_design_invariant_is_named_in_the_spec_and_checked_in_ci() -> None
             assert re.search(rf"^{name} ==", spec, re.M), f"{name} is not defined in LeaseQueue.tla"
             assert re.search(rf"^\s+{name}\s*$", config, re.M), f"{name} is not checked by {config_name}"
         assert "SPECIFICATION FairSpec" in config
+    # 16 needs a sample no consumer can train: the window and keep models have one (the others none).
+    assert re.search(r"^AckedWasTrained ==", spec, re.M)
+    for config_name in ("LeaseQueueWindow.cfg", "LeaseQueueKeep.cfg"):
+        config = (spec_dir() / config_name).read_text()
+        assert re.search(r"^\s+AckedWasTrained\s*$", config, re.M), config_name
+        assert re.search(r"^\s+Untrainable = \{s\d\}\s*$", config, re.M), config_name
     assert "SF_vars(Enqueue(p))" in spec, "ProducerProgress rests on strong fairness of the enqueue"
     assert re.search(r"^Done == ", spec, re.M)
 

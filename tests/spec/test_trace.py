@@ -93,6 +93,43 @@ def backpressure_run() -> list[tuple[str, dict[str, object]]]:
     return recorder.events
 
 
+def reject_run() -> list[tuple[str, dict[str, object]]]:
+    """The loader's schema refuses r0: rejected at its first delivery (a delivery left), its scrub failing once
+    and retried; a second reject of the same lease is stale; r1 trains and is acked."""
+    faulty = FaultyStore(LocalFeatureStore())
+    queue, store, _, recorder = _queue(store=faulty, wrap=True)
+    for sample_id in ("r0", "r1"):
+        queue.put(put_sample(store, sample_id))
+    rejected = queue.acquire()
+    assert rejected is not None and rejected.redelivery_count + 1 < MAX_DELIVERIES
+    faulty.arm("scrub")
+    assert queue.reject(rejected, "sample r0: hidden_states dtype torch.int8")
+    assert not queue.reject(rejected, "sample r0: again")
+    trained = queue.acquire()
+    assert trained is not None
+    queue.ack(trained)
+    recorder.observe_residency(store)
+    assert [d.ref.sample_id for d in queue.dead_letters()] == ["r0"] and queue.stats().acked == 1
+    return recorder.events
+
+
+def rejected_then_trained() -> list[tuple[str, dict[str, object]]]:
+    """A patched queue whose reject hands the refused sample out again, and a consumer acks it."""
+
+    class RedeliveringQueue(SampleRefQueue):
+        def reject(self, lease: object, why: str) -> bool:
+            rejected = super().reject(lease, why)  # type: ignore[arg-type]
+            with self._lock:
+                self._engine._push_pending(_Record(lease.ref, 0))  # type: ignore[attr-defined]
+            return rejected
+
+    queue, store, _, recorder = _queue(RedeliveringQueue)
+    queue.put(put_sample(store, "r0"))
+    queue.reject(queue.acquire(), "sample r0: no supervision")  # type: ignore[arg-type]
+    queue.ack(queue.acquire())  # type: ignore[arg-type]
+    return recorder.events
+
+
 def redelivered_after_ack() -> list[tuple[str, dict[str, object]]]:
     """A patched queue that hands an acked sample out again."""
 
@@ -156,6 +193,7 @@ def scrub_skipped() -> list[tuple[str, dict[str, object]]]:
 
 DEFECTS: dict[str, tuple[Scenario, str]] = {
     "redelivered after ack": (redelivered_after_ack, "Acquire"),
+    "rejected, then handed out and acked": (rejected_then_trained, "Acquire"),
     "C: dedup re-put accepted": (dedup_accepted, "Put"),
     "D: no delivery limit": (no_delivery_limit, "Fail"),
     "A: stale release frees a queued sample": (stale_release_frees, "Resident"),
@@ -165,13 +203,13 @@ DEFECTS: dict[str, tuple[Scenario, str]] = {
 
 def test_correct_trace_is_admitted_and_defect_traces_are_rejected(tlc_available: None) -> None:
     size = put_sample(LocalFeatureStore(), "probe").estimated_bytes
-    traces = [correct_run(), backpressure_run()] + [scenario() for scenario, _ in DEFECTS.values()]
+    traces = [correct_run(), backpressure_run(), reject_run()] + [scenario() for scenario, _ in DEFECTS.values()]
     constants = TraceConstants(
         MAX_DELIVERIES, sample_bytes=size, high_watermark=2 * size, low_watermark=size, visibility_timeout=VT
     )
     results = validate_traces(traces, constants)
     print(f"one TLC run for {len(traces)} traces: {results[0].tlc.seconds:.1f} s")
-    for result in results[:2]:
+    for result in results[:3]:
         assert result.admitted, result.explain()
     assert results[0].total_steps >= 20
     assert {STORE_PUT, STORE_GET, STORE_RELEASE, STORE_SCRUB} <= {a for a, _ in traces[0]}
@@ -179,7 +217,8 @@ def test_correct_trace_is_admitted_and_defect_traces_are_rejected(tlc_available:
     # The values the validator checked were there to check.
     assert all({"n", "pending", "outstanding", "now", "deadline"} <= f.keys() for a, f in traces[0] if a == "Acquire")
     assert any("resident_bytes" in f for a, f in traces[1] if a == "Pause")
-    for (name, (_, stuck_action)), result in zip(DEFECTS.items(), results[2:], strict=True):
+    assert [a for a, _ in traces[2]].count("StaleRejected") == 1 and "ScrubRetried" in [a for a, _ in traces[2]]
+    for (name, (_, stuck_action)), result in zip(DEFECTS.items(), results[3:], strict=True):
         print(f"{name}: {result.explain()}")
         assert not result.admitted, name
         assert result.stuck_at is not None and result.stuck_at["action"] == stuck_action, (name, result.explain())

@@ -13,8 +13,9 @@ review cannot drift from the spec.
 
 Reading it: ``stored`` -> (``paused`` <-> ``stored`` while the producer waits)
 -> ``pending`` (queued) -> ``leased`` -> ``acked`` / back to ``pending``
-(redelivered) / ``dead`` (dead-lettered). A store call that fails leaves the
-settlement standing and the bytes owed (``acked-owed``, ``dead-owed``): the
+(redelivered) / ``dead`` (dead-lettered; at once by ``reject`` when the
+loader's schema refuses it). A store call that fails leaves the settlement
+standing and the bytes owed (``acked-owed``, ``dead-owed``): the
 scrub is retried until they leave. With ``keep_dead_letter_bytes`` a dead
 letter keeps its bytes (``dead-kept``): ``requeue_dead_letters`` sends it back
 to ``pending`` with a fresh delivery budget, ``purge_dead_letters`` scrubs it
@@ -107,6 +108,8 @@ SAMPLE = MachineTable(
             "fail_dead_letter_scrub_fails", "leased", "dead-owed", "fail(lease)", "max_deliveries spent; scrub raised",
             "Fail",
         ),
+        Transition("reject", "leased", "dead", "reject(lease, why)", "schema refuses it; scrub succeeds", "Reject"),
+        Transition("reject_scrub_fails", "leased", "dead-owed", "reject(lease, why)", "scrub raised", "Reject"),
         Transition(
             "reclaim", "leased", "pending", "reclaim_expired() / any call", "deadline passed: to the tail", "Reclaim"
         ),
@@ -131,6 +134,9 @@ SAMPLE = MachineTable(
         Transition(
             "requeue", "dead-kept", "pending", "requeue_dead_letters()", "bytes kept: a fresh delivery budget",
             "RequeueDeadLetter",
+        ),
+        Transition(
+            "reject_kept", "leased", "dead-kept", "reject(lease, why)", "schema refuses it; bytes kept", "Reject"
         ),
         Transition("purge", "dead-kept", "dead", "purge_dead_letters()", "scrub succeeds", "PurgeDeadLetter"),
         Transition(

@@ -52,7 +52,8 @@ variable, but may bump a counter exactly like the implementation does):
   it fail again), ``retry_backlog()`` (retry every backlog entry), ``backlog()``.
 - consumers: ``acquire(consumer) -> LeaseToken | None`` (Acquire, FIFO head),
   ``ack(consumer, token)`` / ``fail(consumer, token)`` (Ack/Fail; ``False`` =
-  stale or forged, counted in ``stale_rejected``), ``extend(consumer, token)``
+  stale or forged, counted in ``stale_rejected``), ``reject(consumer, token)``
+  (Reject: an ``untrainable`` sample dead-lettered at once; counted in ``failed``), ``extend(consumer, token)``
   (Extend; ``False`` = ``LeaseLost``), ``get(consumer, sample)`` /
   ``release(consumer, sample)`` (store handles), ``crash(consumer)`` (forgets
   its leases and handles; the store still counts the handles).
@@ -164,6 +165,7 @@ BUGS = {
     "R": "BugRequeueAnySettled: requeue_dead_letters takes any settled id, acked or its bytes gone",
     "O": "BugOnlyBytes: only bytes pause producers, not the store's sample-count cap",
     "L": "BugLostRedelivered: a consumer that finds a sample lost fails it, so the queue redelivers it",
+    "U": "BugUntrainedAcked: reject acks the sample its schema refused, so it is counted as trained",
 }
 _COUNTER_OF_EVENT = {
     PUT: "put",
@@ -199,7 +201,8 @@ class SpecConstants:
     default ``Cardinality(Samples)``), ``keep_dead`` (``KeepDead``: a dead
     letter's bytes stay retained for a requeue), ``max_samples`` (``MaxSamples``,
     the store's sample-count cap; ``None``: the spec's default, never reached),
-    ``bugs`` (see ``BUGS``).
+    ``untrainable`` (``Untrainable``: samples the loader's schema refuses, which
+    a consumer rejects and never acks), ``bugs`` (see ``BUGS``).
     """
 
     samples: tuple[str, ...] = ("s1", "s2")
@@ -218,6 +221,7 @@ class SpecConstants:
     keep_dead: bool = False
     max_samples: int | None = None
     max_losses: int = 0
+    untrainable: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         for name in ("samples", "consumers", "producers"):
@@ -236,8 +240,9 @@ class SpecConstants:
             raise ValueError(f"max_held must be >= 1 or None, got {self.max_held!r}")
         if self.sample_bytes < 1 or (self.large_bytes is not None and self.large_bytes < 1):
             raise ValueError(f"sizes must be >= 1, got {self.sample_bytes!r} and {self.large_bytes!r}")
-        if not set(self.large_samples) <= set(self.samples):
-            raise ValueError(f"large_samples {sorted(self.large_samples)} must be among samples {self.samples}")
+        for name in ("large_samples", "untrainable"):
+            if not set(getattr(self, name)) <= set(self.samples):
+                raise ValueError(f"{name} {sorted(getattr(self, name))} must be among samples {self.samples}")
         if self.max_faults is not None and self.max_faults < 0:
             raise ValueError(f"max_faults must be >= 0 or None, got {self.max_faults!r}")
         if self.max_samples is not None and self.max_samples < 1:
@@ -395,16 +400,23 @@ def _retire(
     return _scrub_or_owe(k, st._replace(window=_remember(k, st, s)), s, fault, sizes)
 
 
+def _dead_letter(
+    k: SpecConstants, st: SpecState, s: int, fault: bool, sizes: tuple[int, ...]
+) -> tuple[SpecState, tuple[Event, ...]] | None:
+    """``DeadLetter``: ``s`` is dead-lettered (its bytes scrubbed, owed or kept)."""
+    retired = _retire(k, st, s, "dead", fault, sizes)
+    if retired is None:
+        return None
+    return retired[0], ((DEAD_LETTER, s, ""), *retired[1])
+
+
 def _redeliver(
     k: SpecConstants, st: SpecState, s: int, fault: bool, sizes: tuple[int, ...]
 ) -> tuple[SpecState, tuple[Event, ...]] | None:
     """``Redeliver``: to the tail as a new lease, or dead once ``MaxDeliveries`` deliveries are spent."""
     nxt = st.deliveries[s] + 1
     if nxt >= k.max_deliveries and "D" not in k.bugs:
-        retired = _retire(k, st, s, "dead", fault, sizes)
-        if retired is None:
-            return None
-        return retired[0], ((DEAD_LETTER, s, ""), *retired[1])
+        return _dead_letter(k, st, s, fault, sizes)
     if fault:
         return None
     return (
@@ -534,6 +546,8 @@ def a_settle(
     the live lease (ack retires it; fail redelivers or dead-letters it) or reject a stale one."""
     if token not in st.held[c] or token[0] in st.lost:  # a lost sample's get raises: it is reported (a_lose)
         return None
+    if trigger == ACK and k.samples[token[0]] in k.untrainable:  # the loader refuses it first (a_reject)
+        return None
     st = st._replace(held=_set(st.held, c, st.held[c] - {token}))
     if not _is_live(st, token):
         return None if fault else _Step(st, ((STALE_REJECTED, token[0], ""),))
@@ -575,6 +589,33 @@ def a_lose(k: SpecConstants, st: SpecState, c: int, token: tuple[int, int], drai
         st = st._replace(status=_set(st.status, s, "dead"), window=_remember(k, st, s))
         events = ((DEAD_LETTER, s, ""),)
     return _settled(FAIL, s, (st, events), drain)
+
+
+def a_reject(
+    k: SpecConstants,
+    st: SpecState,
+    c: int,
+    token: tuple[int, int],
+    sizes: tuple[int, ...],
+    fault: bool = False,
+    drain: bool = True,
+) -> _Step | None:
+    """RejectStep(c, l, fault) (``drain``), Reject(c, l): ``reject`` -- the loader's schema refuses an untrainable
+    sample: dead-letter the live lease at once, whatever deliveries are left, or reject a stale one.
+
+    BugUntrainedAcked: it acks the lease instead.
+    """
+    s, attempt = token
+    if token not in st.held[c] or k.samples[s] not in k.untrainable:
+        return None
+    st = st._replace(held=_set(st.held, c, st.held[c] - {token}))
+    if not _is_live(st, token):
+        return None if fault else _Step(st, ((STALE_REJECTED, s, ""),))
+    if "U" in k.bugs:
+        st = st._replace(lease=_fire(st, ACK, s, attempt))
+        return _settled(ACK, s, _retire(k, st, s, "acked", fault, sizes), drain)
+    st = st._replace(lease=_fire(st, FAIL, s, attempt))
+    return _settled(FAIL, s, _dead_letter(k, st, s, fault, sizes), drain)
 
 
 def a_extend(k: SpecConstants, st: SpecState, c: int, token: tuple[int, int]) -> _Step | None:
@@ -879,6 +920,7 @@ def labelled_successors(k: SpecConstants, st: SpecState) -> Iterator[tuple[str, 
             yield EXTEND, a_extend(k, st, c, token)  # type: ignore[misc]
             yield "Lose", a_lose(k, st, c, token)  # type: ignore[misc]
             for fault in (False, True):
+                yield "Reject", a_reject(k, st, c, token, sizes, fault)  # type: ignore[misc]
                 for trigger in (ACK, FAIL):
                     yield trigger, a_settle(k, st, c, token, sizes, trigger, fault)  # type: ignore[misc]
         for s in range(n):
@@ -966,6 +1008,9 @@ def check_state(k: SpecConstants, st: SpecState, sizes: Mapping[int, int] | None
         assert st.deliveries[s] < k.max_deliveries, (
             f"BoundedDelivery: sample {name(s)!r} redelivery_count {st.deliveries[s]} >= MaxDeliveries "
             f"{k.max_deliveries}"
+        )
+        assert st.status[s] != "acked" or name(s) not in k.untrainable, (
+            f"AckedWasTrained: sample {name(s)!r}, which no consumer can train, was acked"
         )
         if st.status[s] in TERMINAL and s in st.resident:
             assert _known_settled(st, s), (
@@ -1192,6 +1237,15 @@ class SpecMirror:
     def fail(self, consumer: str, token: LeaseToken) -> bool:
         """Fail: ``True`` when the live lease was failed (redelivered, or dead-lettered even if its scrub failed)."""
         return self._settle(consumer, token, FAIL)
+
+    def reject(self, consumer: str, token: LeaseToken) -> bool:
+        """Reject: ``True`` when the live lease of an untrainable sample was dead-lettered (even if its scrub
+        failed); ``False``: stale or forged."""
+        c, t = self._c(consumer), self._token(token)
+        if t not in self.state.held[c]:
+            return self._forged(t)
+        fault = _is_live(self.state, t) and not self.constants.keep_dead and self._take("scrub")
+        return self._apply(a_reject(self.constants, self.state, c, t, self._size_tuple(), fault, self.auto_drain))
 
     def _settle(self, consumer: str, token: LeaseToken, trigger: str) -> bool:
         c, t = self._c(consumer), self._token(token)
@@ -1470,6 +1524,7 @@ _BUG_SWITCHES = {
     "BugRequeueAnySettled": "R",
     "BugOnlyBytes": "O",
     "BugLostRedelivered": "L",
+    "BugUntrainedAcked": "U",
 }
 
 
@@ -1504,5 +1559,6 @@ def constants_from_config(text: str) -> SpecConstants:
         keep_dead=values.get("KeepDead") == "TRUE",
         max_samples=int(values["MaxSamples"]) if "MaxSamples" in values else None,
         max_losses=int(values.get("MaxLosses", "0")),
+        untrainable=frozenset(names("Untrainable")),
         bugs=frozenset(bug for switch, bug in _BUG_SWITCHES.items() if values.get(switch) == "TRUE"),
     )

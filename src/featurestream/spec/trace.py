@@ -370,6 +370,7 @@ _TRACE_DATA = """---- MODULE TraceData ----
 EXTENDS Integers
 
 TraceSamples == {samples}
+TraceUntrainable == {untrainable}  \\* rejected: a Fail that dead-letters with deliveries left
 TraceConsumers == {consumers}
 Log == <<
 {log}
@@ -382,6 +383,7 @@ Visibility == <<{visibility}>>  \\* per trace: its visibility timeout in its tic
 _TRACE_CONFIG = """SPECIFICATION TraceSpec
 CONSTANTS
     Samples <- TraceSamples
+    Untrainable <- TraceUntrainable
     Consumers <- TraceConsumers
     MaxDeliveries = {max_deliveries}
     HighWatermark = {high}
@@ -429,12 +431,22 @@ def validate_traces(
         return []
     samples = sorted({s for steps in all_steps for step in steps for s in (step.sample, *step.observed) if s})
     consumers = max((step.lease for steps in all_steps for step in steps), default=0)
+    # A reject is traced as a Fail that dead-letters the sample with deliveries left: the sample is untrainable.
+    untrainable = sorted(
+        {
+            step.sample
+            for steps in all_steps
+            for step in steps
+            if step.action == events.FAIL and step.outcome == "dead" and 0 <= step.n < constants.max_deliveries - 1
+        }
+    )
     faults = max(sum(action == events.STORE_FAULT for action, _ in trace) for trace in traces)
     empty = _record(_Step("End"))
     log = ",\n".join(f"  <<{', '.join(map(_record, steps)) if steps else empty}>>" for steps in all_steps)
     data = _TRACE_DATA.format(
         count=len(all_steps),
         samples="{" + ", ".join(map(_tla_string, samples or ["none"])) + "}",
+        untrainable="{" + ", ".join(map(_tla_string, untrainable)) + "}",
         consumers=f"1..{max(consumers, 1)}",
         visibility=", ".join(str(clock.visibility) for clock in clocks),
         log=log,
