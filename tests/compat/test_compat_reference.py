@@ -27,6 +27,7 @@ from featurestream.loader import FeatureDataLoader
 from featurestream.producer import FeatureProducer
 from featurestream.queue import SampleRefQueue
 from featurestream.refs import FeatureAlgorithm, SampleRef
+from featurestream.stores.arena import entries
 from featurestream.stores.local import LocalFeatureStore
 from featurestream.stores.shared_dir import SharedDirFeatureStore
 from featurestream.tools.models import TinyConfig, tiny_hf_causal_lm
@@ -432,7 +433,7 @@ def test_each_shared_dir_store_reads_what_the_other_wrote(reference: Reference, 
     loaded, _ = theirs.get(carried(mine, reference.module("refs")))
     assert all(torch.equal(loaded[name], tensor) for name, tensor in sample_tensors(1).items())
     ours.close()
-    assert os.listdir(tmp_path) == []
+    assert entries(tmp_path) == []
 
 
 def test_the_file_lifecycle_a_reference_layout_reader_sees_is_the_references(

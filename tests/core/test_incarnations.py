@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from featurestream import DeadLetter, FeatureStore, LocalFeatureStore, SampleRefQueue, SharedDirFeatureStore
+from featurestream.stores.arena import entries
 
 from .samples import eagle3_tensors
 
@@ -95,4 +96,4 @@ def test_an_id_re_put_before_a_stale_reader_releases_is_delivered_through_the_qu
     queue.ack(second)
     writer.close()
     assert dead == [] and queue.stats().acked == 2
-    assert os.listdir(tmp_path) == []
+    assert entries(tmp_path) == []

@@ -23,6 +23,7 @@ from featurestream import (
 )
 from featurestream.core.resume import parse_sample_id
 from featurestream.pipeline.resume import ResumableProducer
+from featurestream.stores.arena import entries
 from featurestream.testing.resume import prompts
 
 from .algorithm_samples import KeyTarget, sample_of
@@ -52,7 +53,7 @@ def test_a_shared_directory_written_by_one_instance_streams_through_another(
     assert len(batches) == 3
     for batch, tensors in zip(batches, samples, strict=True):
         assert_same(batch, tensors)
-    assert queue.stats().acked == 3 and list(tmp_path.iterdir()) == [], "every acked sample's file is gone"
+    assert queue.stats().acked == 3 and entries(tmp_path) == [], "every acked sample's file is gone"
 
 
 @pytest.mark.parametrize("algorithm", ALGORITHMS)

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 
 import pytest
 
 from featurestream.cli import main
+from featurestream.stores.arena import entries
 
 
 @pytest.mark.parametrize("store", ["local", "shared-dir"])
@@ -29,7 +29,7 @@ def test_demo_streams_trains_and_checks_its_summary(
     reclaimed, crashes = map(int, re.search(r"(\d+) leases reclaimed after (\d+) consumer crashes", out).groups())
     assert reclaimed >= crashes >= 2, "every crash's lease was reclaimed and redelivered"
     if store == "shared-dir":
-        assert os.listdir(tmp_path / "features") == []
+        assert entries(tmp_path / "features") == []
     else:
         snapshot = (tmp_path / "queue.dot").read_text()
         assert "acked" in snapshot and "40 so far" in snapshot and "drained" in snapshot

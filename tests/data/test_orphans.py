@@ -18,6 +18,7 @@ import pytest
 
 from featurestream import SampleRefQueue, SharedDirFeatureStore
 from featurestream.stores import orphans
+from featurestream.stores.arena import entries
 from featurestream.testing import sample_tensors
 
 GRACE = 0.3
@@ -44,7 +45,7 @@ def settled(directory: Path) -> list[str]:
     while any(name.startswith(".scrubbed-") for name in os.listdir(directory)):
         assert time.monotonic() < deadline, sorted(os.listdir(directory))
         time.sleep(0.005)
-    return sorted(os.listdir(directory))
+    return sorted(entries(directory))
 
 
 @pytest.fixture
@@ -139,7 +140,7 @@ def test_markers_and_links_a_scrub_killed_halfway_left_go_with_their_dead_writer
     for name in os.listdir(tmp_path):  # a scrub moved both data files out and died: links and markers are left
         if "@" in name and name.endswith(".safetensors"):
             os.unlink(tmp_path / name)
-    assert len(os.listdir(tmp_path)) == 4
+    assert len(entries(tmp_path)) == 4
     store = SharedDirFeatureStore(tmp_path, orphan_grace=GRACE, orphan_interval=None)
     time.sleep(GRACE)
     assert store.gc() == 2, "no queue is asked about samples whose bytes are gone"
@@ -175,7 +176,7 @@ def test_orphan_options_are_checked(tmp_path: Path) -> None:
         SharedDirFeatureStore(tmp_path, orphan_grace=-1)
     with pytest.raises(ValueError, match="orphan_interval must be > 0 seconds, got 0"):
         SharedDirFeatureStore(tmp_path, orphan_interval=0)
-    assert os.listdir(tmp_path) == []
+    assert entries(tmp_path) == []
 
 
 def test_incarnations_name_their_writer_and_the_token_dies_with_close(tmp_path: Path) -> None:

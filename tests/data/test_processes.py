@@ -27,6 +27,7 @@ from featurestream import (
     SharedDirFeatureStore,
     VisibilityTimeout,
 )
+from featurestream.stores.arena import entries
 from featurestream.testing import FakeClock
 from featurestream.tools.models import TinyConfig, TinyTargetModel, prompt_batches
 
@@ -162,7 +163,7 @@ def test_a_sigkilled_consumer_loses_nothing_and_duplicates_no_ack(tmp_path: Path
     stats = queue.stats()
     assert (stats.acked, stats.reclaimed, stats.dead_lettered) == (SAMPLES, 1, 0)
     assert stats.pending == stats.outstanding == 0
-    assert os.listdir(directory) == [], "nothing left on disk: no sample, marker or temporary file"
+    assert entries(directory) == [], "nothing left on disk: no sample, marker or temporary file"
     assert writer.health().sample_count == 0 and writer.health().resident_bytes == 0
     writer.close()
 

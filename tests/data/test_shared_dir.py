@@ -20,7 +20,8 @@ from featurestream import (
     SharedDirFeatureStore,
     VisibilityTimeout,
 )
-from featurestream.stores import safetensors_codec, shared_dir
+from featurestream.stores import arena, shared_dir
+from featurestream.stores.arena import entries, is_slot
 from featurestream.testing import FakeClock
 
 from .helpers import assert_is_sample, eagle3_sample, put_eagle3
@@ -30,13 +31,14 @@ def files(directory: Path) -> list[str]:
     """The directory's files, once every removed sample is unlinked (the background deleter's promise).
 
     Each name's incarnation (``@<32 hex>``, fresh per put) is left out: ``s1@<inc>.safetensors`` reads as
-    ``s1.safetensors``. The ``<id>.safetensors`` links are ``pointers``' business.
+    ``s1.safetensors``. The ``<id>.safetensors`` links are ``pointers``' business; the writers' arena slots
+    (``stores.arena``, reused files every data file is a hard link of) are left out too.
     """
     deadline = time.monotonic() + 10
     while any(name.startswith(shared_dir.SCRUBBED_PREFIX) for name in os.listdir(directory)):
         assert time.monotonic() < deadline, f"removed samples never unlinked: {sorted(os.listdir(directory))}"
         time.sleep(0.005)
-    names = [name for name in os.listdir(directory) if not os.path.islink(directory / name)]
+    names = [name for name in os.listdir(directory) if not os.path.islink(directory / name) and not is_slot(name)]
     return sorted(re.sub(r"@[0-9a-f]{32}(?=\.)", "", name) for name in names)
 
 
@@ -196,7 +198,7 @@ def test_is_resident_of_another_instance_s_sample_is_one_stat_of_the_id_s_latest
     reader.release(handle)  # the last release of an unqueued sample frees it, link and all
     assert not reader.is_resident("x") and "x.safetensors" not in pointers(tmp_path)
     writer.close()
-    assert os.listdir(tmp_path) == []
+    assert entries(tmp_path) == []
 
 
 def test_close_unlinks_owned_files_even_with_handles_out(tmp_path: Path) -> None:
@@ -215,7 +217,7 @@ def test_close_unlinks_owned_files_even_with_handles_out(tmp_path: Path) -> None
 
 
 def test_a_failed_write_leaves_no_file_and_stores_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    store = SharedDirFeatureStore(tmp_path)
+    store = SharedDirFeatureStore(tmp_path, pool=False)  # a file of its own per put (the arena's: tests/stores)
     real_write_all = shared_dir.write_all
 
     def disk_fills_up(fd: int, views: list[memoryview]) -> None:
@@ -232,7 +234,7 @@ def test_a_failed_write_leaves_no_file_and_stores_nothing(tmp_path: Path, monkey
 
 
 def test_permission_errors_name_the_sample(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    store = SharedDirFeatureStore(tmp_path)
+    store = SharedDirFeatureStore(tmp_path, pool=False)
     ref = put_eagle3(store, 0)
 
     def denied(*args: object, **kwargs: object) -> None:
@@ -241,7 +243,7 @@ def test_permission_errors_name_the_sample(tmp_path: Path, monkeypatch: pytest.M
     monkeypatch.setattr(shared_dir.tempfile, "mkstemp", denied)
     with pytest.raises(PermissionError, match=r"cannot write sample 's1'"):
         put_eagle3(store, 1)
-    monkeypatch.setattr(safetensors_codec, "open", denied, raising=False)
+    monkeypatch.setattr(arena, "_open_locked", denied)
     with pytest.raises(PermissionError, match=r"cannot read sample 's0'"):
         store.get(ref)
     assert store.health().sample_count == 1 and files(tmp_path) == ["s0.safetensors"]

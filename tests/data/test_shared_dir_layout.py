@@ -17,6 +17,7 @@ from safetensors.torch import load_file, save_file
 
 from featurestream import SampleRef, SampleRefQueue, SharedDirFeatureStore
 from featurestream.common.refs import FeatureSpec
+from featurestream.stores.arena import entries
 
 from .helpers import assert_is_sample, eagle3_sample, put_eagle3
 
@@ -63,7 +64,7 @@ def test_a_put_is_at_its_reference_name_until_its_last_release(tmp_path: Path) -
     _, handle = store.get(ref)
     store.release(handle)
     settle(store)
-    assert not os.path.lexists(path) and os.listdir(tmp_path) == []
+    assert not os.path.lexists(path) and entries(tmp_path) == []
 
 
 def test_close_and_scrub_remove_the_reference_name(tmp_path: Path) -> None:
@@ -73,7 +74,7 @@ def test_close_and_scrub_remove_the_reference_name(tmp_path: Path) -> None:
     store.scrub(scrubbed)
     assert not os.path.lexists(tmp_path / "s1.safetensors") and visible(tmp_path) == ["s2.safetensors"]
     store.close()
-    assert os.listdir(tmp_path) == [], closed
+    assert entries(tmp_path) == [], closed
 
 
 def test_the_reference_name_follows_the_latest_put_and_a_stale_handle_frees_nothing_of_it(tmp_path: Path) -> None:
@@ -122,7 +123,7 @@ def test_a_plain_safetensors_file_with_a_reference_key_ref_is_read_queued_and_sc
     assert_same(store.get(lease.ref)[0], tensors)
     queue.ack(lease)
     settle(store)
-    assert os.listdir(tmp_path) == [] and not store.is_resident("000")
+    assert entries(tmp_path) == [] and not store.is_resident("000")
     assert store.health().sample_count == 0 and store.health().resident_bytes == 0
 
 
@@ -132,7 +133,7 @@ def test_a_plain_file_no_queue_holds_is_freed_on_its_last_release(tmp_path: Path
     _, handle = store.get(reference_ref(tmp_path, "p", eagle3_sample(5)))
     store.release(handle)
     settle(store)
-    assert os.listdir(tmp_path) == []
+    assert entries(tmp_path) == []
 
 
 def test_a_reference_key_ref_reads_a_put_but_never_frees_it(tmp_path: Path) -> None:
@@ -156,7 +157,7 @@ def test_a_put_over_a_file_in_the_reference_layout_is_refused_and_changes_nothin
     store = SharedDirFeatureStore(tmp_path)
     with pytest.raises(ValueError, match=r"'s7' is already present .*s7\.safetensors"):
         put_eagle3(store, 7)
-    assert os.listdir(tmp_path) == ["s7.safetensors"] and (tmp_path / "s7.safetensors").read_bytes() == before
+    assert entries(tmp_path) == ["s7.safetensors"] and (tmp_path / "s7.safetensors").read_bytes() == before
     assert store.health().sample_count == 0 and store.health().resident_bytes == 0
 
 
@@ -165,7 +166,7 @@ def test_an_id_that_ends_like_an_incarnation_is_refused(tmp_path: Path) -> None:
     sample_id = "s8@" + "0" * 32
     with pytest.raises(ValueError, match=f"sample_id '{sample_id}' may not end in @<32 hex digits>"):
         store.put(sample_id, eagle3_sample(8), run_id="run")
-    assert os.listdir(tmp_path) == []
+    assert entries(tmp_path) == []
 
 
 def test_a_ref_in_neither_key_format_is_refused(tmp_path: Path) -> None:
@@ -188,6 +189,6 @@ def test_a_tool_that_rewrites_the_reference_name_never_meets_the_put_it_replaced
     assert_is_sample(got, 1)
     store.release(handle)
     settle(store)
-    assert os.listdir(tmp_path) == ["s1.safetensors"], "the put is freed; the tool's file stays"
+    assert entries(tmp_path) == ["s1.safetensors"], "the put is freed; the tool's file stays"
     assert_same(load_file(tmp_path / "s1.safetensors"), eagle3_sample(2))
     assert store.is_resident("s1") and store.health().sample_count == 0

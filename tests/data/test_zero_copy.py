@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 
 from featurestream import LocalFeatureStore, SharedDirFeatureStore
@@ -47,9 +48,13 @@ def test_take_ownership_densifies_strided_and_detaches() -> None:
     assert_is_sample({n: t.detach() for n, t in got.items()}, 2)
 
 
-def test_shared_dir_get_returns_a_private_buffer_whatever_copy_says(tmp_path: Path) -> None:
+def test_shared_dir_copy_false_maps_the_file_and_a_write_never_reaches_it(tmp_path: Path) -> None:
     store = SharedDirFeatureStore(tmp_path)
     ref = store.put("s", eagle3_sample(3), take_ownership=True)
     first, _ = store.get(ref, copy=False)
-    first["logits"].zero_()
+    with pytest.raises(RuntimeError, match=r"inference tensor"):
+        first["logits"].zero_()
     assert_is_sample(store.get(ref)[0], 3)
+    private, _ = store.get(ref)
+    private["logits"].zero_()  # the default get copies: the caller's to mutate
+    assert_is_sample(store.get(ref, copy=False)[0], 3)

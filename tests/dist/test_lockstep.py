@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from featurestream.stores.arena import entries
 from featurestream import FeatureDataLoader, SharedDirFeatureStore
 
 from ._rank_worker import eagle3_tensors, run_rank, sample_id
@@ -147,7 +148,7 @@ def test_ranks_sharing_a_redis_queue_take_equal_steps_and_train_each_sample_once
     trained = [sample for r in results for sample in r["trained"]]
     assert Counter(trained + drained) == Counter(sample_id(i) for i in range(count)), "exactly once"
     assert queue.stats().acked == count and queue.lifecycle_state == "drained"
-    assert os.listdir(config["dir"]) == [], "nothing left in the shared directory"
+    assert entries(config["dir"]) == [], "nothing left in the shared directory"
 
 
 @pytest.mark.timeout(120)

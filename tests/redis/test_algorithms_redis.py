@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from featurestream import FeatureAlgorithm, FeatureDataLoader, FeatureProducer, SharedDirFeatureStore
+from featurestream.stores.arena import entries
 
 redis = pytest.importorskip("redis", reason="redis-py is missing: pip install 'featurestream[redis]'")
 import torch  # noqa: E402
@@ -69,7 +70,7 @@ def test_a_registered_algorithm_streams_across_processes_and_an_unregistered_con
             assert batch["input_ids"] == [[100 * index + t for t in range(4)]]
             assert batch["head_logits"] == [[[[-float(index)] * 5] * 2] * 4]
         assert queue.stats().acked == COUNT and queue.pending_count() == 0
-        assert [path.name for path in shared.iterdir()] == [], "every acked sample's bytes left the directory"
+        assert entries(shared) == [], "every acked sample's bytes left the directory"
     finally:
         queue.close()
 
@@ -93,7 +94,7 @@ def test_dflash_and_dspark_samples_stream_through_a_redis_queue_to_another_handl
         for batch, tensors in zip(batches, samples, strict=True):
             assert list(batch.keys()) == list(tensors)
             assert all(torch.equal(batch[n], t) for n, t in tensors.items())
-        assert consumer_side.stats().acked == 3 and list(tmp_path.iterdir()) == []
+        assert consumer_side.stats().acked == 3 and entries(tmp_path) == []
     finally:
         producer_side.close()
         consumer_side.close()

@@ -19,6 +19,7 @@ import pytest
 
 from featurestream import FeatureDataLoader, LocalFeatureStore, SampleRefQueue, SharedDirFeatureStore
 from featurestream import VisibilityTimeout as VT
+from featurestream.stores.arena import entries
 from featurestream.testing import sample_tensors
 
 redis = pytest.importorskip("redis", reason="redis-py is missing: pip install 'featurestream[redis]'")
@@ -84,7 +85,7 @@ def test_an_error_in_the_with_block_fails_the_leases_back_and_leaves_the_shared_
     assert survivor.lifecycle_state == "drained"
     store.close()
     survivor_store.close()
-    assert sorted(path.name for path in shared.iterdir()) == [], "no sample, link or marker left"
+    assert entries(shared) == [], "no sample, link or marker left"
     queue.disconnect()
     survivor.disconnect()
 

@@ -15,6 +15,7 @@ import torch
 
 from featurestream import FeatureDataLoader, SampleLostError, SharedDirFeatureStore
 from featurestream.core.lease import LOST_REASON
+from featurestream.stores.arena import entries
 
 pytest.importorskip("redis", reason="redis-py is missing: pip install 'featurestream[redis]'")
 from featurestream.backends.redis.queue import RedisSampleRefQueue
@@ -69,7 +70,7 @@ def test_a_producer_closing_its_store_leaves_its_queued_samples_to_the_trainer(
     assert (stats.acked, stats.dead_lettered, stats.pending, stats.outstanding) == (SAMPLES, 0, 0, 0)
     queue.disconnect()
     queue.store.close()
-    assert os.listdir(shared) == []
+    assert entries(shared) == []
 
 
 def test_files_deleted_under_the_queue_are_dead_lettered_lost_once_naming_the_path(
@@ -96,4 +97,4 @@ def test_files_deleted_under_the_queue_are_dead_lettered_lost_once_naming_the_pa
     assert queue.stats().acked == SAMPLES - 2
     queue.disconnect()
     queue.store.close()
-    assert os.listdir(shared) == []
+    assert entries(shared) == []

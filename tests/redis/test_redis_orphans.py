@@ -21,6 +21,7 @@ import pytest
 import torch
 
 from featurestream import SharedDirFeatureStore
+from featurestream.stores.arena import entries
 
 pytest.importorskip("redis", reason="redis-py is missing: pip install 'featurestream[redis]'")
 from featurestream.backends.redis.queue import RedisSampleRefQueue
@@ -96,7 +97,7 @@ def emptied(directory: Path) -> list[str]:
     give_up = time.monotonic() + DEADLINE
     while os.listdir(directory) and time.monotonic() < give_up:
         time.sleep(0.05)
-    return sorted(os.listdir(directory))
+    return sorted(entries(directory))
 
 
 def data_files(directory: Path) -> list[str]:

@@ -10,7 +10,6 @@ no sample or marker file in the directory, no held sample in Redis.
 from __future__ import annotations
 
 import collections
-import os
 import signal
 import subprocess
 import sys
@@ -22,6 +21,7 @@ from typing import Any
 import pytest
 
 from featurestream import SharedDirFeatureStore
+from featurestream.stores.arena import entries
 
 redis = pytest.importorskip("redis", reason="redis-py is missing: pip install 'featurestream[redis]'")
 from featurestream.backends.redis.queue import RedisSampleRefQueue  # noqa: E402 - needs redis-py
@@ -99,7 +99,7 @@ def test_sigkilled_consumer_and_restarted_redis_lose_and_duplicate_nothing(durab
     assert (stats.put, stats.acked, stats.dead_lettered) == (SAMPLES, SAMPLES, 0)
     assert (stats.pending, stats.outstanding) == (0, 0)
     assert stats.reclaimed >= 1 and observer.lifecycle_state == "drained"
-    assert sorted(os.listdir(shared)) == [], "sample or marker files left in the shared directory"
+    assert entries(shared) == [], "sample or marker files left in the shared directory"
     client = redis.Redis.from_url(durable_redis.url)
     prefix = f"featurestream:{{{name}}}:"
     assert client.hlen(prefix + "refs") == client.hlen(prefix + "leases") == client.llen(prefix + "pending") == 0

@@ -4,7 +4,6 @@ processes restarted from the latest checkpoint many times (``docs/resume.md``)."
 from __future__ import annotations
 
 import json
-import os
 import random
 import time
 import uuid
@@ -18,6 +17,7 @@ redis = pytest.importorskip("redis", reason="redis-py is missing: pip install 'f
 from featurestream import LocalFeatureStore, SharedDirFeatureStore, VisibilityTimeout  # noqa: E402
 from featurestream.backends.redis.queue import RedisSampleRefQueue  # noqa: E402 - needs redis-py
 from featurestream.core.resume import sample_id_for  # noqa: E402
+from featurestream.stores.arena import entries  # noqa: E402
 from featurestream.testing.resume import (  # noqa: E402
     ResumeProcesses,
     check_history,
@@ -136,7 +136,7 @@ def test_sigkilled_trainer_and_producer_processes_train_every_prompt_once(
         assert saved == final["history"][: len(saved)], path.name
     # Nothing is left behind once both processes closed cleanly: what the killed producers stored and never
     # enqueued went with the drained queue's sweep (the trainer's close), without waiting out a grace period.
-    assert sorted(os.listdir(shared)) == [], "orphaned sample files, links or markers left"
+    assert entries(shared) == [], "orphaned sample files, links or markers left"
 
 
 def test_the_resume_machine_on_redis(redis_server: Any) -> None:

@@ -171,6 +171,7 @@ def test_keep_model_requeues_and_purges_kept_dead_letters() -> None:
 def test_every_shipped_config_is_checked_by_a_test() -> None:
     shipped = sorted(p.name for p in spec_dir().glob("*.cfg"))
     assert shipped == [
+        "BufferReuse.cfg",  # tests/spec/test_buffer_reuse_spec.py
         "Incarnation.cfg",  # tests/spec/test_incarnation_spec.py
         "LeaseQueue.cfg",
         "LeaseQueueCount.cfg",

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from featurestream import LocalFeatureStore, SampleRefQueue, SharedDirFeatureStore
+from featurestream.stores.arena import entries
 from featurestream.testing import sample_tensors
 
 
@@ -44,7 +45,7 @@ def test_a_closed_writer_leaves_queued_files_to_other_instances_and_frees_the_re
     queue.put(queued)
     _, handle = writer.get(queued)
     writer.close()
-    left = sorted(os.listdir(tmp_path))
+    left = sorted(entries(tmp_path))
     stem = os.path.basename(writer.data_path(queued))[: -len(".safetensors")]
     assert left == ["s0.safetensors", f"{stem}.retained", f"{stem}.safetensors"], "s1 went; s0's files stay"
     writer.release(handle)
@@ -54,7 +55,7 @@ def test_a_closed_writer_leaves_queued_files_to_other_instances_and_frees_the_re
     lease = queue.acquire(timeout=1)
     assert lease is not None and queue.ack(lease)  # the scrub, through the closed writer
     trainer.close()
-    assert os.listdir(tmp_path) == []
+    assert entries(tmp_path) == []
 
 
 def test_a_sample_queued_through_another_instance_survives_its_writers_close(tmp_path: Path) -> None:
@@ -70,4 +71,4 @@ def test_a_sample_queued_through_another_instance_survives_its_writers_close(tmp
     trainer.release(handle)
     assert queue.ack(lease)
     trainer.close()
-    assert os.listdir(tmp_path) == []
+    assert entries(tmp_path) == []

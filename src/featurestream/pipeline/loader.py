@@ -85,6 +85,12 @@ class FeatureDataLoader:
     - ``device`` / ``non_blocking``: where samples are materialised; with
       ``non_blocking`` and a CUDA device, the copy is pinned and asynchronous
       and the trainer's current stream waits for it at hand-off.
+    - ``pin_memory`` (default ``False``): batches built by the default collation
+      (``device=None``) land in page-locked host memory, one block per batch
+      from torch's caching host allocator (pooled: reused once a batch and the
+      copies from it are done), so the trainer's ``.to("cuda",
+      non_blocking=True)`` overlaps with compute. ``RuntimeError`` where CUDA
+      is not available.
     - ``process_group``: a ``torch.distributed`` group; before each batch is
       handed out the ranks agree (one ``all_reduce``) that every rank has one,
       else every rank stops at the same step and the batches already leased
@@ -137,6 +143,7 @@ class FeatureDataLoader:
         batch_type: type | None = None,
         device: torch.device | str | None = None,
         non_blocking: bool = False,
+        pin_memory: bool = False,
         heartbeat_interval: float | None = None,
         process_group: Any = None,
         close_timeout: float = 5.0,
@@ -155,6 +162,12 @@ class FeatureDataLoader:
         if batch_type is not None and not isinstance(batch_type, type):
             raise TypeError(f"batch_type must be a class, got {batch_type!r}")
         check_flag("non_blocking", non_blocking)
+        check_flag("pin_memory", pin_memory)
+        if pin_memory and not torch.cuda.is_available():
+            raise RuntimeError(
+                "pin_memory=True needs CUDA (page-locked memory is for copies to a GPU), and torch finds none: "
+                "leave pin_memory=False on a machine without a GPU"
+            )
         check_flag("close_queue", close_queue)
         if process_group is not None:
             lockstep.check_group(process_group)
@@ -185,6 +198,7 @@ class FeatureDataLoader:
             batch_size=batch_size,
             device=None if device is None else torch.device(device),
             non_blocking=non_blocking,
+            pin_memory=pin_memory,
             wait=_PREFETCH_WAIT if prefetch else acquire_poll_interval,
             supervision=supervision,
             end_when_nothing_pending=process_group is not None,

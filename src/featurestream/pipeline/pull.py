@@ -24,6 +24,7 @@ from featurestream.pipeline.prefetch import LeaseBook, Pulled
 from featurestream.pipeline.schemas import AlgorithmSchema, make_batch, registered_schemas, unregistered_message
 from featurestream.pipeline.supervision import SupervisionDecoder
 from featurestream.stores.base import FeatureStore, SampleLostError, StoreHandle
+from featurestream.stores.pool import pinned_copy
 
 __all__ = ["Collate", "PullSpec", "Puller", "stream_ended"]
 
@@ -46,6 +47,7 @@ class PullSpec:
     batch_size: int
     device: torch.device | None
     non_blocking: bool
+    pin_memory: bool
     wait: float
     # Checks each ref's supervision encoding against the loader's target head and rebuilds the logits it stands for.
     supervision: SupervisionDecoder
@@ -222,6 +224,8 @@ class Puller:
                 known = [{name: sample[name] for name in order if name in sample} for sample in tensors]
                 ids = [lease.ref.sample_id for lease in leases]
                 merged = known[0] if len(known) == 1 else concat_samples(known, ids)
+                if spec.pin_memory:
+                    merged = pinned_copy(merged)
                 batch = make_batch(merged, spec.batch_type)
         except Exception as exc:
             self.book.give_back(leases, handles)

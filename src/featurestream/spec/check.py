@@ -11,7 +11,8 @@ in the spec directory and the checkout it belongs to, so
 ``Resume*.cfg`` (``--resume``, ``spec/mutants/ResumeNoLedger.cfg``) checks the
 checkpoint/restore model ``spec/Resume.tla``, one named ``Incarnation*.cfg`` the
 incarnation model ``spec/Incarnation.tla``, one named ``Orphan*.cfg`` the orphan reclaim
-model ``spec/OrphanReclaim.tla``, one named ``Replicated*.cfg`` the failover model ``spec/ReplicatedQueue.tla``.
+model ``spec/OrphanReclaim.tla``, one named ``Replicated*.cfg`` the failover model ``spec/ReplicatedQueue.tla``,
+one named ``BufferReuse*.cfg`` the pooled stores' reuse model ``spec/BufferReuse.tla``.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ SEPARATE_MODULES = {
     "Incarnation": "Incarnation.tla",
     "Orphan": "OrphanReclaim.tla",
     "Replicated": "ReplicatedQueue.tla",
+    "BufferReuse": "BufferReuse.tla",
 }
 
 

@@ -65,6 +65,8 @@ class StoreHealth:
 
     ``sample_capacity`` is the store's sample-count cap (``max_samples``; 0: none): a put that would
     make ``sample_count`` exceed it raises ``MemoryError``, so backpressure pauses producers at it.
+    ``pool_bytes``: the memory the store keeps faulted in for reuse (its buffer pool, its file arena; samples in
+    them included), each pool at most the store's ``max_bytes`` plus one sample; 0 for a store without one.
     """
 
     resident_bytes: int
@@ -73,6 +75,7 @@ class StoreHealth:
     high_watermark_hit: bool
     low_watermark_hit: bool
     sample_capacity: int = 0
+    pool_bytes: int = 0
 
 
 class FeatureStore(abc.ABC):

@@ -268,6 +268,7 @@ class LedgerFeatureStore(FeatureStore):
 
     def health(self) -> StoreHealth:
         """Residency from counters: O(1), no I/O."""
+        pooled = self._pool_bytes()
         with self._lock:
             resident = self._resident_bytes
             return StoreHealth(
@@ -277,7 +278,16 @@ class LedgerFeatureStore(FeatureStore):
                 high_watermark_hit=self.high_watermark_bytes is not None and resident >= self.high_watermark_bytes,
                 low_watermark_hit=resident <= self.low_watermark_bytes,
                 sample_capacity=self.max_samples or 0,
+                pool_bytes=pooled,
             )
+
+    def _pool_bytes(self) -> int:
+        """What the store keeps faulted in for reuse (``StoreHealth.pool_bytes``); stores with a pool override it."""
+        return 0
+
+    def _pool_limit(self) -> int:
+        """The most a pool of this store keeps besides one sample: its byte cap (the default cap without one)."""
+        return self.max_bytes if self.max_bytes is not None else DEFAULT_MAX_BYTES
 
     def is_resident(self, sample_id: str) -> bool:
         with self._lock:

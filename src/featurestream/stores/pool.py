@@ -19,7 +19,7 @@ import torch
 
 from featurestream.common.refs import FeatureSpec
 
-__all__ = ["ALIGN", "BufferPool", "aligned", "carve"]
+__all__ = ["ALIGN", "BufferPool", "aligned", "carve", "carved_size", "pinned_copy"]
 
 ALIGN = 64  # every carved feature starts on a cache line, so any dtype can view it
 
@@ -50,6 +50,16 @@ def carved_size(specs: Mapping[str, FeatureSpec], start: int = 0) -> int:
     return aligned(start) + sum(aligned(spec.nbytes) for spec in specs.values())
 
 
+def pinned_copy(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Copies of ``tensors`` in one page-locked block (CUDA's caching host allocator: freed blocks are reused once
+    the copies to a GPU that read them are done, which a pool of its own could not tell)."""
+    specs = {name: FeatureSpec(tuple(t.shape), t.dtype) for name, t in tensors.items()}
+    out = carve(torch.empty(carved_size(specs), dtype=torch.uint8, pin_memory=True), specs)
+    for name, target in out.items():
+        target.copy_(tensors[name])
+    return out
+
+
 class BufferPool:
     """Byte blocks handed out again once nothing references them; at most ``limit`` bytes kept, plus one block.
 
@@ -57,13 +67,11 @@ class BufferPool:
     allocates one; a new block is kept only while the pool holds no more than
     ``limit`` bytes (free blocks are dropped first to make room), so the pool
     grows on demand and never holds more than ``limit`` plus one block.
-    ``pin``: blocks in page-locked memory (for copies to a GPU that overlap
-    with compute). Thread-safe.
+    Thread-safe.
     """
 
-    def __init__(self, limit: int, *, pin: bool = False) -> None:
+    def __init__(self, limit: int) -> None:
         self._limit = limit
-        self._pin = pin
         self._blocks: list[torch.Tensor] = []
         self._held = 0
         self._lock = threading.Lock()
@@ -74,7 +82,7 @@ class BufferPool:
             for block in self._blocks:
                 if nbytes <= block.numel() <= 2 * nbytes and _storage_refs(block) == _ALONE:
                     return block[:nbytes]
-            block = torch.empty(max(nbytes, 1), dtype=torch.uint8, pin_memory=self._pin)
+            block = torch.empty(max(nbytes, 1), dtype=torch.uint8)
             self._make_room(block.numel())
             if self._held <= self._limit:
                 self._blocks.append(block)

@@ -19,7 +19,7 @@ from featurestream.common.errors import FeatureStreamError
 from featurestream.common.refs import SampleRef
 from featurestream.stores.ledger import check_spec
 
-__all__ = ["CorruptSampleError", "byte_view", "decode", "encode_header", "write_all"]
+__all__ = ["CorruptSampleError", "byte_view", "decode", "encode_header", "read_all", "write_all"]
 
 _DTYPES: dict[str, torch.dtype] = {
     "F64": torch.float64,
@@ -54,11 +54,11 @@ def write_all(fd: int, views: list[memoryview]) -> None:
             views[0] = views[0][written:]
 
 
-def _readinto_all(file: object, view: memoryview) -> int:
-    """Fill ``view`` from ``file``; return how many bytes were read (short only at end of file)."""
+def read_all(fd: int, view: memoryview) -> int:
+    """Fill ``view`` from the start of file ``fd``; return how many bytes were read (short only at end of file)."""
     total = 0
     while total < view.nbytes:
-        got = file.readinto(view[total:])  # type: ignore[attr-defined]
+        got = os.preadv(fd, [view[total:]], total)
         if not got:
             break
         total += got
@@ -92,15 +92,9 @@ def encode_header(tensors: Mapping[str, torch.Tensor]) -> tuple[bytes, list[str]
     return struct.pack("<Q", len(encoded)) + encoded, order
 
 
-def decode(path: str, ref: SampleRef) -> dict[str, torch.Tensor]:
-    """Read ``path`` into one fresh buffer (one read) and return ``ref``'s features as views of it."""
-    with open(path, "rb", buffering=0) as file:
-        size = os.fstat(file.fileno()).st_size
-        buffer = torch.empty(size, dtype=torch.uint8)
-        raw = memoryview(buffer.numpy())
-        got = _readinto_all(file, raw)
-    if got != size:
-        raise CorruptSampleError(f"sample {ref.sample_id!r}: {path} shrank while being read (truncated)")
+def decode(buffer: torch.Tensor, raw: memoryview, ref: SampleRef, path: str) -> dict[str, torch.Tensor]:
+    """``ref``'s features as views of ``buffer``, the whole file ``path`` (uint8; ``raw``: its bytes)."""
+    size = buffer.numel()
     if size < 8:
         raise CorruptSampleError(f"sample {ref.sample_id!r}: {path} is truncated ({size} bytes, no header)")
     (header_len,) = struct.unpack_from("<Q", raw)

@@ -50,13 +50,17 @@ in-memory counters; ``close`` unlinks those no queue holds (no queued marker),
 even with handles out. A queued one stays for its consumers, in any process,
 until the queue's ``scrub`` (or the orphan reclaim) frees it.
 
-Copies: ``put`` writes straight from the tensors' memory (no staging copy, so
-``take_ownership`` changes nothing here) and ``get`` reads the file into one
-fresh buffer that the returned tensors view (no second copy, and the caller
-may still mutate them, so ``copy=False`` changes nothing either). The codec
-(``stores.safetensors_codec``) is featurestream's own, not ``safetensors.torch``, because that one
-stages every tensor in a ``bytes`` object on save and copies out of a mapping
-on load; the files it reads and writes are interchangeable with it.
+Copies and reuse (``pool=True``, the default): ``put`` copies the tensors once,
+into a file of this writer's arena (``stores.arena``: pre-sized files it keeps
+mapped and reuses once their sample is gone and no reader holds them; the data
+file is a hard link of one), so no page is allocated per sample; ``take_ownership``
+changes nothing. ``get`` reads the file once into pooled memory (``stores.pool``)
+that the returned tensors view, the caller's to mutate; ``get(copy=False)`` maps
+the file instead and returns read-only (inference-mode) views of it, valid while
+the caller keeps them: an in-place write raises and lands only in the caller's
+private copy of the page. ``pool=False``: a new file per put, fresh memory per get.
+The codec is featurestream's own (``stores.safetensors_codec``: ``safetensors.torch``
+stages and copies); its files are interchangeable with that library's.
 """
 
 from __future__ import annotations
@@ -66,10 +70,10 @@ import errno
 import logging
 import os
 import re
-import stat
 import tempfile
 import threading
 import uuid
+import weakref
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
@@ -78,6 +82,7 @@ import torch
 from featurestream.common.checks import check_seconds
 from featurestream.common.periodic import start_periodic
 from featurestream.common.refs import SampleRef
+from featurestream.stores.arena import SLOT_TAG, FileArena, read_whole
 from featurestream.stores.base import SampleLostError
 from featurestream.stores.deleter import BackgroundDeleter, remove_reporting
 from featurestream.stores.directory import HOST, TEMP_SUFFIX, prepare_directory, sweep_dead_temporaries
@@ -94,7 +99,9 @@ from featurestream.stores.orphans import (
     OrphanClock,
     WriterToken,
 )
-from featurestream.stores.safetensors_codec import CorruptSampleError, byte_view, decode, encode_header, write_all
+from featurestream.stores.pointer import point_at, unpoint
+from featurestream.stores.pool import BufferPool
+from featurestream.stores.safetensors_codec import CorruptSampleError, decode, encode_header, write_all
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -141,6 +148,9 @@ class SharedDirFeatureStore(LedgerFeatureStore):
     dead; a sweep runs every ``orphan_interval`` seconds (default 5; ``None``: only in ``gc`` and the
     queue's reaper). A writer's samples are freed at most ``orphan_grace + 2 * orphan_interval`` seconds
     after its death. ``ValueError`` for a negative grace or a non-positive interval.
+
+    ``pool`` (default ``True``): writes reuse this writer's arena of files, reads pooled memory, each at most
+    ``max_bytes`` plus one sample (``health().pool_bytes``); ``get(copy=False)`` maps the file read-only.
     """
 
     adopts_foreign = True
@@ -152,6 +162,7 @@ class SharedDirFeatureStore(LedgerFeatureStore):
         create: bool = False,
         orphan_grace: float = DEFAULT_ORPHAN_GRACE,
         orphan_interval: float | None = DEFAULT_ORPHAN_INTERVAL,
+        pool: bool = True,
         **caps: Unpack[StoreCaps],
     ) -> None:
         check_seconds("orphan_grace", orphan_grace)
@@ -167,6 +178,11 @@ class SharedDirFeatureStore(LedgerFeatureStore):
                 self._deleter.submit(os.path.join(self.directory, name))
         sweep_dead_temporaries(self.directory)
         self._writer = WriterToken(self.directory)
+        arena_name, limit = f"{self._temp_name(SLOT_TAG)}{uuid.uuid4().hex[:8]}-", self._pool_limit()
+        self._arena = FileArena(self.directory, arena_name, limit) if pool else None
+        self._pool = BufferPool(limit) if pool else None
+        if self._arena is not None:
+            weakref.finalize(self, self._arena.close)  # an instance never closed still leaves no slot at exit
         self._orphans = OrphanClock(orphan_grace, orphan_interval or DEFAULT_ORPHAN_INTERVAL)
         self._sweep_stop = threading.Event()
         self._drained: Holds | None = None  # the answer of a drained queue this instance swept with, for its close
@@ -241,63 +257,27 @@ class SharedDirFeatureStore(LedgerFeatureStore):
         """A temporary name prefix the dead-writer sweep recognises (``.<id>.<host>-<pid>.``)."""
         return f".{sample_id}.{HOST}-{os.getpid()}."
 
-    def _point_at(self, sample_id: str, data_name: str) -> None:
-        """Make ``<id>.safetensors`` name ``data_name`` (relative: nodes may mount the directory at other paths).
+    def _aside(self, sample_id: str) -> str:
+        return os.path.join(self.directory, f"{self._temp_name(sample_id)}{uuid.uuid4().hex}{TEMP_SUFFIX}")
 
-        ``ValueError`` when a regular file holds the name: a sample in the reference's layout, never replaced.
-        """
-        pointer = self._pointer_path(sample_id)
-        try:
-            os.symlink(data_name, pointer)
-            return
-        except FileExistsError:
-            pass  # an earlier put's link: replaced atomically, so a concurrent stat always finds one
-        try:
-            plain = not stat.S_ISLNK(os.lstat(pointer).st_mode)
-        except FileNotFoundError:
-            plain = False  # removed meanwhile: the replace below creates it
-        if plain:
-            raise ValueError(
-                f"sample {sample_id!r} is already present in {self.store_uri} as {pointer} (the reference's "
-                "layout): a sample already present is never overwritten"
-            )
-        temp = os.path.join(self.directory, f"{self._temp_name(sample_id)}{uuid.uuid4().hex}{TEMP_SUFFIX}")
-        os.symlink(data_name, temp)
-        try:
-            os.replace(temp, pointer)
-        except BaseException:
-            os.unlink(temp)
-            raise
+    def _point_at(self, sample_id: str, data_name: str) -> None:
+        """Make ``<id>.safetensors`` name ``data_name`` (``stores.pointer.point_at``)."""
+        point_at(
+            self._pointer_path(sample_id),
+            data_name,
+            self._aside(sample_id),
+            f"sample {sample_id!r} of {self.store_uri}",
+        )
 
     def _unpoint(self, ref: SampleRef) -> None:
-        """Remove ``<id>.safetensors`` if it links to ``ref``'s data file; a later put's link stays.
-
-        The link is moved aside before it is read, so a re-put that replaces it meanwhile is never the one
-        removed; one taken by mistake is linked back unless a newer one is there already. A link left behind
-        (an error, a killed process) only ever dangles, and a dangling link reads as not resident. An
-        incarnation-less ref's name is its data file: removing that removed the name.
-        """
-        if self._stem(ref) == ref.sample_id:
-            return
-        self._unpoint_stem(ref.sample_id, self._stem(ref))
+        """Remove ``<id>.safetensors`` if it links to ``ref``'s data file (``stores.pointer.unpoint``). An
+        incarnation-less ref's name is its data file: removing that removed the name."""
+        if self._stem(ref) != ref.sample_id:
+            self._unpoint_stem(ref.sample_id, self._stem(ref))
 
     def _unpoint_stem(self, sample_id: str, stem: str) -> None:
         """``_unpoint`` of the put ``stem`` (``<id>@<inc>``) of ``sample_id``: a reclaimed orphan has no ref."""
-        pointer = self._pointer_path(sample_id)
-        aside = os.path.join(self.directory, f"{self._temp_name(sample_id)}{uuid.uuid4().hex}{TEMP_SUFFIX}")
-        try:
-            os.rename(pointer, aside)
-        except OSError:
-            return  # no link (another instance took it), or it cannot be moved: it is left to dangle
-        try:
-            # Not this put's link -- a later put's, or a file a tool wrote under the name (the reference's
-            # layout) -- goes back.
-            if not os.path.islink(aside) or os.readlink(aside) != stem + DATA_SUFFIX:
-                with contextlib.suppress(FileExistsError):
-                    os.link(aside, pointer, follow_symlinks=False)
-        finally:
-            with contextlib.suppress(OSError):
-                os.unlink(aside)
+        unpoint(self._pointer_path(sample_id), stem + DATA_SUFFIX, self._aside(sample_id))
 
     def _marker_path(self, ref: SampleRef) -> str:
         return os.path.join(self.directory, self._stem(ref) + RETAINED_SUFFIX)
@@ -322,43 +302,46 @@ class SharedDirFeatureStore(LedgerFeatureStore):
         # ``contiguous``/``cpu`` copy only when a tensor is strided or on a device; dense CPU ones are written as-is.
         dense = {name: t.detach().cpu().contiguous() for name, t in tensors.items()}
         prefix, order = encode_header(dense)
+        parts = [torch.frombuffer(bytearray(prefix), dtype=torch.uint8)]
+        parts += [dense[name].reshape(-1).view(torch.uint8) for name in order]
         action = f"write sample {sample_id!r}"
         try:
-            fd, temp = tempfile.mkstemp(dir=self.directory, prefix=self._temp_name(sample_id), suffix=TEMP_SUFFIX)
+            if self._arena is None or not self._arena.write(final, parts):
+                self._write_file(sample_id, final, parts)
+        except FileExistsError:  # only a forged incarnation can collide: a fresh one is 128 random bits
+            raise ValueError(
+                f"sample {sample_id!r} is already in {self.store_uri} as {final}: "
+                "a sample already present is never overwritten"
+            ) from None
         except OSError as exc:
-            raise self._io_error(exc, action, self.directory) from exc
+            raise self._io_error(exc, action, exc.filename or final) from exc
+        try:
+            self._point_at(sample_id, os.path.basename(final))
+        except BaseException as exc:
+            with contextlib.suppress(OSError):
+                os.unlink(final)  # a failed put stores nothing
+            if isinstance(exc, OSError):
+                raise self._io_error(exc, action, self._pointer_path(sample_id)) from exc
+            raise
+
+    def _write_file(self, sample_id: str, final: str, parts: list[torch.Tensor]) -> None:
+        """``final`` as a file of its own: written under a temporary name, then linked (it appears whole)."""
+        fd, temp = tempfile.mkstemp(dir=self.directory, prefix=self._temp_name(sample_id), suffix=TEMP_SUFFIX)
         try:
             try:
-                try:
-                    write_all(fd, [memoryview(prefix), *(byte_view(dense[name]) for name in order)])
-                finally:
-                    os.close(fd)
-                os.link(temp, final)
-            except FileExistsError:  # only a forged incarnation can collide: a fresh one is 128 random bits
-                raise ValueError(
-                    f"sample {sample_id!r} is already in {self.store_uri} as {final}: "
-                    "a sample already present is never overwritten"
-                ) from None
-            except OSError as exc:
-                raise self._io_error(exc, action, final) from exc
-            try:
-                self._point_at(sample_id, os.path.basename(final))
-            except BaseException as exc:
-                with contextlib.suppress(OSError):
-                    os.unlink(final)  # a failed put stores nothing
-                if isinstance(exc, OSError):
-                    raise self._io_error(exc, action, self._pointer_path(sample_id)) from exc
-                raise
+                write_all(fd, [memoryview(part.numpy()) for part in parts])
+            finally:
+                os.close(fd)
+            os.link(temp, final)
         finally:
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 os.unlink(temp)
-            except FileNotFoundError:
-                pass
 
     def _load(self, ref: SampleRef, device: torch.device | str | None, copy: bool) -> dict[str, torch.Tensor]:
         path = self.data_path(ref)
+        mapped = not copy and device is None
         try:
-            tensors = decode(path, ref)
+            buffer, raw = read_whole(path, ref.sample_id, self._pool, mapped)
         except FileNotFoundError as exc:
             if not os.path.isdir(self.directory):
                 raise self._io_error(exc, f"read sample {ref.sample_id!r}", path) from exc
@@ -369,9 +352,15 @@ class SharedDirFeatureStore(LedgerFeatureStore):
             raise KeyError(f"sample {ref.sample_id!r} is not resident in {self.store_uri} ({path} is gone)") from None
         except OSError as exc:
             raise self._io_error(exc, f"read sample {ref.sample_id!r}", path) from exc
+        with torch.inference_mode(mapped):  # views of a mapping stay inference tensors: in-place writes raise
+            tensors = decode(buffer, raw, ref, path)
         if device is not None:
             tensors = {name: t.to(device) for name, t in tensors.items()}
         return tensors
+
+    def _pool_bytes(self) -> int:
+        arena = 0 if self._arena is None else self._arena.held_bytes()
+        return arena + (0 if self._pool is None else self._pool.held_bytes())
 
     def _drop(self, ref: SampleRef) -> None:
         # Data first, marker second: whoever still sees the marker finds the data gone or keeps it.
@@ -396,17 +385,17 @@ class SharedDirFeatureStore(LedgerFeatureStore):
         self._unpoint(ref)
 
     def _remove_data(self, path: str) -> None:
-        """Take a data file out of the directory now; the background deleter frees its bytes.
-
-        A link found under the name (an incarnation-less ref's ``<id>.safetensors`` that names a put) goes
-        back unless a newer one is there: only that put's own refs may free it.
+        """Take a data file out of the directory now; the background deleter frees its bytes (an arena slot's
+        file keeps them: its name goes at once). A link found under the name (an incarnation-less ref's
+        ``<id>.safetensors`` that names a put) goes back unless a newer one is there: only its put's refs free it.
         """
         out = os.path.join(self.directory, f"{SCRUBBED_PREFIX}{uuid.uuid4().hex}")
         os.rename(path, out)
         if os.path.islink(out):
             with contextlib.suppress(FileExistsError):
                 os.link(out, path, follow_symlinks=False)
-            os.unlink(out)
+        if os.path.islink(out) or os.lstat(out).st_nlink > 1:
+            self._unlink(out)
             return
         self._deleter.submit(out)
 
@@ -549,6 +538,8 @@ class SharedDirFeatureStore(LedgerFeatureStore):
                 self._sweep(self._drained, drained=True, leaving=True)
             except Exception:
                 logger.exception("%s: the sweep of a drained run on close raised", self.store_uri)
+        if self._arena is not None:
+            self._arena.close()  # a sample still linked to a slot keeps its bytes under its own name
         self._deleter.flush()
         self._retry_unlinks()
         self._writer.release()
