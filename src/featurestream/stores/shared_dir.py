@@ -50,17 +50,12 @@ in-memory counters; ``close`` unlinks those no queue holds (no queued marker),
 even with handles out. A queued one stays for its consumers, in any process,
 until the queue's ``scrub`` (or the orphan reclaim) frees it.
 
-Copies and reuse (``pool=True``, the default): ``put`` copies the tensors once,
-into a file of this writer's arena (``stores.arena``: pre-sized files it keeps
-mapped and reuses once their sample is gone and no reader holds them; the data
-file is a hard link of one), so no page is allocated per sample; ``take_ownership``
-changes nothing. ``get`` reads the file once into pooled memory (``stores.pool``)
-that the returned tensors view, the caller's to mutate; ``get(copy=False)`` maps
-the file instead and returns read-only (inference-mode) views of it, valid while
-the caller keeps them: an in-place write raises and lands only in the caller's
-private copy of the page. ``pool=False``: a new file per put, fresh memory per get.
-The codec is featurestream's own (``stores.safetensors_codec``: ``safetensors.torch``
-stages and copies); its files are interchangeable with that library's.
+Copies and reuse (``pool=True``, the default): ``put`` copies once, into a reused
+mapped file of this writer's arena (``stores.arena``; the data file is a hard link of
+it), and ``get`` reads once into pooled memory (``stores.pool``), the caller's to mutate;
+``get(copy=False)`` maps the file as read-only (inference-mode) views, valid while kept.
+``pool=False``: a file per put, fresh memory per get. The codec is featurestream's own
+(``stores.safetensors_codec``); its files are interchangeable with ``safetensors``'.
 """
 
 from __future__ import annotations
