@@ -257,12 +257,7 @@ class SharedDirFeatureStore(LedgerFeatureStore):
 
     def _point_at(self, sample_id: str, data_name: str) -> None:
         """Make ``<id>.safetensors`` name ``data_name`` (``stores.pointer.point_at``)."""
-        point_at(
-            self._pointer_path(sample_id),
-            data_name,
-            self._aside(sample_id),
-            f"sample {sample_id!r} of {self.store_uri}",
-        )
+        point_at(self._pointer_path(sample_id), data_name, self._aside(sample_id), f"sample {sample_id!r}")
 
     def _unpoint(self, ref: SampleRef) -> None:
         """Remove ``<id>.safetensors`` if it links to ``ref``'s data file (``stores.pointer.unpoint``). An
