@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import pytest
 
-from featurestream.spec.tlc import TLCResult, run_tlc, spec_dir
+from featurestream.spec.tlc import TLCResult, spec_dir
+
+from .tlc_runs import tlc
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -18,7 +20,7 @@ DISTINCT_STATES = 17_527  # spec/BufferReuse.cfg
 
 def _run(config: str) -> TLCResult:
     module = spec_dir() / "BufferReuse.tla"
-    return run_tlc(spec_dir() / config, modules=[module], main_module="BufferReuse.tla", check_deadlock=True, workers=1)
+    return tlc(spec_dir() / config, modules=[module], main_module="BufferReuse.tla", check_deadlock=True, workers=1)
 
 
 def test_the_reuse_model_has_no_error_and_the_pinned_state_count(tlc_available: None) -> None:
