@@ -66,6 +66,9 @@ def features(args: argparse.Namespace) -> None:
         refs = built.stream(prompts, producer, queue)
         result["streamed"] = [ref.sample_id for ref in refs]
         queue.close()
+        # A closed queue refuses the puts: nothing more is enqueued, and what was stored for them is discarded.
+        result["after_close"] = len(built.stream(prompts[:2], producer, queue))
+        result["resident_after_close"] = store.health().sample_count
     torch.save(captured, args.out)
     built.close()
     print(json.dumps(result), flush=True)

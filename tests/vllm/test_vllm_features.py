@@ -118,6 +118,9 @@ def test_the_references_dflash_trainer_learns_from_the_streamed_samples(
     """Queue -> store -> loader in this process, from samples the engine process stored and put."""
     streamed = engine_run["dflash"]["streamed"]
     assert len(streamed) == len(PROMPTS) == len(set(streamed))
+    # A stream into the closed queue enqueued nothing and left nothing more in the store.
+    assert engine_run["dflash"]["after_close"] == 0
+    assert engine_run["dflash"]["resident_after_close"] == len(PROMPTS)
     store = SharedDirFeatureStore(engine_run["store"])
     queue = RedisSampleRefQueue(store, url=engine_run["url"], name=engine_run["name"])
     with FeatureDataLoader(queue, store, batch_size=1, algorithm="dflash") as loader:
