@@ -428,7 +428,7 @@ class SharedDirFeatureStore(LedgerFeatureStore):
 
         ``drained`` (``held`` answers for a closed, drained queue: no enqueue can land any more): every writer no
         longer alive (dead, or closed) is ripe at once, no grace; dead writers' temporaries and files on their way
-        out go too, all unlinked on return; this instance's ``close`` sweeps so once more, counting itself gone.
+        out go too, all unlinked on return; this instance's ``close`` sweeps so once more (writers dead since).
 
         A writer is a store instance on this directory, dead once its process is (``stores.orphans``). Of a
         dead writer's samples, one without a queued marker is freed; a marked one (its writer died between
@@ -449,9 +449,8 @@ class SharedDirFeatureStore(LedgerFeatureStore):
             return 0
         return self._sweep(held)
 
-    def _sweep(self, held: Holds | None, *, drained: bool = False, leaving: bool = False) -> int:
-        """``reclaim_orphans``' sweep; ``leaving``: this instance is closing, its own samples count as a gone
-        writer's."""
+    def _sweep(self, held: Holds | None, *, drained: bool = False) -> int:
+        """``reclaim_orphans``' sweep (``drained``: without the grace period, leftovers included)."""
         if drained:
             sweep_dead_temporaries(self.directory)
             for name in os.listdir(self.directory):
@@ -475,7 +474,7 @@ class SharedDirFeatureStore(LedgerFeatureStore):
                 if match is not None:
                     stem = f"{match['id']}{INCARNATION_SEP}{match['inc']}"
                     found.setdefault(match["inc"][:TOKEN_DIGITS], {})[stem] = match["id"]
-        live = {token: self._writer.alive(token) and not (leaving and token == self._writer.hex) for token in found}
+        live = {token: self._writer.alive(token) for token in found}
         ripe = {token for token, up in live.items() if not up} if drained else self._orphans.ripe(live)
         orphans = {stem: sample_id for token in ripe for stem, sample_id in found[token].items()}
         queued = {stem for stem in orphans if stem + DATA_SUFFIX in names and stem + RETAINED_SUFFIX in names}
@@ -515,8 +514,8 @@ class SharedDirFeatureStore(LedgerFeatureStore):
         instance until the queue scrubs it.
 
         Once a queue of this instance swept as drained (``reclaim_orphans(drained=True)``), the close sweeps so
-        once more, this instance counted as gone: on a drained run, the last writer's close leaves nothing but
-        kept dead letters. Returns once every file this instance removed is unlinked, those of earlier scrubs
+        once more, for writers that died since: on a drained run, the last clean close leaves nothing but kept
+        dead letters. Returns once every file this instance removed is unlinked, those of earlier scrubs
         included. Its liveness token goes last: what it leaves is queued, and a queue that drops such a sample
         (or a sweep, asking the queue) frees it.
         """
@@ -525,7 +524,7 @@ class SharedDirFeatureStore(LedgerFeatureStore):
         super().close()
         if first and self._drained is not None:
             try:
-                self._sweep(self._drained, drained=True, leaving=True)
+                self._sweep(self._drained, drained=True)
             except Exception:
                 logger.exception("%s: the sweep of a drained run on close raised", self.store_uri)
         if self._arena is not None:
