@@ -321,8 +321,9 @@ def main() -> None:
         with tempfile.TemporaryDirectory(
             prefix="fs-dataplane-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None
         ) as d:
+            only = set(filter(None, args.only.split(",")))
             for mib in sizes:
-                report(mib, d, count, repeats, args.window, reference, master_cm)
+                report(mib, d, count, repeats, args.window, reference, master_cm, only)
     finally:
         if master_cm is not None:
             master_cm.__exit__(None, None, None)
