@@ -256,7 +256,10 @@ def consumer(kind: str, run: dict[str, Any], mib: int, peer: Any, result: Any) -
 
 
 def raw_client(run: dict[str, Any], segment: int) -> Any:
-    from mooncake.store import MooncakeDistributedStore
+    """A client of the raw loop, set up as ``MooncakeFeatureStore`` sets up its own (``stores.mooncake_client``)."""
+    from featurestream.stores.mooncake_client import load_mooncake
+
+    MooncakeDistributedStore = load_mooncake().MooncakeDistributedStore
 
     client = MooncakeDistributedStore()
     master = run["master"]

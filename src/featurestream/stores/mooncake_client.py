@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from featurestream.stores.mooncake_contact import quiet_logs
@@ -29,6 +30,12 @@ def code(rc: int) -> str:
 
 
 def load_mooncake() -> Any:
+    """Mooncake's ``store`` module, its client told to copy locally into a segment of its own process.
+
+    ``MC_STORE_MEMCPY=1`` makes a put into this process's own segment (a producer-hosted one) a memcpy rather
+    than a transfer to itself over the transport; ``MC_STORE_MEMCPY=0`` in the environment keeps the transport.
+    """
+    os.environ.setdefault("MC_STORE_MEMCPY", "1")
     try:
         from mooncake import store
     except ImportError as exc:
