@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from featurestream import FeatureDataLoader, FeatureProducer, LocalFeatureStore, SampleRefQueue, TargetHead
 from featurestream.pipeline.hf import HFEagle3TargetModel
-from hf.tiny import VOCAB, tiny_model
+from support.tiny import VOCAB, tiny_model
 
 AUX = (1, 3, 4)
 FEATURES = ("aux_hidden_states", "logits")

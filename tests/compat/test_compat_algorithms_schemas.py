@@ -11,7 +11,6 @@ import pickle
 import pytest
 import torch
 
-from data.algorithm_samples import packing, sample_of
 from featurestream import (
     DFlashTargetBatch,
     DSparkTargetBatch,
@@ -21,6 +20,7 @@ from featurestream import (
     LocalFeatureStore,
     SampleRefQueue,
 )
+from support.algorithm_samples import packing, sample_of
 
 from .conftest import PREFIX, Reference
 

@@ -31,7 +31,7 @@ from featurestream.refs import FeatureAlgorithm
 from featurestream.stores.base import FeatureStore
 from featurestream.stores.local import LocalFeatureStore
 from featurestream.stores.shared_dir import SharedDirFeatureStore
-from hf.tiny import VOCAB, tiny_model
+from support.tiny import VOCAB, tiny_model
 
 from .conftest import PREFIX, Reference
 from .test_compat_hf import packed, padded

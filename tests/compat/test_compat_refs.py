@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from core.ref_fields import ref_fields
 from featurestream.refs import FeatureSpec, SampleRef, assert_no_tensors
+from support.ref_fields import ref_fields
 
 SPECS = {
     "aux_hidden_states": FeatureSpec((1, 4, 12), torch.float32),

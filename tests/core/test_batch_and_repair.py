@@ -10,8 +10,7 @@ import pytest
 from featurestream import LocalFeatureStore, SampleRef, SampleRefQueue, VisibilityTimeout
 from featurestream.spec.recording import TraceRecorder
 from featurestream.testing import FakeClock
-
-from .samples import put_sample
+from support.samples import put_sample
 
 
 def make_queue(**kwargs: object) -> tuple[LocalFeatureStore, SampleRefQueue, FakeClock, TraceRecorder]:

@@ -10,8 +10,7 @@ import time
 
 from featurestream import LocalFeatureStore, SampleRefQueue, VisibilityTimeout
 from featurestream.testing import FakeClock
-
-from .samples import put_sample
+from support.samples import put_sample
 
 
 def make_queue(**kwargs: object) -> tuple[LocalFeatureStore, SampleRefQueue, FakeClock]:

@@ -11,8 +11,7 @@ import pytest
 from featurestream import FeatureStore, Lease, LocalFeatureStore, SampleRef, SampleRefQueue, VisibilityTimeout
 from featurestream.stores.shared_dir import SharedDirFeatureStore
 from featurestream.testing import UNTIL_CLEARED, FakeClock, FaultyStore, InjectedFault
-
-from .samples import put_sample
+from support.samples import put_sample
 
 BOUND = 10.0  # seconds a thread gets to finish once it can: a hang fails the test instead of the suite
 

@@ -17,9 +17,8 @@ from featurestream import (
 )
 from featurestream.core.lease import LOST_REASON
 from featurestream.testing import FaultyStore
-
-from .samples import eagle3_tensors
-from .schema_cases import drain_through_loader
+from support.samples import eagle3_tensors
+from support.schema_cases import drain_through_loader
 
 
 def sample(index: int) -> dict[str, torch.Tensor]:

@@ -14,8 +14,7 @@ from featurestream.core.backlog import Owed, call_or_owe, pay_owed
 from featurestream.core.backpressure import Backpressure
 from featurestream.core.locked_call import LockedCall
 from featurestream.testing import FaultyStore
-
-from .samples import put_sample
+from support.samples import put_sample
 
 
 def health(resident_bytes: int, high_hit: bool = False, low_hit: bool = False) -> StoreHealth:

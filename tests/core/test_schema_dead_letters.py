@@ -6,8 +6,7 @@ from __future__ import annotations
 import pytest
 
 from featurestream import LocalFeatureStore, SampleRefQueue
-
-from .schema_cases import UNTRAINABLE, check_reject, check_untrainable_dead_lettered
+from support.schema_cases import UNTRAINABLE, check_reject, check_untrainable_dead_lettered
 
 
 @pytest.mark.parametrize("case", UNTRAINABLE)

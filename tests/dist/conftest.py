@@ -1,6 +1,6 @@
-"""A real ``redis-server`` for the multi-rank tests, started exactly as ``tests/redis/conftest.py`` starts it.
+"""A real ``redis-server`` for the multi-rank tests, started exactly as ``tests/backends/redis/conftest.py`` starts it.
 
-That module is loaded by path (``tests/redis`` is not a package), so there is
+That module is loaded by path (``tests/backends/redis`` is not a package), so there is
 one way to start a server; it skips (or fails under
 ``FEATURESTREAM_REQUIRE_TOOLS=1``) without redis-py or ``redis-server`` 7+.
 """

@@ -20,7 +20,7 @@ from .test_lockstep import assert_clean, launch
 
 def rank_main(config: dict[str, Any], rank: int) -> None:
     """Train ``counts[rank]`` samples of ``config["algorithm"]`` in lockstep; log as ``_rank_worker`` does."""
-    from data.algorithm_samples import sample_of
+    from support.algorithm_samples import sample_of
 
     join_group(config, rank)
     algorithm = FeatureAlgorithm(config["algorithm"])

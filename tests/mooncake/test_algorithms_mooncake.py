@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 import torch
 
-from data.algorithm_samples import packing, sample_of
 from featurestream import FeatureAlgorithm, FeatureDataLoader, SampleRefQueue
+from support.algorithm_samples import packing, sample_of
 
 
 @pytest.mark.parametrize("algorithm", [FeatureAlgorithm.DFLASH, FeatureAlgorithm.DSPARK])

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from data.algorithm_samples import dflash_sample, sample_of
 from featurestream import FeatureAlgorithm
 from featurestream.common.refs import required_features
+from support.algorithm_samples import dflash_sample, sample_of
 
 from .test_cli_redis import Run, cli, kill, producer  # noqa: F401 - the fixtures, shared with the CLI's own tests
 

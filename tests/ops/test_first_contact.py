@@ -1,5 +1,5 @@
 """How long a first connection is tried, as docs/redis.md states: 2 s by the operator commands (a queue: 3 s,
-``tests/redis/test_redis_queue.py``)."""
+``tests/backends/redis/test_redis_queue.py``)."""
 
 from __future__ import annotations
 

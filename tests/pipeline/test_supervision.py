@@ -21,7 +21,7 @@ from featurestream.pipeline.producer import FeatureProducer
 from featurestream.pipeline.supervision import HiddenSupervised
 from featurestream.pipeline.target_head import TargetHead
 from featurestream.stores.local import LocalFeatureStore
-from hf.tiny import prompts, tiny_model
+from support.tiny import prompts, tiny_model
 
 AUX = (1, 3, 4)
 

@@ -16,7 +16,7 @@ pytest.importorskip("transformers", reason="the target-head tests need transform
 import featurestream
 from featurestream.pipeline import target_head
 from featurestream.pipeline.target_head import TargetHead
-from hf.tiny import prompts, tiny_model
+from support.tiny import prompts, tiny_model
 
 
 def last_hidden_and_logits(model: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor]:

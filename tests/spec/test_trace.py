@@ -8,13 +8,13 @@ from collections.abc import Callable
 
 import pytest
 
-from core.samples import put_sample
 from featurestream import FeatureStore, LeaseLost, LocalFeatureStore, SampleRefQueue, VisibilityTimeout
 from featurestream.backends.memory.engine import _Record
 from featurestream.spec.recording import STORE_GET, STORE_PUT, STORE_RELEASE, STORE_SCRUB, TraceRecorder
 from featurestream.spec.trace import TraceConstants, TraceResult, validate_trace, validate_traces
 from featurestream.testing import FakeClock, FaultyStore
-from stateful.defects import NoDedupQueue, NoDeliveryLimitQueue, RetainIgnoringStore, UnretainingScrubStore
+from support.defects import NoDedupQueue, NoDeliveryLimitQueue, RetainIgnoringStore, UnretainingScrubStore
+from support.samples import put_sample
 
 pytestmark = pytest.mark.timeout(600)
 

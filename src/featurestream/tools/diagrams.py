@@ -12,7 +12,7 @@ the ``graphviz`` backend), fed by walking the states and event transitions of
 the queue's machine objects; the table rows of ``featurestream.core.machines`` only
 supply the words on the edges (queue method, guard, spec action). The DOT text
 is deterministic, so the committed copies in ``diagrams/`` can be compared
-byte for byte with a regeneration (``tests/test_diagrams.py`` does).
+byte for byte with a regeneration (``tests/tools/test_diagrams.py`` does).
 """
 
 from __future__ import annotations
