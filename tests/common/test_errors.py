@@ -10,9 +10,9 @@ import pkgutil
 import re
 
 import pytest
+import redis
 
 import featurestream
-import redis
 from featurestream import LocalFeatureStore, SampleRefQueue, VisibilityTimeout
 from featurestream.common import errors
 from featurestream.testing import sample_tensors

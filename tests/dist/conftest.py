@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-REDIS_CONFTEST = Path(__file__).resolve().parent.parent / "redis" / "conftest.py"
+REDIS_CONFTEST = Path(__file__).resolve().parent.parent / "backends" / "redis" / "conftest.py"
 
 
 def _redis_helpers() -> Any:

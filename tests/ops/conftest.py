@@ -15,7 +15,7 @@ import pytest
 def _redis_launcher() -> ModuleType:
     # tests/backends/redis/conftest.py is the suite's one redis-server launcher (skips without redis-py or redis-server
     # 7+); it is not importable as a package module, so load it by path under a name of its own.
-    path = Path(__file__).parent.parent / "redis" / "conftest.py"
+    path = Path(__file__).parent.parent / "backends" / "redis" / "conftest.py"
     spec = importlib.util.spec_from_file_location("featurestream_tests_redis_launcher", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)

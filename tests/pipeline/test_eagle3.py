@@ -66,7 +66,7 @@ def test_a_sample_without_supervision_is_stored_and_queued_as_the_references_sto
     store_kind: str, tmp_path: pathlib.Path
 ) -> None:
     # Stores and queues take any feature set that has the core features (the reference's rule); the producer
-    # refuses to store such a sample and the loader dead-letters it (tests/data/test_schema_dead_letters.py).
+    # refuses to store such a sample and the loader dead-letters it (tests/core/test_schema_dead_letters.py).
     store = LocalFeatureStore() if store_kind == "local" else SharedDirFeatureStore(tmp_path)
     queue = SampleRefQueue(store)
     core_only = {name: eagle3_sample(0)[name] for name in CORE}
