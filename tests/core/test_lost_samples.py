@@ -16,6 +16,7 @@ from featurestream import (
     SharedDirFeatureStore,
 )
 from featurestream.core.lease import LOST_REASON
+from featurestream.stores.arena import entries
 from featurestream.testing import FaultyStore
 from support.samples import eagle3_tensors
 from support.schema_cases import drain_through_loader
@@ -78,7 +79,7 @@ def test_a_shared_dir_file_deleted_under_the_queue_is_dead_lettered_lost_at_its_
     assert (letter.ref.sample_id, letter.reason, letter.deliveries) == ("s1", LOST_REASON, 1)
     assert queue.stats().acked == 2 and queue.lifecycle_state == "drained"
     store.close()
-    assert os.listdir(tmp_path) == [], "the lost sample's marker and link went with its dead letter"
+    assert entries(tmp_path) == [], "the lost sample's marker and link went with its dead letter"
 
 
 def test_a_ref_of_another_store_is_failed_back_not_dead_lettered_lost() -> None:

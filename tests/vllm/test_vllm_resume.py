@@ -17,6 +17,7 @@ import torch
 
 from featurestream.backends.redis.queue import RedisSampleRefQueue
 from featurestream.core.lease import VisibilityTimeout
+from featurestream.stores.arena import entries
 from featurestream.stores.shared_dir import SharedDirFeatureStore
 from featurestream.testing.resume import ResumeProcesses, check_history, latest_checkpoint
 
@@ -81,4 +82,4 @@ def test_an_engine_killed_mid_run_and_restarted_trains_every_prompt_once(
     queue.disconnect()
     store.close()
     watcher.disconnect()
-    assert sorted(os.listdir(shared)) == [], "orphaned sample files, links or markers left"
+    assert entries(shared) == [], "orphaned sample files, links or markers left"

@@ -95,7 +95,7 @@ def train(queue: RedisSampleRefQueue, count: int) -> list[str]:
 def emptied(directory: Path) -> list[str]:
     """Wait until ``directory`` holds nothing (its data files, links and markers all gone); what is left."""
     give_up = time.monotonic() + DEADLINE
-    while os.listdir(directory) and time.monotonic() < give_up:
+    while entries(directory) and time.monotonic() < give_up:
         time.sleep(0.05)
     return sorted(entries(directory))
 
@@ -166,7 +166,7 @@ def test_a_drained_queue_frees_a_killed_producers_leftovers_without_the_grace_pe
     (shared / f".s7.{HOST}-{producer.pid}.0123.tmp").write_bytes(b"partial")
     (shared / ".scrubbed-0123").write_bytes(b"freed")
     queue.close()  # nothing pending or leased: drained
-    assert os.listdir(shared) == [], "the drained queue's sweep left the dead writer's files"
+    assert entries(shared) == [], "the drained queue's sweep left the dead writer's files"
     queue.disconnect()
     store.close()
 
@@ -208,4 +208,4 @@ def test_a_sigkill_history_leaves_no_file_once_drained_and_closed(
     queue.close()
     queue.disconnect()
     store.close()
-    assert os.listdir(shared) == []
+    assert entries(shared) == []
