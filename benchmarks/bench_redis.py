@@ -41,11 +41,11 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping
 from functools import partial
 
+import redis
 import torch
 from redis._parsers import _HiredisParser, _RESP2Parser
 from redis.utils import HIREDIS_AVAILABLE
 
-import redis
 from featurestream import FeatureSpec, FeatureStore, SampleRef, StoreHandle, StoreHealth
 from featurestream.backends.redis.queue import RedisSampleRefQueue
 from featurestream.backends.redis.wire import ref_to_json

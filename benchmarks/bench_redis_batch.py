@@ -19,6 +19,7 @@ import statistics
 import uuid
 from functools import partial
 
+import redis
 from bench_redis import (
     PARSERS,
     RAW_COMMANDS,
@@ -31,7 +32,6 @@ from bench_redis import (
     redis_server,
 )
 
-import redis
 from featurestream.backends.redis.queue import RedisSampleRefQueue
 from featurestream.backends.redis.wire import ref_to_json
 from featurestream.common.refs import SampleRef

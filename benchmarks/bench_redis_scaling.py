@@ -28,9 +28,9 @@ import uuid
 from multiprocessing.queues import Queue
 from multiprocessing.synchronize import Event
 
+import redis
 from bench_redis import NullStore, make_ref, redis_server
 
-import redis
 from featurestream.backends.redis.queue import RedisSampleRefQueue
 
 CONSUMERS = (1, 2, 4)

@@ -139,6 +139,7 @@ def open_target(args: argparse.Namespace, *, repairs: bool = False) -> Iterator[
         connection["min_replicas"] = 0
     try:
         import redis
+
         from featurestream.backends.redis.link import NotRedisServer, RedisUnreachable
         from featurestream.backends.redis.queue import RedisSampleRefQueue
     except ImportError as exc:
@@ -169,6 +170,7 @@ def list_target_queues(args: argparse.Namespace) -> dict[str, str]:
     connection = connection_keywords(args)
     try:
         import redis
+
         from featurestream.backends.redis.link import NotRedisServer, RedisUnreachable
         from featurestream.backends.redis.queue import list_queues
     except ImportError as exc:

@@ -14,6 +14,7 @@ from collections.abc import Callable, Collection
 from typing import Any
 
 import redis
+
 from featurestream.backends.redis.queue import RedisSampleRefQueue
 from featurestream.testing.faults import FAILOVER_MOMENTS
 from featurestream.tools.redis_servers import RedisNode, ReplicatedRedis

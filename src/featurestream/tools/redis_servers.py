@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TypeVar
 
 import redis
+
 from featurestream.tools.servers import HOST, ServerProcess, Started, free_port
 
 __all__ = ["RedisNode", "ReplicatedRedis", "SentinelNode"]

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import redis
+
 from featurestream.backends.redis import functions
 from featurestream.backends.redis.link import Link, reply_text
 from featurestream.backends.redis.replies import pending_gauge, refusal, requeue_refusal, sample_ids_of

@@ -36,6 +36,7 @@ from collections.abc import Callable
 from typing import Any
 
 import redis
+
 from featurestream.backends.redis import functions, replicas, sentinel
 from featurestream.backends.redis.sentinel import FIRST_CONTACT_TIMEOUT
 from featurestream.common.errors import FeatureStreamError

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import redis
+
 from featurestream.common.errors import FeatureStreamError
 
 __all__ = [

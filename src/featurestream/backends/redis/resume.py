@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import redis
+
 from featurestream.backends.redis.link import reply_text
 from featurestream.core.resume import (
     LedgerProgress,
