@@ -20,7 +20,7 @@ EXTENDS Naturals, Sequences, FiniteSets
 
 \* The lease machine, compared with featurestream.machines.LEASE by a test: keep each on one line.
 LeaseStates == {"pending", "leased", "acked", "failed", "reclaimed"}
-LeaseTransitions == {<<"Acquire", "pending", "leased">>, <<"Extend", "leased", "leased">>, <<"Ack", "leased", "acked">>, <<"Fail", "leased", "failed">>, <<"Reclaim", "leased", "reclaimed">>}
+LeaseTransitions == {<<"Acquire", "pending", "leased">>, <<"Extend", "leased", "leased">>, <<"Ack", "leased", "acked">>, <<"Fail", "leased", "failed">>, <<"Reclaim", "leased", "reclaimed">>, <<"GiveBack", "leased", "pending">>}
 
 CONSTANTS
     Samples,            \* sample ids the producers may write
@@ -60,12 +60,14 @@ MaxLosses == 0                       \* how many samples the store may lose in o
 BugLostRedelivered == FALSE          \* a consumer that finds a sample lost fails it like any error (a seeded defect)
 Untrainable == {}                    \* samples whose ref the loader's schema refuses: no consumer can train them
 BugUntrainedAcked == FALSE           \* LeaseQueue.reject acks the sample instead of dead-lettering it (a seeded defect)
+MaxGiveBacks == 0                    \* how many unused leases consumers give back in one behaviour (GiveBackStep)
 
 ASSUME /\ MaxDeliveries \in Nat \ {0}
        /\ LowWatermark \in Nat /\ HighWatermark \in Nat /\ LowWatermark < HighWatermark
        /\ MaxHeld \in Nat \ {0} /\ SampleBytes \in Nat \ {0} /\ LargeBytes \in Nat \ {0}
        /\ LargeSamples \subseteq Samples /\ Untrainable \subseteq Samples
        /\ MaxFaults \in Nat /\ DedupWindow \in Nat \ {0} /\ MaxSamples \in Nat \ {0} /\ MaxLosses \in Nat
+       /\ MaxGiveBacks \in Nat
        /\ \A b \in {BugStaleRelease, BugNoScrub, BugNoDedup, BugNoDeliveryLimit, BugNoReaper,
                     BugProducerBytesCounted, BugScrubFailUnsettles, KeepDead, BugRequeueAnySettled,
                     BugOnlyBytes, BugLostRedelivered, BugUntrainedAcked} : b \in BOOLEAN
@@ -106,13 +108,14 @@ VARIABLES
     kept,          \* dead letters whose bytes stay retained for a requeue (SampleRefQueue._kept)
     pc,            \* [Producers -> ProducerStates]: where each producer is
     owns,          \* [Producers -> Samples \cup {NoSample}]: the sample a producer stored and has not let go
-    lost           \* samples whose bytes the store lost (StoreLoses), until a producer stores the id anew
+    lost,          \* samples whose bytes the store lost (StoreLoses), until a producer stores the id anew
+    givenBack      \* how many unused leases consumers gave back so far (at most MaxGiveBacks)
 
 storeVars == <<resident, retained, hcount, residentBytes>>
 faultVars == <<window, backlog, faults, kept>>  \* the queue's settlement bookkeeping and the fault count
-envVars == <<pc, owns, lost>>  \* the world around the queue: producers, and bytes the store loses
+envVars == <<pc, owns, lost, givenBack>>  \* the world around the queue: producers, lost bytes, give-backs
 vars == <<status, queue, deliveries, lease, held, handles, hcount, resident, retained, residentBytes, bp, lifecycle,
-          window, backlog, faults, kept, pc, owns, lost>>
+          window, backlog, faults, kept, pc, owns, lost, givenBack>>
 
 TypeOK ==
     /\ status \in [Samples -> Statuses]
@@ -133,6 +136,7 @@ TypeOK ==
     /\ pc \in [Producers -> ProducerStates]
     /\ owns \in [Producers -> Samples \cup {NoSample}]
     /\ lost \subseteq Samples
+    /\ givenBack \in 0..MaxGiveBacks
 
 Init ==
     /\ status = [s \in Samples |-> "absent"]
@@ -149,6 +153,7 @@ Init ==
     /\ pc = [p \in Producers |-> "idle"]
     /\ owns = [p \in Producers |-> NoSample]
     /\ lost = {}
+    /\ givenBack = 0
 
 (* The lease machine: attempt k of s may take transition `name` iff it is in its source state. *)
 CanFire(name, s, k) == lease[s][k] = Source(name)
@@ -315,7 +320,7 @@ StoreLoses(s) ==
     /\ \A c \in Consumers : s \notin handles[c]
     /\ lost' = lost \cup {s}
     /\ Free(s)
-    /\ UNCHANGED <<status, queue, deliveries, lease, held, handles, bp, lifecycle, faultVars, pc, owns>>
+    /\ UNCHANGED <<status, queue, deliveries, lease, held, handles, bp, lifecycle, faultVars, pc, owns, givenBack>>
 
 LoseCore(c, t) ==
     LET s == t[1]
@@ -358,6 +363,32 @@ RejectCore(c, t, fault) ==
           ELSE /\ ~fault
                /\ UNCHANGED <<status, queue, deliveries, lease, storeVars, faultVars>>
        /\ UNCHANGED <<handles, bp>>
+(* LeaseQueue.give_back: a consumer hands back a lease it never used (the  *)
+(* loader's prefetched leases on close).  The delivery did not happen: the *)
+(* same attempt goes back to pending at the tail, its redelivery count     *)
+(* unchanged, so it spends none of MaxDeliveries.  A stale lease changes   *)
+(* nothing.  GiveBackStep bounds the give-backs of a behaviour             *)
+(* (MaxGiveBacks: each loader gives back once, when it closes, and a run   *)
+(* closes finitely many loaders), so a sample cannot be given back for     *)
+(* ever and EventuallySettled still holds.                                 *)
+(***************************************************************************)
+GiveBackCore(c, t) ==
+    LET s == t[1]
+        k == t[2]
+    IN /\ t \in held[c]
+       /\ held' = [held EXCEPT ![c] = @ \ {t}]
+       /\ IF CanFire("GiveBack", s, k)
+          THEN /\ lease' = Fired("GiveBack", s, k)
+               /\ status' = [status EXCEPT ![s] = "pending"]
+               /\ queue' = Append(queue, s)
+          ELSE UNCHANGED <<status, queue, lease>>
+       /\ UNCHANGED <<deliveries, handles, storeVars, bp, faultVars>>
+
+GiveBackStep(c, t) ==
+    /\ givenBack < MaxGiveBacks
+    /\ givenBack' = givenBack + 1
+    /\ GiveBackCore(c, t)
+    /\ UNCHANGED <<lifecycle, pc, owns, lost>>
 
 (* SampleRefQueue._reap_due (every call) / reclaim_expired / the reaper thread: the live lease of s *)
 (* passed its deadline and is reclaimed.  BugNoReaper: nothing ever does this.                     *)
@@ -487,7 +518,7 @@ ProducerStore(p, s) ==
     /\ pc' = [pc EXCEPT ![p] = "waiting"]
     /\ owns' = [owns EXCEPT ![p] = s]
     /\ lost' = lost \ {s}  \* a new incarnation: bytes of its own
-    /\ UNCHANGED <<queue, held, handles, hcount, retained, bp, lifecycle, faultVars>>
+    /\ UNCHANGED <<queue, held, handles, hcount, retained, bp, lifecycle, faultVars, givenBack>>
 
 Waiting(p) == pc[p] = "waiting" /\ lifecycle = "open"
 
@@ -502,7 +533,7 @@ Enqueue(p) ==
     /\ PutCore(owns[p])
     /\ pc' = [pc EXCEPT ![p] = "idle"]
     /\ owns' = [owns EXCEPT ![p] = NoSample]
-    /\ UNCHANGED lost
+    /\ UNCHANGED <<lost, givenBack>>
 
 (* ... or store.retain fails: the put is refused and raises; queue and store are unchanged. *)
 RetainFails(p) ==
@@ -511,7 +542,7 @@ RetainFails(p) ==
     /\ Fault
     /\ pc' = [pc EXCEPT ![p] = "aborted"]
     /\ UNCHANGED <<status, queue, deliveries, lease, held, handles, storeVars, bp, lifecycle, window, backlog, kept,
-                   owns, lost>>
+                   owns, lost, givenBack>>
 
 (* store.health() fails: the put raises (the producer treats it as an abort and discards). *)
 HealthFails(p) ==
@@ -519,13 +550,13 @@ HealthFails(p) ==
     /\ Fault
     /\ pc' = [pc EXCEPT ![p] = "aborted"]
     /\ UNCHANGED <<status, queue, deliveries, lease, held, handles, storeVars, bp, lifecycle, window, backlog, kept,
-                   owns, lost>>
+                   owns, lost, givenBack>>
 
 (* abort_when() returned True: the put raises. *)
 Abort(p) ==
     /\ pc[p] = "waiting"
     /\ pc' = [pc EXCEPT ![p] = "aborted"]
-    /\ UNCHANGED <<status, queue, deliveries, lease, held, handles, storeVars, bp, lifecycle, faultVars, owns, lost>>
+    /\ UNCHANGED <<status, queue, deliveries, lease, held, handles, storeVars, bp, lifecycle, faultVars, owns, lost, givenBack>>
 
 (***************************************************************************)
 (* close() wakes every waiting producer and its put raises.  A put whose    *)
@@ -543,7 +574,7 @@ ClosedRaise(p, fault) ==
             /\ backlog' = backlog \cup {owns[p]}
        ELSE UNCHANGED <<retained, backlog, faults>>
     /\ UNCHANGED <<status, queue, deliveries, lease, held, handles, resident, hcount, residentBytes, bp, lifecycle,
-                   window, kept, owns, lost>>
+                   window, kept, owns, lost, givenBack>>
 
 (* The producer evicts the sample whose put raised or aborted (FeatureProducer.discard -> store.scrub: *)
 (* the bytes go at once, even while a failed unretain of it is in the backlog; that retry then finds   *)
@@ -555,7 +586,7 @@ Discard(p) ==
     /\ Free(s)
     /\ pc' = [pc EXCEPT ![p] = "idle"]
     /\ owns' = [owns EXCEPT ![p] = NoSample]
-    /\ UNCHANGED <<queue, deliveries, lease, held, handles, bp, lifecycle, faultVars, lost>>
+    /\ UNCHANGED <<queue, deliveries, lease, held, handles, bp, lifecycle, faultVars, lost, givenBack>>
 
 (* SampleRefQueue.put of an id the queue still knows is settled: refused by dedup (DedupRefused).  *)
 (* The queue accepts an id it does not know; in this spec that happens only through a bug (with    *)
@@ -648,7 +679,7 @@ Next ==
     \/ \E s \in Samples : Reput(s) \/ \E f \in BOOLEAN : ReclaimStep(s, f) \/ RetryScrub(s, f)
     \/ \E s \in Samples : RequeueStep(s) \/ \E f \in BOOLEAN : PurgeDeadLetter(s, f)
     \/ \E s \in Samples : StoreLoses(s)
-    \/ \E c \in Consumers : Acquire(c) \/ Crash(c) \/ \E t \in held[c] : Extend(c, t)
+    \/ \E c \in Consumers : Acquire(c) \/ Crash(c) \/ \E t \in held[c] : Extend(c, t) \/ GiveBackStep(c, t)
     \/ \E c \in Consumers : Settle(c)
     \/ \E c \in Consumers, s \in Samples : Get(c, s) \/ Release(c, s)
     \/ CloseStep
@@ -705,6 +736,7 @@ Put(s) == PutCore(s) /\ UNCHANGED envVars
 Ack(c, t) == AckCore(c, t, FALSE) /\ UNCHANGED <<lifecycle, envVars>>
 Fail(c, t) == FailCore(c, t, FALSE) /\ UNCHANGED <<lifecycle, envVars>>
 Reject(c, t) == RejectCore(c, t, FALSE) /\ UNCHANGED <<lifecycle, envVars>>
+GiveBack(c, t) == GiveBackCore(c, t) /\ UNCHANGED <<lifecycle, envVars>>
 Reclaim(s) == ReclaimCore(s, FALSE) /\ UNCHANGED <<lifecycle, envVars>>
 Close ==
     /\ lifecycle = "open"
@@ -759,6 +791,10 @@ StaleAckRejection == [][\A s \in Samples, k \in Attempts :
 LeaseStepsFollowMachine == [][\A s \in Samples, k \in Attempts :
     (lease[s][k] # NoLease /\ lease'[s][k] # lease[s][k] /\ ~Reborn(s)) =>
         \E t \in LeaseTransitions : t[2] = lease[s][k] /\ t[3] = lease'[s][k]]_vars
+
+(* 7b. A give-back is no delivery: the lease an unused give-back returns to pending keeps its redelivery count. *)
+GiveBackUncounted == [][\A s \in Samples, k \in Attempts :
+    lease[s][k] = "leased" /\ lease'[s][k] = "pending" /\ ~Reborn(s) => deliveries'[s] = deliveries[s]]_vars
 
 (* 4. No loss: a pending or leased sample is resident, whatever stale consumers release or crash -- *)
 (* unless the store lost its bytes, and then the loss is reported: LostReported.                     *)

@@ -34,6 +34,7 @@ Settles(e, name) == e.l \in Consumers /\ \E t \in held[e.l] :
                      /\ CASE name = "Ack" -> AckCore(e.l, t, e.f)
                           [] name = "Fail" -> FailCore(e.l, t, e.f)
                           [] name = "Reject" -> RejectCore(e.l, t, e.f)
+                          [] name = "GiveBack" -> GiveBackCore(e.l, t)
                           [] name = "Extend" -> Extend(e.l, t)
 
 (* The event at the cursor, matched to the spec action it names. *)
@@ -50,6 +51,7 @@ Match(e) ==
       \* a reject is traced as the Fail that dead-letters it (Untrainable: see featurestream.spec.trace)
       [] e.a = "Fail" -> (Settles(e, "Fail") \/ Settles(e, "Reject")) /\ UNCHANGED <<lifecycle, envVars>>
                          /\ status'[e.s] = e.o
+      [] e.a = "GiveBack" -> Settles(e, "GiveBack") /\ UNCHANGED <<lifecycle, envVars>>
       [] e.a = "Reclaim" -> e.l \in Consumers /\ <<e.s, deliveries[e.s]>> \in held[e.l] /\ Chk(e.n, deliveries[e.s])
                             /\ ReclaimCore(e.s, e.f) /\ UNCHANGED <<lifecycle, envVars>> /\ status'[e.s] = e.o
       [] e.a = "DeadLetter" -> status[e.s] = "dead" /\ Chk(e.n, deliveries[e.s]) /\ UNCHANGED vars

@@ -153,13 +153,13 @@ class TestPrefetch:
         wait_for("a full prefetch buffer", lambda: queue.outstanding_count() == 3)
         loader.close()
         stats = queue.stats()
-        assert (stats.acked, stats.failed, stats.pending, stats.outstanding) == (1, 2, 4, 0)
+        assert (stats.acked, stats.failed, stats.given_back, stats.pending, stats.outstanding) == (1, 0, 2, 4, 0)
         assert queue.is_closed
         redelivered = [index_of(batch) for batch in FeatureDataLoader(queue, make_store(), prefetch=0)]
         assert redelivered == [3, 4, 1, 2], "the given-back samples went to the tail, nothing lost"
         assert store.health().sample_count == 0
 
-    def test_a_trainer_exception_fails_the_held_batch_and_the_buffer_back(
+    def test_a_trainer_exception_fails_the_held_batch_and_gives_the_buffer_back(
         self, make_store: Callable[[], FeatureStore]
     ) -> None:
         store = make_store()
@@ -170,7 +170,7 @@ class TestPrefetch:
                 wait_for("a full prefetch buffer", lambda: queue.outstanding_count() == 3)
                 raise RuntimeError("step blew up")
         stats = queue.stats()
-        assert (stats.acked, stats.failed, stats.pending, stats.outstanding) == (0, 3, 4, 0)
+        assert (stats.acked, stats.failed, stats.given_back, stats.pending, stats.outstanding) == (0, 1, 2, 4, 0)
         assert store.health().sample_count == 4, "nothing lost"
 
     def test_heartbeats_keep_prefetched_leases_alive_through_a_slow_step(
@@ -242,7 +242,9 @@ class TestPrefetch:
         del loader
         gc.collect()
         stats = queue.stats()
-        assert (stats.failed, stats.outstanding) == (2, 1), "the buffer is back; the held batch waits for its deadline"
+        assert (stats.given_back, stats.outstanding) == (2, 1), (
+            "the buffer is back; the held batch waits for its deadline"
+        )
 
     def test_a_prefetch_thread_error_is_raised_after_everything_went_back(
         self, make_store: Callable[[], FeatureStore]
@@ -258,7 +260,7 @@ class TestPrefetch:
         with pytest.raises(OSError) as caught:
             next(loader)
         assert caught.value is queue.raised, "the original exception"
-        assert queue.stats().failed == 1 and queue.stats().acked == 1, "its buffered lease went back"
+        assert queue.stats().given_back == 1 and queue.stats().acked == 1, "its buffered lease went back"
         assert [index_of(batch) for batch in loader] == [2, 3, 1], "the loader carries on with a fresh thread"
 
     def test_an_ack_that_fails_is_raised_by_the_next_pull_and_nothing_is_lost(

@@ -20,6 +20,7 @@ WINDOW_DISTINCT_STATES = 12_780  # spec/LeaseQueueWindow.cfg (an untrainable sam
 KEEP_DISTINCT_STATES = 5_386  # spec/LeaseQueueKeep.cfg (dead-letter repair, an untrainable sample rejected)
 COUNT_DISTINCT_STATES = 30_192  # spec/LeaseQueueCount.cfg (the store's sample-count cap)
 LOST_DISTINCT_STATES = 25_528  # spec/LeaseQueueLost.cfg (the store loses a sample's bytes)
+GIVE_BACK_DISTINCT_STATES = 37_262  # spec/LeaseQueueGiveBack.cfg (a consumer gives back an unused lease)
 DEEP_DISTINCT_STATES = 218_132  # spec/LeaseQueueDeep.cfg (nightly)
 
 
@@ -53,5 +54,6 @@ def pinned_states() -> dict[str, int]:
         "LeaseQueueKeep.cfg": KEEP_DISTINCT_STATES,
         "LeaseQueueCount.cfg": COUNT_DISTINCT_STATES,
         "LeaseQueueLost.cfg": LOST_DISTINCT_STATES,
+        "LeaseQueueGiveBack.cfg": GIVE_BACK_DISTINCT_STATES,
         "LeaseQueueDeep.cfg": DEEP_DISTINCT_STATES,
     }

@@ -44,7 +44,14 @@ def test_ci_model_has_no_error_and_the_pinned_state_count(tlc_available: None, c
 
 
 @pytest.mark.parametrize(
-    "config", ["LeaseQueueWindow.cfg", "LeaseQueueKeep.cfg", "LeaseQueueCount.cfg", "LeaseQueueLost.cfg"]
+    "config",
+    [
+        "LeaseQueueWindow.cfg",
+        "LeaseQueueKeep.cfg",
+        "LeaseQueueCount.cfg",
+        "LeaseQueueLost.cfg",
+        "LeaseQueueGiveBack.cfg",
+    ],
 )
 def test_small_model_has_no_error_and_the_pinned_state_count(
     tlc_available: None, pinned_states: dict[str, int], config: str
@@ -58,7 +65,14 @@ def test_small_model_has_no_error_and_the_pinned_state_count(
 
 @pytest.mark.parametrize(
     "config",
-    ["LeaseQueue.cfg", "LeaseQueueWindow.cfg", "LeaseQueueKeep.cfg", "LeaseQueueCount.cfg", "LeaseQueueLost.cfg"],
+    [
+        "LeaseQueue.cfg",
+        "LeaseQueueWindow.cfg",
+        "LeaseQueueKeep.cfg",
+        "LeaseQueueCount.cfg",
+        "LeaseQueueLost.cfg",
+        "LeaseQueueGiveBack.cfg",
+    ],
 )
 def test_mirror_reaches_exactly_the_states_tlc_explores(config: str, pinned_states: dict[str, int]) -> None:
     expected = pinned_states[config]
@@ -176,6 +190,7 @@ def test_every_shipped_config_is_checked_by_a_test() -> None:
         "LeaseQueue.cfg",
         "LeaseQueueCount.cfg",
         "LeaseQueueDeep.cfg",
+        "LeaseQueueGiveBack.cfg",
         "LeaseQueueKeep.cfg",
         "LeaseQueueLost.cfg",
         "LeaseQueueSim.cfg",

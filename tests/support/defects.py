@@ -129,6 +129,13 @@ class UnsettlingScrubQueue(SampleRefQueue):
         self._not_full.notify_all()
 
 
+class CountingGiveBackQueue(SampleRefQueue):
+    """G: a lease handed back unused is failed back, spending one of ``max_deliveries`` (the loader's close did so)."""
+
+    def give_back_many(self, leases: Any) -> None:
+        self.fail_many(leases)
+
+
 class LostRedeliveringQueue(SampleRefQueue):
     """L: ``lose`` fails the lease like any error, so bytes no redelivery can serve are delivered again."""
 

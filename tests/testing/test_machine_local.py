@@ -19,6 +19,11 @@ from featurestream.testing import MachineConfig, make_queue_machine, producing
 
 LocalStoreMachine = make_queue_machine(LocalFeatureStore, name="LocalStoreMachine")
 
+# Consumers also hand their leases back unused (the spec's GiveBack): the next lease keeps the redelivery count.
+TestLocalStoreGiveBack = make_queue_machine(
+    LocalFeatureStore, config=MachineConfig(give_backs=True), name="GiveBackMachine"
+).TestCase
+
 # One delivery: every fail or reclaim dead-letters at once.
 TestLocalStoreSingleDelivery = make_queue_machine(
     LocalFeatureStore, config=MachineConfig(max_deliveries=1, consumers=3), name="SingleDeliveryMachine"

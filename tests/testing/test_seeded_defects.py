@@ -1,4 +1,4 @@
-"""Each known defect (reference A-E, P, S, L, I), re-introduced in the implementation, is caught by name.
+"""Each known defect (reference A-E, P, S, L, I, G), re-introduced in the implementation, is caught by name.
 
 The budget is the CI profile's (200 examples of 40 steps, derandomized); shrinking is skipped
 because only the verdict and the invariant's name are asserted here. The
@@ -13,8 +13,9 @@ from hypothesis import HealthCheck, Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 
 from featurestream import LocalFeatureStore, SampleRefQueue
-from featurestream.testing import InvariantViolation, make_queue_machine
+from featurestream.testing import InvariantViolation, MachineConfig, make_queue_machine
 from support.defects import (
+    CountingGiveBackQueue,
     IncarnationBlindStore,
     LostRedeliveringQueue,
     NoDedupQueue,
@@ -32,6 +33,7 @@ DEFECTS = {
     "C": (LocalFeatureStore, NoDedupQueue, "inv02_exactly_once"),
     "D": (LocalFeatureStore, NoDeliveryLimitQueue, "inv07_bounded_delivery"),
     "E": (LocalFeatureStore, NoReaperQueue, "inv10_expired_leases_reclaimed"),
+    "G": (LocalFeatureStore, CountingGiveBackQueue, "inv11_counters_consistent"),
     "I": (IncarnationBlindStore, SampleRefQueue, "inv16_incarnations_never_cross"),
     "L": (LocalFeatureStore, LostRedeliveringQueue, "inv04_no_loss"),
     "P": (LocalFeatureStore, OldBackpressureQueue, "inv13_producer_progress"),
@@ -53,7 +55,8 @@ BUDGET = settings(
 @pytest.mark.parametrize("defect", sorted(DEFECTS))
 def test_state_machine_catches_seeded_defect(defect: str) -> None:
     store, queue, invariant = DEFECTS[defect]
-    machine = make_queue_machine(store, queue, name=f"Defect{defect}Machine")
+    config = MachineConfig(give_backs=True) if defect == "G" else None
+    machine = make_queue_machine(store, queue, config=config, name=f"Defect{defect}Machine")
     with pytest.raises(InvariantViolation) as caught:
         run_state_machine_as_test(machine, settings=BUDGET)
     assert caught.value.invariant == invariant, str(caught.value)

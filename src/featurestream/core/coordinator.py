@@ -301,6 +301,19 @@ class Coordinator(Effects):
             raise TypeError(f"reject needs why, a non-empty str saying what was wrong, got {why!r}")
         return self._settle_lease("reject", lease, f"{SCHEMA_REASON}: {why}")
 
+    def give_back(self, lease: Lease) -> bool:
+        """Hand back ``lease`` unused: its sample is pending again at the tail, and this delivery does not count
+        towards ``max_deliveries``. For leases taken but never worked on (a loader's prefetch on close).
+
+        Returns ``False`` for a stale lease (nothing changed).
+        """
+        return self._settle_lease("give_back", lease)
+
+    def give_back_many(self, leases: Iterable[Lease]) -> None:
+        """``give_back`` every lease of ``leases``, in order, in one operation; each stale one is rejected on its
+        own. ``TypeError`` (giving back none of them) when any item is not a ``Lease``."""
+        self._settle("give_back", self._batch("leases", check_leases(leases, "give_back_many")))
+
     def ack_many(self, leases: Iterable[Lease]) -> None:
         """``ack`` every lease of ``leases``, in order, in one operation; each stale one is rejected on its own.
 

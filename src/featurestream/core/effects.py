@@ -148,7 +148,7 @@ class Effects:
         elif kind is Settled:
             fire(LEASE_MACHINE, event.trigger, event.model)
             if event.trace is not None:
-                self._trace(events.ACK if event.trigger == "ack" else events.FAIL, event.trace)
+                self._trace(events.TRIGGER_EVENTS[event.trigger], event.trace)
             if event.retried and event.trigger == "fail" and self._tracer is not None:
                 self._tracer(events.DEAD_LETTER, {"sample_id": event.model.sample_id})
             if event.scrub is not None:

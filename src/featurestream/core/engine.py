@@ -124,7 +124,8 @@ class Extended:
 
 @_event
 class Settled:
-    """``model`` was settled by ``trigger`` (``ack`` or ``fail``; traced ``Ack`` / ``Fail``).
+    """``model`` was settled by ``trigger`` (``ack``, ``fail`` or ``give_back``; traced ``Ack`` / ``Fail`` /
+    ``GiveBack``: a given-back model is pending again, its delivery uncounted, and may be leased anew).
 
     ``scrub``: the sample's bytes this instance's store is now done with (an ack's). ``retried``: a retried
     call whose first run settled the lease and whose reply (with its events) was lost; a retried fail's sample
@@ -313,9 +314,11 @@ class Engine(Protocol):
         ``lease`` call returned), cut short at the next lease deadline."""
 
     def settle(self, action: str, leases: list[Lease], why: str = "") -> list[bool]:
-        """``ack``, ``fail``, ``lose`` or ``reject`` each of ``leases`` in order (reported ``Settled`` -- a fail's
-        redelivery or ``DeadLettered`` with it -- or ``Stale``); per lease, whether it took effect. ``reject``
-        dead-letters at once with the reason ``why``, keeping the bytes as any dead letter's."""
+        """``ack``, ``fail``, ``lose``, ``reject`` or ``give_back`` each of ``leases`` in order (reported ``Settled``
+        -- a fail's redelivery or ``DeadLettered`` with it -- or ``Stale``); per lease, whether it took effect.
+        ``reject`` dead-letters at once with the reason ``why``, keeping the bytes as any dead letter's.
+        ``give_back``: the lease was not used; its sample goes back to the pending tail with its redelivery count
+        unchanged."""
 
     def extend(self, lease: Lease, seconds: float) -> bool:
         """Move the live ``lease``'s deadline to now + ``seconds``, also on the object (reported ``Extended``);

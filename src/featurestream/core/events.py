@@ -20,6 +20,7 @@ __all__ = [
     "DRAIN",
     "EXTEND",
     "FAIL",
+    "GIVE_BACK",
     "PAUSE",
     "PURGE_DEAD_LETTER",
     "PUT",
@@ -37,6 +38,7 @@ PUT = "Put"
 ACQUIRE = "Acquire"
 ACK = "Ack"
 FAIL = "Fail"
+GIVE_BACK = "GiveBack"  # an unused lease handed back: pending again, no delivery counted
 RECLAIM = "Reclaim"
 EXTEND = "Extend"
 DEAD_LETTER = "DeadLetter"
@@ -57,7 +59,7 @@ TRIGGER_EVENTS: dict[str, str] = {t.trigger: t.spec_action for table in (LEASE, 
 
 ALL = frozenset(
     {
-        PUT, ACQUIRE, ACK, FAIL, RECLAIM, EXTEND, DEAD_LETTER, DEDUP_REFUSED,
+        PUT, ACQUIRE, ACK, FAIL, GIVE_BACK, RECLAIM, EXTEND, DEAD_LETTER, DEDUP_REFUSED,
         STALE_REJECTED, CLOSE, DRAIN, PAUSE, RESUME, STORE_FAULT, SCRUB_RETRIED,
         REQUEUE_DEAD_LETTER, PURGE_DEAD_LETTER, RESIDENT,
     }

@@ -61,6 +61,7 @@ LEASE = MachineTable(
         Transition("ack", "leased", "acked", "ack(lease)", "lease is the live one", "Ack"),
         Transition("fail", "leased", "failed", "fail(lease)", "lease is the live one", "Fail"),
         Transition("reclaim", "leased", "reclaimed", "reclaim_expired() / any call", "clock >= deadline", "Reclaim"),
+        Transition("give_back", "leased", "pending", "give_back(lease)", "lease is the live one", "GiveBack"),
     ),
 )
 

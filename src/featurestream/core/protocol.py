@@ -107,6 +107,14 @@ class LeaseQueue(Protocol):
         """No consumer can train the lease's sample: dead-letter it at once (reason ``schema: <why>``), never
         redeliver it; counted as a dead letter, never as acked. ``False`` for a stale lease (nothing changed)."""
 
+    def give_back(self, lease: Lease) -> bool:
+        """Hand the unused lease back: its sample is pending again and the delivery does not count towards
+        ``max_deliveries``; a stale lease changes nothing: ``False``."""
+
+    def give_back_many(self, leases: Iterable[Lease]) -> None:
+        """``give_back`` each lease in order; each stale one is rejected on its own (``TypeError``, none given
+        back, for a non-lease)."""
+
     def ack_many(self, leases: Iterable[Lease]) -> None:
         """``ack`` each lease in order; each stale one is rejected on its own (``TypeError``, none acked, for a
         non-lease)."""

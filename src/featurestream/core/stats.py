@@ -18,7 +18,9 @@ class QueueStats:
     failed retry counts again); ``scrub_backlog`` is the gauge of settled
     samples (or refused puts) whose ``scrub`` (``unretain``) the queue still
     owes the store and retries. ``requeued`` / ``purged`` count dead letters
-    sent back by ``requeue_dead_letters`` / dropped by ``purge_dead_letters``.
+    sent back by ``requeue_dead_letters`` / dropped by ``purge_dead_letters``;
+    ``given_back`` counts unused leases handed back by ``give_back`` (pending
+    again, no delivery spent).
     """
 
     put: int = 0
@@ -34,6 +36,7 @@ class QueueStats:
     store_errors: int = 0
     requeued: int = 0
     purged: int = 0
+    given_back: int = 0
     # Gauges: the current value, not a count since construction (marked so readers need not list them).
     pending: int = dataclasses.field(default=0, metadata={"gauge": True})
     outstanding: int = dataclasses.field(default=0, metadata={"gauge": True})

@@ -17,7 +17,7 @@ import torch
 from featurestream.core.lease import Lease
 from featurestream.core.protocol import LeaseQueue
 
-__all__ = ["ack_many", "acquire_many", "concat_samples", "fail_many"]
+__all__ = ["ack_many", "acquire_many", "concat_samples", "fail_many", "give_back_many"]
 
 
 def acquire_many(queue: LeaseQueue, n: int, *, timeout: float) -> list[Lease]:
@@ -46,6 +46,12 @@ def ack_many(queue: LeaseQueue, leases: Sequence[Lease]) -> None:
 def fail_many(queue: LeaseQueue, leases: Sequence[Lease]) -> None:
     """Fail every lease back (stale ones are rejected one by one, as ``fail`` does)."""
     _settle_each(queue, "fail", leases)
+
+
+def give_back_many(queue: LeaseQueue, leases: Sequence[Lease]) -> None:
+    """Hand unused leases back: pending again, no delivery counted. A queue without ``give_back`` (a
+    reference-era one) can only fail them back, which counts a delivery."""
+    _settle_each(queue, "give_back" if hasattr(queue, "give_back") else "fail", leases)
 
 
 def _settle_each(queue: LeaseQueue, settle: str, leases: Sequence[Lease]) -> None:

@@ -24,7 +24,7 @@ from featurestream.core.lease import Lease
 from featurestream.core.protocol import LeaseQueue
 from featurestream.core.resume import Restore
 from featurestream.pipeline import lockstep
-from featurestream.pipeline.batching import ack_many, fail_many
+from featurestream.pipeline.batching import ack_many, fail_many, give_back_many
 from featurestream.pipeline.eagle3 import DraftVocab
 from featurestream.pipeline.prefetch import LeaseBook, LoaderCloseTimeout, Prefetcher, Pulled, Stuck
 from featurestream.pipeline.pull import Collate, Puller, PullSpec, stream_ended
@@ -365,7 +365,7 @@ class FeatureDataLoader:
                 self._held = (item.leases, item.handles)
                 return item.batch
         # Closed while this pull was in flight: give the batch back untouched.
-        self._settle(item.leases, item.handles, fail_many)
+        self._settle(item.leases, item.handles, give_back_many)
         raise StopIteration
 
     def _is_closed(self) -> bool:

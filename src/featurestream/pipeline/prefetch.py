@@ -23,10 +23,13 @@ from featurestream.backends.memory.queue import LeaseLost
 from featurestream.common.errors import FeatureStreamError
 from featurestream.core.lease import Lease
 from featurestream.core.protocol import LeaseQueue
-from featurestream.pipeline.batching import fail_many
+from featurestream.pipeline.batching import give_back_many
 from featurestream.stores.base import FeatureStore, StoreHandle
 
 __all__ = ["LeaseBook", "LoaderCloseTimeout", "Prefetcher", "Pulled", "Stuck", "give_back"]
+
+# How leases go back to the queue: ``give_back_many`` (unused) or ``fail_many`` (tried, and failed).
+Settle = Callable[[LeaseQueue, Sequence[Lease]], None]
 
 
 class LoaderCloseTimeout(FeatureStreamError, TimeoutError):
@@ -145,19 +148,21 @@ class LeaseBook:
             entries = [self._entries.pop(id(lease), None) for lease in leases]
         return [entry.lease for entry in entries if entry is not None and entry.lost]
 
-    def give_back(self, leases: Sequence[Lease], handles: Sequence[StoreHandle]) -> None:
-        """Unbook ``leases``, release ``handles`` and fail the leases back (redelivered)."""
+    def give_back(
+        self, leases: Sequence[Lease], handles: Sequence[StoreHandle], settle: Settle = give_back_many
+    ) -> None:
+        """Unbook ``leases``, release ``handles`` and hand the leases back unused (``settle``: how)."""
         with self._cond:
             for lease in leases:
                 self._entries.pop(id(lease), None)
-        give_back(self._queue, self._store, leases, handles)
+        give_back(self._queue, self._store, leases, handles, settle)
 
     def count(self) -> int:
         with self._cond:
             return len(self._entries)
 
     def close(self) -> list[Lease]:
-        """Refuse new entries, stop the heartbeat, release every handle, fail every lease back and return them.
+        """Refuse new entries, stop the heartbeat, release every handle, give every lease back and return them.
 
         Idempotent (a second call returns ``[]``).
         """
@@ -200,8 +205,14 @@ class LeaseBook:
                     return
 
 
-def give_back(queue: LeaseQueue, store: FeatureStore, leases: Sequence[Lease], handles: Sequence[StoreHandle]) -> None:
-    """Release ``handles`` and fail ``leases`` back, best effort.
+def give_back(
+    queue: LeaseQueue,
+    store: FeatureStore,
+    leases: Sequence[Lease],
+    handles: Sequence[StoreHandle],
+    settle: Settle = give_back_many,
+) -> None:
+    """Release ``handles`` and hand ``leases`` back with ``settle`` (unused: no delivery counted), best effort.
 
     Called on close and crash paths: if the queue itself is what broke, the
     leases stay out until their deadline and the queue reclaims them, so
@@ -214,7 +225,7 @@ def give_back(queue: LeaseQueue, store: FeatureStore, leases: Sequence[Lease], h
             pass
     if leases:
         try:
-            fail_many(queue, leases)
+            settle(queue, leases)
         except Exception:  # unsettled leases are reclaimed at their deadline
             pass
 

@@ -19,7 +19,7 @@ import torch
 from featurestream.common.refs import FeatureAlgorithm, algorithm_name
 from featurestream.core.lease import SCHEMA_REASON, Lease
 from featurestream.core.protocol import LeaseQueue
-from featurestream.pipeline.batching import acquire_many, concat_samples, fail_many
+from featurestream.pipeline.batching import acquire_many, concat_samples, fail_many, give_back_many
 from featurestream.pipeline.prefetch import LeaseBook, Pulled
 from featurestream.pipeline.schemas import AlgorithmSchema, make_batch, registered_schemas, unregistered_message
 from featurestream.pipeline.supervision import SupervisionDecoder
@@ -122,7 +122,7 @@ class Puller:
                 continue
             for index, lease in enumerate(leases):
                 if not self.book.add(lease):  # the loader closed meanwhile: hand these back untouched
-                    fail_many(spec.queue, leases[index:])
+                    give_back_many(spec.queue, leases[index:])
                     return None
             for lease in leases:
                 self._drop_expired_copy(lease)
@@ -228,7 +228,7 @@ class Puller:
                     merged = pinned_copy(merged)
                 batch = make_batch(merged, spec.batch_type)
         except Exception as exc:
-            self.book.give_back(leases, handles)
+            self.book.give_back(leases, handles, fail_many)  # the batch cannot be built: a failed delivery
             return Pulled([], [], error=exc)
         ready = None
         if spec.async_copy:

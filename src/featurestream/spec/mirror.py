@@ -54,7 +54,9 @@ variable, but may bump a counter exactly like the implementation does):
   ``ack(consumer, token)`` / ``fail(consumer, token)`` (Ack/Fail; ``False`` =
   stale or forged, counted in ``stale_rejected``), ``reject(consumer, token)``
   (Reject: an ``untrainable`` sample dead-lettered at once; counted in ``failed``), ``extend(consumer, token)``
-  (Extend; ``False`` = ``LeaseLost``), ``get(consumer, sample)`` /
+  (Extend; ``False`` = ``LeaseLost``), ``give_back(consumer, token)`` (GiveBack:
+  an unused lease goes back to the pending tail, its delivery not counted;
+  ``False`` = stale), ``get(consumer, sample)`` /
   ``release(consumer, sample)`` (store handles), ``crash(consumer)`` (forgets
   its leases and handles; the store still counts the handles).
 - time and reaper: ``reclaim(sample)`` (Reclaim: the live lease's deadline passed
@@ -109,6 +111,7 @@ from featurestream.core.events import (
     DRAIN,
     EXTEND,
     FAIL,
+    GIVE_BACK,
     PAUSE,
     PURGE_DEAD_LETTER,
     PUT,
@@ -172,6 +175,7 @@ _COUNTER_OF_EVENT = {
     ACQUIRE: "leased",
     ACK: "acked",
     FAIL: "failed",
+    GIVE_BACK: "given_back",
     RECLAIM: "reclaimed",
     DEAD_LETTER: "dead_lettered",
     EXTEND: "extended",
@@ -202,7 +206,9 @@ class SpecConstants:
     letter's bytes stay retained for a requeue), ``max_samples`` (``MaxSamples``,
     the store's sample-count cap; ``None``: the spec's default, never reached),
     ``untrainable`` (``Untrainable``: samples the loader's schema refuses, which
-    a consumer rejects and never acks), ``bugs`` (see ``BUGS``).
+    a consumer rejects and never acks), ``max_losses`` (``MaxLosses``), ``max_give_backs`` (``MaxGiveBacks``:
+    give-backs ``Next`` allows in one behaviour; the step API's ``give_back`` is not bounded), ``bugs`` (see
+    ``BUGS``).
     """
 
     samples: tuple[str, ...] = ("s1", "s2")
@@ -222,6 +228,7 @@ class SpecConstants:
     max_samples: int | None = None
     max_losses: int = 0
     untrainable: frozenset[str] = frozenset()
+    max_give_backs: int = 0
 
     def __post_init__(self) -> None:
         for name in ("samples", "consumers", "producers"):
@@ -249,6 +256,8 @@ class SpecConstants:
             raise ValueError(f"max_samples must be >= 1 or None, got {self.max_samples!r}")
         if self.max_losses < 0:
             raise ValueError(f"max_losses must be >= 0, got {self.max_losses!r}")
+        if self.max_give_backs < 0:
+            raise ValueError(f"max_give_backs must be >= 0, got {self.max_give_backs!r}")
         if self.dedup_window is not None and self.dedup_window < 1:
             raise ValueError(f"dedup_window must be >= 1 or None, got {self.dedup_window!r}")
         unknown = set(self.bugs) - set(BUGS)
@@ -288,6 +297,7 @@ class SpecState(NamedTuple):
     owns: tuple[int, ...] = ()  # owns[p]: the sample producer p stored and holds (NO_SAMPLE: none)
     kept: frozenset[int] = frozenset()  # kept: dead letters whose bytes stay retained for a requeue
     lost: frozenset[int] = frozenset()  # lost: samples whose bytes the store lost (StoreLoses)
+    given_back: int = 0  # givenBack: unused leases given back so far (GiveBackStep)
 
 
 Event = tuple[str, int, str]  # (action, sample index or -1, store call or "")
@@ -618,6 +628,24 @@ def a_reject(
     return _settled(FAIL, s, _dead_letter(k, st, s, fault, sizes), drain)
 
 
+def a_give_back(k: SpecConstants, st: SpecState, c: int, token: tuple[int, int], bounded: bool = True) -> _Step | None:
+    """GiveBackStep(c, l) (``bounded``: at most ``MaxGiveBacks`` per behaviour, counted), GiveBack(c, l):
+    ``give_back`` -- an unused live lease goes back to the pending tail, its redelivery count unchanged; a stale
+    one is rejected."""
+    if token not in st.held[c] or (bounded and st.given_back >= k.max_give_backs):
+        return None
+    st = st._replace(held=_set(st.held, c, st.held[c] - {token}))
+    if bounded:
+        st = st._replace(given_back=st.given_back + 1)
+    s, attempt = token
+    if not _is_live(st, token):
+        return _Step(st, ((STALE_REJECTED, s, ""),))
+    back = st._replace(
+        lease=_fire(st, GIVE_BACK, s, attempt), status=_set(st.status, s, "pending"), queue=(*st.queue, s)
+    )
+    return _Step(back, ((GIVE_BACK, s, ""),))
+
+
 def a_extend(k: SpecConstants, st: SpecState, c: int, token: tuple[int, int]) -> _Step | None:
     """Extend(c, l): ``extend`` -- push a live lease's deadline (``LeaseLost`` for a stale one).
 
@@ -919,6 +947,7 @@ def labelled_successors(k: SpecConstants, st: SpecState) -> Iterator[tuple[str, 
         for token in st.held[c]:
             yield EXTEND, a_extend(k, st, c, token)  # type: ignore[misc]
             yield "Lose", a_lose(k, st, c, token)  # type: ignore[misc]
+            yield GIVE_BACK, a_give_back(k, st, c, token)  # type: ignore[misc]
             for fault in (False, True):
                 yield "Reject", a_reject(k, st, c, token, sizes, fault)  # type: ignore[misc]
                 for trigger in (ACK, FAIL):
@@ -1074,6 +1103,13 @@ def check_step(k: SpecConstants, before: SpecState, after: SpecState) -> None:
                 assert any(src == old and dst == new for _, src, dst in LEASE_TRANSITIONS), (
                     f"LeaseStepsFollowMachine: lease ({sample!r}, {attempt}) moved {old} -> {new}"
                 )
+        given_back = any(
+            old == "leased" and new == "pending" for old, new in zip(before.lease[s], after.lease[s], strict=True)
+        )
+        assert not given_back or after.deliveries[s] == before.deliveries[s], (
+            f"GiveBackUncounted: sample {sample!r} given back with redelivery_count "
+            f"{before.deliveries[s]} -> {after.deliveries[s]}"
+        )
         if s in before.lost:
             failed = any(
                 old == "leased" and new == "failed" for old, new in zip(before.lease[s], after.lease[s], strict=True)
@@ -1295,7 +1331,16 @@ class SpecMirror:
     def lose(self, consumer: str, token: LeaseToken) -> bool:
         """Lose: the consumer whose get found the bytes lost reports it; ``False``: stale (nothing changed)."""
         c, t = self._c(consumer), self._token(token)
+        if t not in self.state.held[c]:
+            return self._forged(t)
         return self._apply(a_lose(self.constants, self.state, c, t, self.auto_drain))
+
+    def give_back(self, consumer: str, token: LeaseToken) -> bool:
+        """GiveBack: the consumer hands back a lease it did not use; ``False``: stale or forged (nothing changed)."""
+        c, t = self._c(consumer), self._token(token)
+        if t not in self.state.held[c]:
+            return self._forged(t)
+        return self._apply(a_give_back(self.constants, self.state, c, t, bounded=False))
 
     def lost(self) -> set[str]:
         """The samples whose bytes the store lost (until a producer stores the id anew)."""
@@ -1560,5 +1605,6 @@ def constants_from_config(text: str) -> SpecConstants:
         max_samples=int(values["MaxSamples"]) if "MaxSamples" in values else None,
         max_losses=int(values.get("MaxLosses", "0")),
         untrainable=frozenset(names("Untrainable")),
+        max_give_backs=int(values.get("MaxGiveBacks", "0")),
         bugs=frozenset(bug for switch, bug in _BUG_SWITCHES.items() if values.get(switch) == "TRUE"),
     )

@@ -30,7 +30,9 @@ class MachineConfig:
     many seconds a producer round or a re-entrant callback gets before the
     kit calls it a hang (an invariant fails, the suite does not hang): a
     replicated backend's call can wait out a whole failover, and a sentinel
-    on a busy machine may start one of its own.
+    on a busy machine may start one of its own. ``give_backs=True`` lets a
+    consumer hand every lease it holds back unused (``give_back_many``, as a
+    loader closing with prefetched leases does: the spec's ``GiveBack``).
     """
 
     samples: int = 4
@@ -47,6 +49,7 @@ class MachineConfig:
     store_losses: int = 1
     failovers: int = 1
     bound: float = BOUND
+    give_backs: bool = False
 
     def __post_init__(self) -> None:
         for name in ("samples", "consumers", "max_deliveries", "dedup_window", "producers"):

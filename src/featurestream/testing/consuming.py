@@ -14,10 +14,14 @@ from featurestream.testing.machine_state import MachineState, SampleRecord
 
 __all__ = ["ConsumerActions"]
 
+# The ``QueueStats`` counter each settle counts under, and its trace event.
+_COUNTER = {"ack": "acked", "fail": "failed", "give_back": "given_back"}
+_SETTLE_EVENTS = (events.ACK, events.FAIL, events.GIVE_BACK)
+
 
 class ConsumerActions(MachineState):
     """The consumers' spec actions: Acquire (one or many), Ack / Fail (one or a batch, live, stale or forged),
-    Lose, Extend, Get and Release of the store handle, and Crash."""
+    GiveBack (a batch: a loader closing), Lose, Extend, Get and Release of the store handle, and Crash."""
 
     def do_acquire(self, consumer: str) -> Lease | None:
         """Acquire: lease the head of the pending FIFO (never blocks: ``timeout=0``)."""
@@ -80,16 +84,17 @@ class ConsumerActions(MachineState):
         self._own(consumer, lease)
 
     def do_settle_many(self, consumer: str, op: str) -> None:
-        """``ack_many`` / ``fail_many`` of every lease ``consumer`` holds, live or stale, in the order it got them.
+        """``ack_many`` / ``fail_many`` / ``give_back_many`` of every lease ``consumer`` holds, live or stale, in the
+        order it got them.
 
         Each live one must be settled and each stale one rejected on its own: the trace's per-item
-        ``Ack``/``Fail`` events name exactly the live leases, in order.
+        ``Ack``/``Fail``/``GiveBack`` events name exactly the live leases, in order.
         """
         lost = self.store.lost()  # their holder settles none of those: its read would find the bytes gone
         leases = [lease for lease in self.consumers[consumer].leases if lease.ref.sample_id not in lost]
         if not leases:
             return
-        counter = "acked" if op == "ack" else "failed"
+        counter = _COUNTER[op]
         before = getattr(self.queue.stats(), counter)
         seen = len(self.trace.events)
         call = getattr(self.queue, f"{op}_many")
@@ -97,24 +102,31 @@ class ConsumerActions(MachineState):
         if error is not None:
             raise AssertionError(f"{op}_many() raised {error!r}")
         live = [lease for lease in leases if self.samples[lease.ref.sample_id].live is lease]
-        settled = [f.get("lease_id") for a, f in self.trace.events[seen:] if a in (events.ACK, events.FAIL)]
+        settled = [f.get("lease_id") for a, f in self.trace.events[seen:] if a in _SETTLE_EVENTS]
         if settled and settled != [lease.lease_id for lease in live]:
             self._note("inv03_terminal_leases_never_change", f"{op}_many settled {settled}, the live ones: {live}")
         if getattr(self.queue.stats(), counter) - before != len(live):
             self._note("inv11_counters_consistent", f"{op}_many settled {counter} != {len(live)} live leases")
         for lease in leases:
             sample = self.samples[lease.ref.sample_id]
-            getattr(self.mirror, op)(consumer, (lease.ref.sample_id, lease.redelivery_count))
+            getattr(self.mirror, op)(consumer, self._token(lease))
             self._drop_lease(consumer, lease)
             if sample.live is lease:
                 self._settled(sample, op, lease.ref.sample_id in new_dead)
+        if op == "give_back":
+            self._given_back.update(id(lease) for lease in leases)
 
     def _settled(self, sample: SampleRecord, op: str, dead: bool) -> None:
-        """Record that ``op`` settled ``sample``'s live lease: acked, or (``dead``: dead-lettered) requeued."""
+        """Record that ``op`` settled ``sample``'s live lease: acked, given back (pending, no delivery counted), or
+        (``dead``: dead-lettered) requeued."""
         if op == "ack":
             sample.acks += 1
             sample.live = None
             sample.status = "acked"
+        elif op == "give_back":
+            sample.live = None
+            sample.status = "pending"
+            self.pending.append(sample.ref.sample_id)
         else:
             self._requeue(sample, dead)
 
@@ -124,11 +136,11 @@ class ConsumerActions(MachineState):
         actor = consumer if consumer is not None else self.config.consumer_ids[0]
         sample = self.samples[lease.ref.sample_id]
         target = forged if forged is not None else lease
-        counter = "acked" if op == "ack" else "failed"
+        counter = _COUNTER[op]
         before = getattr(self.queue.stats(), counter)
         call = getattr(self.queue, op)
         _, error, new_dead = self._reaping_call(f"{op}(lease {lease.lease_id})", lambda: call(target))
-        token = (sample.ref.sample_id, -1 if forged is not None else lease.redelivery_count)
+        token = (sample.ref.sample_id, -1) if forged is not None else self._token(lease)
         getattr(self.mirror, op)(actor, token)
         if error is not None and not isinstance(error, OSError):
             raise AssertionError(f"{op}() raised {error!r}")
@@ -172,7 +184,7 @@ class ConsumerActions(MachineState):
         sample_id = lease.ref.sample_id
         sample = self.samples[sample_id]
         accepted, error, new_dead = self._reaping_call(f"lose(lease {lease.lease_id})", lambda: self.queue.lose(lease))
-        self.mirror.lose(consumer, (sample_id, lease.redelivery_count))
+        self.mirror.lose(consumer, self._token(lease))
         if error is not None and not isinstance(error, OSError):
             raise AssertionError(f"lose() raised {error!r}")
         self._drop_lease(consumer, lease)
@@ -209,7 +221,7 @@ class ConsumerActions(MachineState):
                 lost = True
 
         _, error, _ = self._reaping_call(f"extend(lease {target.lease_id})", call)
-        token = (sample.ref.sample_id, -1 if forged is not None else lease.redelivery_count)
+        token = (sample.ref.sample_id, -1) if forged is not None else self._token(lease)
         self.mirror.extend(actor, token)
         if error is not None and not isinstance(error, OSError):
             raise AssertionError(f"extend() raised {error!r}")

@@ -51,6 +51,7 @@ QUEUE_COUNTERS = (
     "leased",
     "acked",
     "failed",
+    "given_back",
     "reclaimed",
     "dead_lettered",
     "extended",
@@ -361,8 +362,8 @@ class QueueInvariants:
         """``stats()`` arithmetic and the counters agree with what the queue did."""
         name = "inv11_counters_consistent"
         stats = self.queue.stats()
-        if stats.leased != stats.acked + stats.failed + stats.reclaimed + stats.outstanding:
-            self._fail(name, f"leased != acked + failed + reclaimed + outstanding in {stats}")
+        if stats.leased != stats.acked + stats.failed + stats.reclaimed + stats.given_back + stats.outstanding:
+            self._fail(name, f"leased != acked + failed + reclaimed + given_back + outstanding in {stats}")
         if stats.put != stats.acked + stats.dead_lettered + stats.pending + stats.outstanding:
             self._fail(name, f"put != acked + dead_lettered + pending + outstanding in {stats}")
         if (stats.pending, stats.outstanding) != (self.queue.pending_count(), self.queue.outstanding_count()):

@@ -128,6 +128,7 @@ class QueueMachine(ProducerActions, ConsumerActions, WorldActions, RuleBasedStat
         self.owed_unretain: set[str] = set()  # refused puts whose unretain raised and has not gone through since
         self._log_seen = 0  # how much of the FaultyStore's call log has been accounted for
         self._owner: dict[int, tuple[str, int]] = {}  # id(lease or handle) -> (consumer, generation)
+        self._given_back: set[int] = set()  # id(lease) of every lease handed to a give_back call
         self._keep: list[object] = []  # keeps leases/handles alive so id() stays unique
         self._forged_ids = itertools.count(2**30)  # never issued here; below TLC's 2**31 int limit
         self._init_invariants()

@@ -20,7 +20,7 @@ from featurestream.common.refs import SampleRef
 from featurestream.core.lease import Lease
 from featurestream.core.machines import HELD, SETTLED
 from featurestream.core.protocol import LeaseQueue
-from featurestream.spec.mirror import SpecMirror
+from featurestream.spec.mirror import LeaseToken, SpecMirror
 from featurestream.spec.recording import TraceRecorder
 from featurestream.stores.base import FeatureStore, StoreHandle
 from featurestream.testing.clock import FakeClock
@@ -95,6 +95,11 @@ class MachineState(QueueInvariants):
         """The consumer that holds ``owner_of``, or ``None`` when it crashed since."""
         consumer, generation = self._owner[id(owner_of)]
         return consumer if self.consumers[consumer].generation == generation else None
+
+    def _token(self, lease: Lease) -> LeaseToken:
+        """The spec's name of ``lease``: ``(sample, redelivery_count)``. A lease given back names nothing its
+        holder holds any more (the same name may be live again, leased anew): ``-1``, as a forged one."""
+        return lease.ref.sample_id, -1 if id(lease) in self._given_back else lease.redelivery_count
 
     def _own(self, consumer: str, thing: object) -> None:
         self._owner[id(thing)] = (consumer, self.consumers[consumer].generation)

@@ -128,7 +128,9 @@ def make_queue_machine(
             return multiple(*self.do_acquire_many(consumer, n))
 
         @precondition(lambda self: self._holding())
-        @rule(consumer=consumers, op=st.sampled_from(("ack", "fail")))
+        @rule(
+            consumer=consumers, op=st.sampled_from(("ack", "fail", "give_back") if cfg.give_backs else ("ack", "fail"))
+        )
         @checked
         def settle_many(self, consumer: str, op: str) -> None:
             self.do_settle_many(consumer, op)

@@ -229,12 +229,12 @@ class MemoryEngine:
     # -- settling -------------------------------------------------------------------
     def settle(self, action: str, leases: list[Lease], why: str = "") -> list[bool]:
         self._reap_due()
-        if len(leases) == 1:  # ack / fail / lose / reject: no comprehension to build for one lease
+        if len(leases) == 1:  # ack / fail / lose / reject / give_back: no comprehension to build for one lease
             return [self._settle_one(action, leases[0], why)]
         return [self._settle_one(action, lease, why) for lease in leases]
 
     def _settle_one(self, action: str, lease: Lease, why: str) -> bool:
-        trigger = "ack" if action == "ack" else "fail"
+        trigger = action if action == "ack" or action == "give_back" else "fail"
         record = self._live_record(lease, trigger)
         if record is None:
             return False
@@ -251,6 +251,13 @@ class MemoryEngine:
             self._report(Settled(record, "ack", record.ref, trace))
             if self._lifecycle.state == "draining":
                 self._maybe_drained()
+        elif trigger == "give_back":
+            self._counts["given_back"] += 1
+            record.lease = None
+            record.deadline = math.inf
+            self._push_pending(record)  # the same delivery, not used: its redelivery count stays
+            trace = self._fields(record, lease_id=lease.lease_id) if self._traced else None
+            self._report(Settled(record, "give_back", None, trace))
         else:
             self._counts["failed"] += 1
             if action == "lose":
@@ -425,10 +432,10 @@ class MemoryEngine:
     def snapshot(self, *, lease_ages: bool = False) -> Snapshot:
         """The counters, ``put`` and ``leased`` derived rather than counted on every put and lease: a put's sample
         is held until it is acked or dead-lettered (a requeue holds one again without a put), and a lease is live
-        until it is acked, failed (lost too) or reclaimed."""
+        until it is acked, failed (lost too), reclaimed or given back."""
         counts = self._counts
         put = len(self._held) + counts["acked"] + counts["dead_lettered"] - counts["requeued"]
-        leased = counts["acked"] + counts["failed"] + counts["reclaimed"] + len(self._live)
+        leased = counts["acked"] + counts["failed"] + counts["reclaimed"] + counts["given_back"] + len(self._live)
         gauges = {"pending": len(self._pending), "outstanding": len(self._live)}
         counters = {**counts, "put": put, "leased": leased, **gauges}
         return Snapshot(self._lifecycle.state, counters, self._oldest_lease_age() if lease_ages else None)

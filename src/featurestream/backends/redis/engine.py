@@ -339,9 +339,9 @@ class RedisEngine:
 
     # -- settling -------------------------------------------------------------------
     def settle(self, action: str, leases: list[Lease], why: str = "") -> list[bool]:
-        """Ack, fail, lose or reject ``leases`` in one server call; each is settled or rejected as stale on its
-        own. A reject sends ``why`` (the dead letter's reason) before the leases."""
-        trigger = "ack" if action == "ack" else "fail"
+        """Ack, fail, lose, reject or give back ``leases`` in one server call; each is settled or rejected as stale
+        on its own. A reject sends ``why`` (the dead letter's reason) before the leases."""
+        trigger = action if action == "ack" or action == "give_back" else "fail"
         proofs = [self._proof(lease) for lease in leases]
         if len(proofs) > 1:
             # A lease repeated in the batch: its second settle is stale, as a second ack() would be.
@@ -502,7 +502,7 @@ class RedisEngine:
             if width == 4 and kind != "retired":
                 trace = event_state(reply_events[index + 3])
                 self._seen_state = {name: trace[name] for name in ("pending", "outstanding", "now")}
-            if kind in ("lease", "extend", "ack", "fail", "reclaim"):
+            if kind in ("lease", "extend", "ack", "fail", "give_back", "reclaim"):
                 if trace is not None:
                     trace = {"sample_id": first, "lease_id": int(second), **trace}
                 if kind == "reclaim":
@@ -566,13 +566,14 @@ class RedisEngine:
     def _settle_event(
         self, trigger: str, lease: Lease, trace: contract.Trace | None, model: contract.LeaseModel | None = None
     ) -> contract.Settled:
-        """The ``Settled`` of this instance's own ack or fail of ``lease``; an ack's bytes are done with here."""
+        """The ``Settled`` of this instance's own ack, fail or give-back of ``lease``; an ack's bytes are done with
+        here."""
         if model is None:
             model = self._lease_model(lease.lease_id, trigger)
         if trigger == "ack":
             self._forget(lease.ref)
             return contract.Settled(model, "ack", lease.ref, trace)
-        return contract.Settled(model, "fail", None, trace)
+        return contract.Settled(model, trigger, None, trace)
 
     def _report_unmatched(self, expected: dict[str, _Expected]) -> None:
         """Report what the server did not (an untraced call gets no events for its own triggers)."""

@@ -19,10 +19,11 @@ KEYS, which would cost more to send than most calls cost to run):
 
 1. ``pending``   list of deliveries waiting for a lease, ``n \\t sample id`` (``n``: the
                  redelivery count), FIFO: put and redelivery RPUSH, acquire LPOPs. Each
-                 delivery attempt is a new entry, so a failed or reclaimed sample goes
-                 to the tail. A list rather than a stream and consumer group: XADD,
-                 XREADGROUP, XACK and trims cost more server time per sample than RPUSH
-                 and LPOP (docs/performance.md), and the lease record holds all a PEL entry would.
+                 delivery attempt is a new entry, so a failed, reclaimed or given-back
+                 sample goes to the tail (given back: with its ``n`` unchanged). A list
+                 rather than a stream and consumer group: XADD, XREADGROUP, XACK and trims
+                 cost more server time per sample than RPUSH and LPOP (docs/performance.md),
+                 and the lease record holds all a PEL entry would.
 2. ``refs``      hash sample id -> ``put token \\t ref JSON`` for every held
                  (pending or leased) sample; the put token makes a retried put idempotent.
 3. ``leases``    hash lease key -> lease record (live leases): the fields ``wire.LEASE_FIELDS`` -- ``issued``
@@ -42,8 +43,8 @@ KEYS, which would cost more to send than most calls cost to run):
                  ``wake``: while it may, every call that makes a sample pending appends to ``wake``).
 9. ``stats``     hash of the ``QueueStats`` counters, plus ``requeued`` and ``purged``. ``leased``
                  doubles as the lease id sequence; the ``pending`` gauge is derived (``PENDING_TERMS``:
-                 put + failed + reclaimed + requeued - dead_lettered - leased: every ``pending`` entry is a
-                 put, a redelivery or a requeue).
+                 put + failed + reclaimed + requeued + given_back - dead_lettered - leased: every ``pending``
+                 entry is a put, a redelivery, a requeue or a give-back).
 10. ``wake``     stream (capped at one entry) a close, a drain, and a new pending delivery
                  while a consumer waits append to, so blocked ``acquire`` calls wake (``XREAD BLOCK``).
 11. ``retired``  stream of settled sample ids (capped): a producing instance reads
@@ -87,9 +88,9 @@ itself; only such a call looks in ``calls``) or ``-``, the call id, ``:`` and
 how many seconds a remembered reply is kept; ``ARGV[2:]`` are per function.
 Every function except ``init`` and ``close`` first reaps due leases (at most
 ``REAP_LIMIT``), as every in-process queue operation does.
-Functions return ``{status, events, ...}`` (``ack``, ``fail``, ``lose`` and
-``reject``, which take a batch of leases, ``{statuses, events}``; ``reject``
-takes the dead letters' reason first) where ``events`` is a flat list of
+Functions return ``{status, events, ...}`` (``ack``, ``fail``, ``lose``,
+``reject`` and ``give_back``, which take a batch of leases, ``{statuses, events}``;
+``reject`` takes the dead letters' reason first) where ``events`` is a flat list of
 ``kind, a, b`` triples the client turns into tracer calls, scrubs and
 dead-letter callbacks; a traced call's events are quadruples, the fourth
 being the state the event left, computed in the same atomic call: JSON with
@@ -98,7 +99,7 @@ counts after the event, the call's clock, a lease's deadline; ``''`` where
 none; ``wire.event_state`` decodes it). An
 untraced call reads nothing for them and gets only the events it acts on.
 ``kind`` uses the lease/lifecycle machines' trigger names (``lease``,
-``extend``, ``ack``, ``fail``, ``reclaim``, ``close``, ``drain``) plus
+``extend``, ``ack``, ``fail``, ``give_back``, ``reclaim``, ``close``, ``drain``) plus
 ``put``, ``dead`` (``kept``: a dead letter whose bytes stay), ``dedup``,
 ``stale``, ``forged`` (a stale lease naming a live one: a copy),
 ``requeue``, ``purge``, ``retired`` (not traced) and ``malformed`` (a pending entry moved aside).
@@ -143,7 +144,7 @@ MAX_BATCH = 1000  # most items one batch call takes (the Lua unpacks a batch int
 # The ``pending`` gauge from the ``stats`` counters: each counter's sign (every ``pending`` entry is a put, a
 # redelivery or a requeue; leases and dead letters take entries out). ``stats()`` and traced calls both derive it so.
 PENDING_TERMS: dict[str, int] = {
-    "put": 1, "failed": 1, "reclaimed": 1, "requeued": 1, "dead_lettered": -1, "leased": -1,
+    "put": 1, "failed": 1, "reclaimed": 1, "requeued": 1, "given_back": 1, "dead_lettered": -1, "leased": -1,
 }  # fmt: skip
 
 # The one definition of every constant the Lua uses: prepended to the prelude as ``local NAME = value``.
@@ -162,9 +163,9 @@ CONSTANTS: dict[str, str | int | dict[str, int]] = {
 DONE_FIELDS = ("outcome", "key", "token", "put")
 
 # The functions every reply of which is remembered for a retry after a lost reply: their first run leaves nothing a
-# retry could recognise its effect by (a redelivery, an extension, a requeue, a purge). The others remember theirs
-# only when it reports what the client must act on or trace (see ``calls`` above).
-REMEMBERED = frozenset({"fail", "lose", "reject", "extend", "requeue", "purge"})
+# retry could recognise its effect by (a redelivery, a give-back, an extension, a requeue, a purge). The others
+# remember theirs only when it reports what the client must act on or trace (see ``calls`` above).
+REMEMBERED = frozenset({"fail", "lose", "reject", "give_back", "extend", "requeue", "purge"})
 
 FUNCTIONS = (
     "init",
@@ -175,6 +176,7 @@ FUNCTIONS = (
     "fail",
     "lose",
     "reject",
+    "give_back",
     "extend",
     "reclaim",
     "close",

@@ -245,6 +245,17 @@ local function reject_live(live)
   fail_live(live, {reason = ARGS[2], keepable = true})
 end
 
+-- Unused leases handed back: to the tail with their redelivery count (the lease record's ``n``) unchanged.
+local function give_back_live(live)
+  local entries = {}
+  for i, lease in ipairs(live) do
+    stale_each('give_back', lease.before)
+    entries[i] = lease.n .. '\t' .. lease.sample
+    emit('give_back', lease.sample, lease.key, lease.n, 1, -1)
+  end
+  enqueue(entries)
+end
+
 -- The dead letters ARGS[first:] name (all of them when none is named), as positions in ``letters``, in the
 -- list's order; nil and the first unknown id when one names no dead letter. ``sids[i]`` is letter i's id.
 local function chosen_letters(letters, first)
