@@ -25,6 +25,7 @@ LIBRARY = ("common", "core", "stores", "backends", "pipeline", "monitor", "spec"
 # Each error type and the builtin (or redis-py) class a caller written against the reference or the docs catches.
 CAUGHT_AS: dict[str, type[BaseException]] = {
     "QueueClosed": RuntimeError,
+    "ProducerFailed": RuntimeError,
     "PutAborted": RuntimeError,
     "LeaseLost": RuntimeError,
     "DuplicateSample": ValueError,

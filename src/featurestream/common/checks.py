@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["check_count", "check_flag", "check_seconds"]
+__all__ = ["check_count", "check_flag", "check_seconds", "check_text"]
 
 
 def check_count(name: str, value: object, *, minimum: int = 0, allow_none: bool = False) -> None:
@@ -24,6 +24,14 @@ def check_flag(name: str, value: object) -> None:
     """``value`` must be a ``bool`` (a truthy ``1`` or ``"no"`` would be a silent guess)."""
     if not isinstance(value, bool):
         raise TypeError(f"{name} must be a bool, got {value!r}")
+
+
+def check_text(name: str, value: object) -> None:
+    """``value`` must be a non-empty ``str``."""
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a str, got {type(value).__name__} {value!r}")
+    if not value:
+        raise ValueError(f"{name} must be a non-empty str, got {value!r}")
 
 
 def check_seconds(name: str, value: object, *, positive: bool = False) -> None:

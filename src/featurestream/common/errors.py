@@ -21,6 +21,7 @@ __all__ = [
     "NotALease",
     "NotDeadLetter",
     "NotResident",
+    "ProducerFailed",
     "PutAborted",
     "QueueClosed",
     "QueueDrained",
@@ -89,6 +90,19 @@ class PutAborted(_SampleError, RuntimeError):
     """``put_blocks_until_below`` gave up because its ``abort_when()`` said so: nothing was enqueued."""
 
     says = "put of sample {sample_id!r} aborted: abort_when() returned True"
+
+
+class ProducerFailed(_Said, RuntimeError):
+    """The queue was closed by a producer that failed (``close(cause=...)``, in any process): the loader raises it
+    where its stream would have ended."""
+
+    says = (
+        "the queue was closed by a producer that failed: {cause}. The samples it queued before the failure were "
+        "handed out; fix the producer and start the run again"
+    )
+
+    def __init__(self, cause: str) -> None:
+        super().__init__(cause=cause)
 
 
 class DuplicateSample(_Built, ValueError):

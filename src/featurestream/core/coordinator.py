@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, NoReturn, TypedDict
 
 from featurestream.common import errors
-from featurestream.common.checks import check_count, check_seconds
+from featurestream.common.checks import check_count, check_seconds, check_text
 from featurestream.common.periodic import start_periodic
 from featurestream.common.refs import SampleRef
 from featurestream.core import events
@@ -347,16 +347,27 @@ class Coordinator(Effects):
             return self._engine.reap().count
 
     # -- lifecycle, dead letters, introspection -----------------------------------
-    def close(self) -> None:
+    def close(self, *, cause: str | None = None) -> None:
         """Refuse further puts (in every process of a shared queue) and wake every blocked producer (their puts
         raise ``RuntimeError``).
 
-        ``acquire`` drains what is pending or leased, then returns ``None`` for good.
+        ``acquire`` drains what is pending or leased, then returns ``None`` for good. ``cause``: why a producer
+        that failed ends the run (its error, as text); every instance reads it as ``close_cause`` and a loader
+        raises ``ProducerFailed`` with it where its stream ends. The first cause stands, also one given to a
+        queue closed already. ``TypeError``/``ValueError`` (nothing closed) for a cause that is no non-empty str.
         """
+        if cause is not None:
+            check_text("cause", cause)
         with self._op:
-            self._engine.close()
+            self._engine.close(cause)
             self._not_full.notify_all()
         self._sweep_drained()
+
+    @property
+    def close_cause(self) -> str | None:
+        """Why a failed producer closed the queue (``close(cause=...)``, any instance), or ``None``."""
+        with self._op.reading():
+            return self._engine.snapshot().cause
 
     @property
     def lifecycle_state(self) -> str:

@@ -272,11 +272,13 @@ class Reaped:
 class Snapshot:
     """One consistent read of the queue: its lifecycle ``state``, the ``QueueStats`` counters with the
     ``pending`` and ``outstanding`` gauges, and, when asked for, the seconds (by the queue's clock) since the
-    oldest live lease was issued (``None``: none is out, or not asked)."""
+    oldest live lease was issued (``None``: none is out, or not asked); the ``cause`` a failed producer closed
+    the queue with (``close``), if one did."""
 
     state: str
     counters: dict[str, int]
     oldest_lease_age: float | None = None
+    cause: str | None = None
 
 
 class Engine(Protocol):
@@ -327,9 +329,10 @@ class Engine(Protocol):
     def reap(self) -> Reaped:
         """Reclaim every due lease; say how many, and what the queue holds after."""
 
-    def close(self) -> None:
+    def close(self, cause: str | None) -> None:
         """Refuse further puts (reported ``Closed``, and ``Drained`` when nothing is held); closing a closed
-        queue changes nothing."""
+        queue changes nothing but recording ``cause``. ``cause``: why a failed producer closed it, kept where
+        every instance reads it (``Snapshot.cause``); the first one stands."""
 
     def repair(self, action: str, sample_ids: Iterable[str] | None) -> list[str]:
         """``requeue`` or ``purge`` the dead letters ``sample_ids`` (``None``: all), all of them or raise (nothing

@@ -129,8 +129,13 @@ class LeaseQueue(Protocol):
     def reclaim_expired(self) -> int:
         """Redeliver or dead-letter every lease past its deadline; return how many."""
 
-    def close(self) -> None:
-        """Refuse further puts; consumers drain what is held."""
+    def close(self, *, cause: str | None = None) -> None:
+        """Refuse further puts; consumers drain what is held. ``cause``: why a failed producer ends the run
+        (``close_cause`` in every process; the loader raises ``ProducerFailed`` with it)."""
+
+    @property
+    def close_cause(self) -> str | None:
+        """Why a failed producer closed the queue, or ``None``."""
 
     @property
     def is_closed(self) -> bool: ...

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from types import TracebackType
 from typing import Protocol, runtime_checkable
 
@@ -14,21 +16,23 @@ from featurestream.common.checks import check_seconds
 from featurestream.core.protocol import LeaseQueue
 from featurestream.pipeline.producer import FeatureProducer
 
-__all__ = ["AsyncFeaturePipeline", "Prompt", "PromptSource", "prompt_kwargs"]
+__all__ = ["AsyncFeaturePipeline", "Prompt", "PromptSource", "close_failed", "prompt_kwargs"]
 
 logger = logging.getLogger(__name__)
 
-Prompt = torch.Tensor | tuple[torch.Tensor, ...]
+Prompt = torch.Tensor | tuple[torch.Tensor, ...] | Mapping[str, torch.Tensor]
 
 
 @runtime_checkable
 class PromptSource(Protocol):
     """A polled prompt source: a zero-argument callable returning the next prompt, or ``None`` when (for now) empty.
 
-    A prompt is a bare ``input_ids`` tensor (masks of ones) or a 3-tuple
+    A prompt is a bare ``input_ids`` tensor (masks of ones), a 3-tuple
     ``(input_ids, attention_mask, loss_mask)`` or 6-tuple (``+ position_ids,
-    seq_lens, doc_remaining``) of long tensors. ``AsyncFeaturePipeline`` also
-    takes a plain iterable of prompts instead.
+    seq_lens, doc_remaining``) of long tensors, or a dict of those names (the
+    README's ``{"input_ids": ..., "attention_mask": ..., "loss_mask": ...}``;
+    ``input_ids`` required, masks of ones for those left out).
+    ``AsyncFeaturePipeline`` also takes a plain iterable of prompts instead.
     """
 
     def __call__(self) -> Prompt | None: ...
@@ -38,17 +42,49 @@ _PROMPT_FIELDS = ("input_ids", "attention_mask", "loss_mask", "position_ids", "s
 
 
 def prompt_kwargs(prompt: Prompt) -> dict[str, torch.Tensor]:
-    """``produce`` keywords for a bare ``input_ids`` tensor or a 3- or 6-tuple of long tensors."""
+    """``produce`` keywords for a bare ``input_ids`` tensor, a 3- or 6-tuple of long tensors, or a dict of the
+    ``produce`` keywords (``input_ids`` required; an absent mask is ones)."""
+    if isinstance(prompt, Mapping):
+        return _mapping_kwargs(prompt)
     if isinstance(prompt, torch.Tensor):
-        ones = torch.ones_like(prompt)
-        return {"input_ids": prompt, "attention_mask": ones, "loss_mask": ones.clone()}
+        return _mapping_kwargs({"input_ids": prompt})
     if not isinstance(prompt, tuple) or len(prompt) not in (3, 6):
         raise TypeError(
-            "prompt iterator must yield an input_ids tensor, a 3-tuple (input_ids, attention_mask, loss_mask) or a "
-            f"6-tuple (+ position_ids, seq_lens, doc_remaining), got {type(prompt).__name__}"
-            + (f" of length {len(prompt)}" if isinstance(prompt, tuple) else "")
+            "prompt iterator must yield an input_ids tensor, a 3-tuple (input_ids, attention_mask, loss_mask), a "
+            "6-tuple (+ position_ids, seq_lens, doc_remaining) or a dict of those names, got "
+            f"{type(prompt).__name__}" + (f" of length {len(prompt)}" if isinstance(prompt, tuple) else "")
         )
     return dict(zip(_PROMPT_FIELDS, prompt, strict=False))
+
+
+def _mapping_kwargs(prompt: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A dict prompt's ``produce`` keywords: its own, and masks of ones for those it leaves out."""
+    unknown = sorted(str(name) for name in prompt if name not in _PROMPT_FIELDS)
+    if unknown or "input_ids" not in prompt:
+        raise TypeError(
+            f"a dict prompt needs input_ids and takes only {', '.join(_PROMPT_FIELDS)}; "
+            f"got keys {sorted(map(str, prompt))!r}" + (f" ({', '.join(unknown)} not among them)" if unknown else "")
+        )
+    kwargs = dict(prompt)
+    for mask in ("attention_mask", "loss_mask"):
+        if mask not in kwargs and isinstance(kwargs["input_ids"], torch.Tensor):
+            kwargs[mask] = torch.ones_like(kwargs["input_ids"])
+    return kwargs
+
+
+def close_failed(queue: LeaseQueue, who: str, error: BaseException) -> None:
+    """A producer ended by ``error``: close ``queue`` with it as the cause (``LeaseQueue.close``), so its
+    consumers in every process learn it (the loader raises ``ProducerFailed``) instead of waiting for samples
+    that will never come. A queue that cannot take the cause (a reference-era one) is closed plainly; a close
+    that fails is logged (the producer's own error is what its caller sees)."""
+    cause = f"{who} (pid {os.getpid()} on {socket.gethostname()}) failed: {type(error).__name__}: {error}"
+    try:
+        try:
+            queue.close(cause=cause)
+        except TypeError:  # a close() without cause=: the consumers still stop, at the drain
+            queue.close()
+    except Exception:
+        logger.exception("closing the queue after %s could not record the failure", who)
 
 
 class AsyncFeaturePipeline:
@@ -56,7 +92,8 @@ class AsyncFeaturePipeline:
 
     ``prompt_source`` is a zero-arg callable returning a prompt, or ``None``
     when (for now) exhausted, or an iterable of prompts; a prompt is a bare
-    ``input_ids`` tensor (masks of ones) or a 3- or 6-tuple of long tensors.
+    ``input_ids`` tensor (masks of ones), a 3- or 6-tuple of long tensors or a
+    dict of those names (``PromptSource``).
     Each produced ref is enqueued with ``queue.put_blocks_until_below(...,
     abort_when=<stop requested>)``; a ref whose put was aborted or refused is
     discarded from the store, never orphaned.
@@ -66,7 +103,9 @@ class AsyncFeaturePipeline:
     until ``stop()``. The thread closes the queue when it ends (so consumers
     drain and stop), which makes the pipeline single-use: ``start()`` is
     idempotent while running and refused afterwards. ``stop()`` re-raises the
-    thread's error.
+    thread's error; an error that ends the thread also closes the queue with
+    it as the cause (``close_failed``), so the loaders on the queue, in every
+    process, raise ``ProducerFailed`` naming it instead of waiting.
     """
 
     def __init__(
@@ -152,6 +191,7 @@ class AsyncFeaturePipeline:
 
     # -- the thread --------------------------------------------------------------
     def _run(self) -> None:
+        error: BaseException | None = None
         try:
             for prompt in self._prompts():
                 ref = self.producer.produce(**prompt_kwargs(prompt))
@@ -165,10 +205,14 @@ class AsyncFeaturePipeline:
                 self.produced += 1
         except BaseException as exc:
             logger.exception("the producer thread failed; stop() re-raises the error")
+            error = exc
             with self._lock:
                 self._error = exc
         finally:
-            self.queue.close()
+            if error is None:
+                self.queue.close()
+            else:
+                close_failed(self.queue, f"AsyncFeaturePipeline of run {self.producer.run_id!r}", error)
 
     def _prompts(self) -> Iterator[Prompt]:
         if not callable(self._source):

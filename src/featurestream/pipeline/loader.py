@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from featurestream.common.checks import check_count, check_flag, check_seconds
+from featurestream.common.errors import ProducerFailed
 from featurestream.common.refs import FeatureAlgorithm
 from featurestream.core.lease import Lease
 from featurestream.core.protocol import LeaseQueue
@@ -63,15 +64,15 @@ class FeatureDataLoader:
       leased and materialised ahead of the trainer, in FIFO order; their
       leases are kept alive by ``extend`` heartbeats (every
       ``heartbeat_interval`` seconds, default a third of the visibility
-      timeout) and are failed back (redelivered) by ``close()``, by an error
-      in the thread (raised to the trainer on its next pull) or when an
-      abandoned loader is garbage-collected. ``0`` pulls on the trainer's
+      timeout) and are given back unused (redelivered, no delivery spent) by
+      ``close()``, by an error in the thread (raised to the trainer on its
+      next pull) or when an abandoned loader is garbage-collected. ``0`` pulls on the trainer's
       thread, as the reference does.
     - ``close_timeout`` (default 5 s): how long ``close()`` waits for the
       prefetch thread's current pull. A thread still blocked in
       ``queue.acquire`` or ``store.get`` then is left behind and ``close()``,
       having done everything else, raises ``LoaderCloseTimeout`` naming the
-      call and the leases it held (failed back; nothing is lost).
+      call and the leases it held (given back; nothing is lost).
     - ``batch_size=k``: k samples per batch (fewer for the last one at the end
       of the stream), acked or failed together; ``collate_fn(list of k tensor
       dicts, in lease order) -> batch`` builds it; the default concatenates
@@ -94,7 +95,7 @@ class FeatureDataLoader:
     - ``process_group``: a ``torch.distributed`` group; before each batch is
       handed out the ranks agree (one ``all_reduce``) that every rank has one,
       else every rank stops at the same step and the batches already leased
-      are failed back (``featurestream.pipeline.lockstep``).
+      are given back (``featurestream.pipeline.lockstep``).
     - ``target_head``: a ``featurestream.TargetHead``, for samples that
       carry the target's last hidden state instead of its logits
       (``supervision="hidden"``): the logits are rebuilt with it, batch by
@@ -127,7 +128,11 @@ class FeatureDataLoader:
     reason ``lost``; never redelivered) and ``SampleLostError`` raised; any other
     error from ``store.get`` or ``collate_fn`` -> the lease(s) failed and the
     error re-raised. Each is
-    raised by the pull at the sample's place in the stream.
+    raised by the pull at the sample's place in the stream. A queue closed by
+    a producer that failed (``close(cause=...)``: ``AsyncFeaturePipeline``,
+    ``ResumableProducer``, in any process) ends the stream with
+    ``ProducerFailed`` naming the cause instead of ``StopIteration``, once the
+    samples queued before the failure are handed out.
     """
 
     def __init__(
@@ -244,7 +249,7 @@ class FeatureDataLoader:
             self.consume_now()
             item = self._next_pulled()
             if item is None:
-                raise StopIteration
+                raise self._stream_end()
             return self._hand_off(item)
 
     def _next_in_lockstep(self) -> Any:
@@ -270,8 +275,14 @@ class FeatureDataLoader:
                 raise error  # this rank raised; the others hold their batches and vote again on its next pull
             if outcome == lockstep.NO_BATCH:
                 self._finish(item)
-                raise StopIteration
+                raise self._stream_end()
             # Another rank's pull raised: its trainer pulls again, and this rank keeps its batch (heartbeated).
+
+    def _stream_end(self) -> StopIteration | ProducerFailed:
+        """What the end of the stream raises: ``ProducerFailed`` naming the cause a failed producer closed the
+        queue with (in any process), else ``StopIteration``. A loader closed meanwhile just stops."""
+        cause = None if self._is_closed() else getattr(self.queue, "close_cause", None)
+        return StopIteration() if cause is None else ProducerFailed(cause)
 
     def _finish(self, item: Pulled | None) -> None:
         """End a lockstep stream for good: give back the candidate and everything prefetched."""

@@ -23,7 +23,7 @@ from featurestream.common.errors import DuplicateSample, PutAborted, QueueClosed
 from featurestream.core.lease import Lease
 from featurestream.core.protocol import LeaseQueue
 from featurestream.core.resume import Restore, TrainingLedger, check_key, parse_sample_id, sample_id_for
-from featurestream.pipeline.async_pipeline import Prompt, prompt_kwargs
+from featurestream.pipeline.async_pipeline import Prompt, close_failed, prompt_kwargs
 from featurestream.pipeline.batching import ack_many
 from featurestream.pipeline.producer import FeatureProducer
 
@@ -67,6 +67,10 @@ class ResumableProducer:
     and plans again after every trainer restore, until the queue is closed
     (the trainer's ``loader.close()`` ends the run) or ``stop()`` is true.
     The sample of prompt ``key`` is ``sample_id_for(producer.run_id, key, g)``.
+    An error that ends ``run`` (a bad prompt, a failed forward, the store or
+    the queue) closes the queue with it as the cause before ``run`` raises it:
+    the loaders on the queue, in every process, raise ``ProducerFailed``
+    naming it instead of waiting for prompts that will never be produced.
     """
 
     def __init__(
@@ -95,8 +99,17 @@ class ResumableProducer:
         self.report = ProducerReport()
 
     def run(self, stop: Callable[[], bool] | None = None) -> ProducerReport:
-        """Produce until the queue is closed or ``stop()``; return the report (also kept as ``self.report``)."""
-        stopping = stop or (lambda: False)
+        """Produce until the queue is closed or ``stop()``; return the report (also kept as ``self.report``).
+
+        Raises what ended it, after closing the queue with that error as the cause (``close_failed``).
+        """
+        try:
+            return self._run(stop or (lambda: False))
+        except BaseException as exc:
+            close_failed(self.queue, f"ResumableProducer of run {self.producer.run_id!r}", exc)
+            raise
+
+    def _run(self, stopping: Callable[[], bool]) -> ProducerReport:
         self.ledger.declare(self.keys)
         while True:
             restores = self.ledger.progress().restores

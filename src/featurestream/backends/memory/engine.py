@@ -104,6 +104,7 @@ class MemoryEngine:
         self._kept: dict[str, int] = {}  # dead letters whose bytes stay retained for a requeue -> their size
         self._kept_bytes = 0
         self._lifecycle = _QueueLifecycle(LIFECYCLE.initial)
+        self._cause: str | None = None
         # A plain dict with every counter present: a Counter (a dict subclass) misses CPython's fast path for
         # ``d[key] += 1``, which the hot path takes three times per sample.
         self._counts: dict[str, int] = dict.fromkeys(_COUNTERS, 0)
@@ -361,7 +362,9 @@ class MemoryEngine:
                 self._recent_terminal.popitem(last=False)
 
     # -- lifecycle ----------------------------------------------------------------
-    def close(self) -> None:
+    def close(self, cause: str | None) -> None:
+        if self._cause is None:
+            self._cause = cause
         if self._lifecycle.state == "open":  # closing a closed queue changes nothing
             fire(LIFECYCLE_MACHINE, "close", self._lifecycle)
             self._report(Closed(self._fields() if self._traced else None))
@@ -438,7 +441,8 @@ class MemoryEngine:
         leased = counts["acked"] + counts["failed"] + counts["reclaimed"] + counts["given_back"] + len(self._live)
         gauges = {"pending": len(self._pending), "outstanding": len(self._live)}
         counters = {**counts, "put": put, "leased": leased, **gauges}
-        return Snapshot(self._lifecycle.state, counters, self._oldest_lease_age() if lease_ages else None)
+        oldest = self._oldest_lease_age() if lease_ages else None
+        return Snapshot(self._lifecycle.state, counters, oldest, self._cause)
 
     def dead_letters(self, newest: int | None) -> list[DeadLetter]:
         first = 0 if newest is None else max(len(self._dead) - newest, 0)

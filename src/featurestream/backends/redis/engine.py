@@ -414,8 +414,8 @@ class RedisEngine:
                 return contract.Reaped(total, reply_text(state), bool(int(held)))
 
     # -- lifecycle and dead-letter repair ---------------------------------------------
-    def close(self) -> None:
-        _, reply_events = self._run("close")
+    def close(self, cause: str | None) -> None:
+        _, reply_events = self._run("close", cause or "")
         self._apply(reply_events)
 
     def repair(self, action: str, sample_ids: Iterable[str] | None) -> list[str]:
@@ -451,14 +451,14 @@ class RedisEngine:
         """The queue-wide counters and gauges, and the lifecycle state, in one MULTI/EXEC; ``lease_ages`` reads
         every live lease record too (each holds the server's ``TIME`` when it was leased): O(live leases), by the
         Redis server's clock."""
-        counters, outstanding, state, *ages = self._link.snapshot(lease_records=lease_ages)
+        counters, outstanding, (state, cause), *ages = self._link.snapshot(lease_records=lease_ages)
         values = {reply_text(k): int(v) for k, v in counters.items()}
         values.update(pending=pending_gauge(values), outstanding=int(outstanding))
         oldest = None
         if ages and ages[0]:
             records, (seconds, micros) = ages
             oldest = max(0.0, seconds + micros / 1e6 - min(lease_issued(record) for record in records))
-        return contract.Snapshot(reply_text(state), values, oldest)
+        return contract.Snapshot(reply_text(state), values, oldest, None if cause is None else reply_text(cause))
 
     def dead_letters(self, newest: int | None) -> list[DeadLetter]:
         """``newest`` reads (and decodes) just those: O(newest), not O(dead letters)."""

@@ -40,7 +40,8 @@ KEYS, which would cost more to send than most calls cost to run):
 8. ``meta``      hash: ``state`` (open/draining/drained), fixed config (``max_deliveries``,
                  ``dedup_window``, ``keep_bytes``), ``kept_bytes``, ``waiting`` (until when,
                  server seconds, a consumer that found nothing to lease may be blocked on
-                 ``wake``: while it may, every call that makes a sample pending appends to ``wake``).
+                 ``wake``: while it may, every call that makes a sample pending appends to ``wake``),
+                 ``cause`` (why a failed producer closed the queue, when one did).
 9. ``stats``     hash of the ``QueueStats`` counters, plus ``requeued`` and ``purged``. ``leased``
                  doubles as the lease id sequence; the ``pending`` gauge is derived (``PENDING_TERMS``:
                  put + failed + reclaimed + requeued + given_back - dead_lettered - leased: every ``pending``

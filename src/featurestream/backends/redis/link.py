@@ -450,14 +450,14 @@ class Link:
                 delay = min(delay * 2, self._max_delay)
 
     def snapshot(self, *, lease_records: bool) -> list[Any]:
-        """Read together (one MULTI/EXEC): the ``stats`` hash, the number of live leases, the lifecycle state and,
-        with ``lease_records``, every live lease record and the server's ``TIME``."""
+        """Read together (one MULTI/EXEC): the ``stats`` hash, the number of live leases, the lifecycle state and
+        close cause and, with ``lease_records``, every live lease record and the server's ``TIME``."""
 
         def read() -> list[Any]:
             with self.redis.pipeline(transaction=True) as pipe:
                 pipe.hgetall(self.key["stats"])
                 pipe.hlen(self.key["leases"])
-                pipe.hget(self.key["meta"], "state")
+                pipe.hmget(self.key["meta"], ["state", "cause"])
                 if lease_records:
                     pipe.hvals(self.key["leases"])
                     pipe.time()
