@@ -81,9 +81,13 @@ def test_a_registration_colliding_with_a_builtin_name_is_refused(builtin: str) -
 
 def test_a_second_registration_of_a_name_and_malformed_ones_are_refused_and_change_nothing() -> None:
     name = fresh("test.twice")
-    first = register_algorithm(name, batch_class(name))
+    batch_type = batch_class(name)
+    first = register_algorithm(name, batch_type)
+    assert register_algorithm(name, batch_type) is first, "the same class again (a notebook cell re-run): a no-op"
     with pytest.raises(ValueError, match=rf"schema for '{re.escape(name)}' is already registered"):
-        register_algorithm(name, batch_class(name))
+        register_algorithm(name, batch_class(name))  # another class of the same name
+    with pytest.raises(ValueError, match=rf"schema for '{re.escape(name)}' is already registered"):
+        register_algorithm(name, batch_type, schema_version=2)  # the same class, another version
     assert schema_for(name) is first
     for bad in ("Upper", "has space", "", "a" * 65, "trailing.", "1digit"):
         with pytest.raises(ValueError, match=r"is not a FeatureAlgorithm .* nor a well-formed algorithm name"):

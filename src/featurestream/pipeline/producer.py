@@ -168,8 +168,10 @@ class FeatureProducer:
         ``sample_id`` names the sample instead of the producer's sequence (a
         resumable producer names each sample by its prompt key).
 
-        Errors: inputs the schema refuses (EAGLE-3: partial packing metadata)
-        -> ``ValueError`` before the forward; a backend output the schema
+        Errors: ``input_ids`` that is no ``[batch, tokens]`` tensor, or masks
+        of another shape -> ``ValueError`` (``TypeError`` for a non-tensor)
+        before the forward; inputs the schema refuses (EAGLE-3: partial
+        packing metadata) -> ``ValueError`` before the forward; a backend output the schema
         refuses (EAGLE-3: no supervision) -> ``ValueError``, nothing stored;
         packing metadata for a backend whose ``generate_batch`` takes none ->
         ``ValueError`` before the forward;
@@ -192,6 +194,7 @@ class FeatureProducer:
             "seq_lens": seq_lens,
             "doc_remaining": doc_remaining,
         }
+        _check_prompt(input_ids, attention_mask, loss_mask)
         self.schema.check_inputs(inputs)
         if not self._packing_keywords:
             given = [name for name in _PACKING_INPUTS if inputs.pop(name) is not None]
@@ -362,3 +365,25 @@ def _shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
     if not isinstance(b, torch.Tensor) or a.device != b.device or a.numel() == 0 or b.numel() == 0:
         return False
     return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+
+
+def _check_prompt(input_ids: object, attention_mask: object, loss_mask: object) -> None:
+    """A prompt is a ``[batch, tokens]`` ``input_ids`` tensor with masks of its shape: refuse any other before the
+    forward, naming what was given (a target's forward would fail inside the model with no word of why)."""
+    given = {"input_ids": input_ids, "attention_mask": attention_mask, "loss_mask": loss_mask}
+    for name, tensor in given.items():
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor of shape [batch, tokens], got {type(tensor).__name__}")
+    assert isinstance(input_ids, torch.Tensor)
+    if input_ids.dim() != 2:
+        hint = " (add the batch dimension: input_ids.unsqueeze(0))" if input_ids.dim() == 1 else ""
+        raise ValueError(
+            f"input_ids must be [batch, tokens], got shape {tuple(input_ids.shape)}{hint}; nothing was run or stored"
+        )
+    for name in ("attention_mask", "loss_mask"):
+        shape = tuple(given[name].shape)  # type: ignore[union-attr]
+        if shape != tuple(input_ids.shape):
+            raise ValueError(
+                f"{name} has shape {shape} but input_ids {tuple(input_ids.shape)}: they must match; "
+                "nothing was run or stored"
+            )

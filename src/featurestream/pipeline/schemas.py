@@ -223,8 +223,10 @@ def register(schema: AlgorithmSchema) -> AlgorithmSchema:
     """Make ``schema`` the one for its algorithm; ``ValueError`` if another is registered for it already
     (a user schema for a built-in algorithm included: the built-in one is loaded first).
 
-    Registering the same schema object again is a no-op (a module imported twice). A user algorithm's core
-    features are declared to the control plane (``declare_algorithm``), so every ``SampleRef`` of it is checked.
+    Registering the same schema object again, or one declared again from the same batch class with the same
+    options (``register_algorithm`` run twice: a module imported twice, a notebook cell run again), is a no-op
+    returning the registered schema. A user algorithm's core features are declared to the control plane
+    (``declare_algorithm``), so every ``SampleRef`` of it is checked.
     """
     if not isinstance(schema, AlgorithmSchema):
         raise TypeError(f"register expects an AlgorithmSchema, got {type(schema).__name__}")
@@ -233,7 +235,9 @@ def register(schema: AlgorithmSchema) -> AlgorithmSchema:
         importlib.import_module(builtin)  # while that module registers its own schema this returns at once
     with _registry_lock:
         current = _registry.get(schema.algorithm)
-        if current is not None and current is not schema:
+        if current is not None and _same_declaration(current, schema):
+            return current
+        if current is not None:
             what = "the built-in" if builtin is not None else "a"
             raise ValueError(
                 f"{what} schema for {schema.algorithm!r} is already registered; there is one per algorithm "
@@ -243,6 +247,19 @@ def register(schema: AlgorithmSchema) -> AlgorithmSchema:
             declare_algorithm(schema.algorithm, schema.required_features)
         _registry[schema.algorithm] = schema
     return schema
+
+
+def _same_declaration(current: AlgorithmSchema, schema: AlgorithmSchema) -> bool:
+    """Whether ``schema`` declares ``current`` again: the very object, or the same batch class, backend class,
+    version and input check (``declare_schema`` builds a new schema object on each call)."""
+    return current is schema or (
+        current.batch_type is schema.batch_type
+        and current.backend_type is schema.backend_type
+        and current.schema_version == schema.schema_version
+        and current.check_inputs is schema.check_inputs
+        and (current.reference_backend_type, current.reference_batch_type)
+        == (schema.reference_backend_type, schema.reference_batch_type)
+    )
 
 
 def unregistered_message(algorithm: FeatureAlgorithm | str) -> str:

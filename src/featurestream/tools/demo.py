@@ -332,13 +332,44 @@ def consume(
         queue.close()
 
 
+class ProgressLines:
+    """A progress line on stderr: redrawn in place on a terminal; elsewhere (a log, a pipe) written as a line of
+    its own only when it changed and at most every ``interval`` seconds, so a log gets a few lines, not one per
+    redraw. ``last`` writes the final line (unless a log has it already)."""
+
+    def __init__(self, interval: float = 5.0) -> None:
+        self.live = sys.stderr.isatty()
+        self._interval = interval
+        self._written = ""
+        self._due = 0.0
+
+    def show(self, line: str) -> None:
+        if self.live:
+            sys.stderr.write("\r" + line)
+        elif line != self._written and time.monotonic() >= self._due:
+            sys.stderr.write(line + "\n")
+            self._due = time.monotonic() + self._interval
+        else:
+            return
+        self._written = line
+        sys.stderr.flush()
+
+    def last(self, line: str) -> None:
+        if self.live:
+            sys.stderr.write("\r" + line + "\n")
+        elif line != self._written:
+            sys.stderr.write(line + "\n")
+        self._written = line
+        sys.stderr.flush()
+
+
 def _progress(done: int, total: int, trainer: Trainer, queue: SampleRefQueue) -> str:
     width = 30
     filled = width * done // max(total, 1)
     stats = queue.stats()
     loss = f"{trainer.losses[-1]:.3f}" if trainer.losses else "-"
     return (
-        f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} acked  loss {loss}  "
+        f"[{'#' * filled}{'.' * (width - filled)}] {done}/{total} acked  loss {loss}  "
         f"redeliveries {stats.failed + stats.reclaimed}  pauses {stats.producer_pauses}  "
     )
 
@@ -422,14 +453,11 @@ def run(args: argparse.Namespace) -> int:
         pipeline = AsyncFeaturePipeline(producer, queue, prompts).start()
         for thread in consumers:
             thread.start()
-        # A terminal gets a live bar; a log gets one line every few seconds.
-        live = sys.stderr.isatty()
-        while any(thread.is_alive() for thread in consumers):
+        progress = ProgressLines()
+        while alive := [thread for thread in consumers if thread.is_alive()]:
             if not args.no_progress:
-                line = _progress(queue.stats().acked, args.samples, trainer, queue)
-                sys.stderr.write(line if live else line[1:] + "\n")
-                sys.stderr.flush()
-            consumers[0].join(0.2 if live else 3.0)
+                progress.show(_progress(queue.stats().acked, args.samples, trainer, queue))
+            alive[0].join(0.2)
         for thread in consumers:
             thread.join()
         elapsed = time.perf_counter() - started
@@ -438,7 +466,7 @@ def run(args: argparse.Namespace) -> int:
         except BaseException as exc:
             errors.append(exc)
         if not args.no_progress:
-            sys.stderr.write(_progress(queue.stats().acked, args.samples, trainer, queue)[0 if live else 1 :] + "\n")
+            progress.last(_progress(queue.stats().acked, args.samples, trainer, queue))
         leftovers = _leftover_files(directory, run_id) if directory else []
         residual = store.health()
         if args.render:

@@ -28,6 +28,7 @@ from featurestream.pipeline.producer import FeatureProducer
 from featurestream.tools.demo import (
     BATCH_SIZE,
     SEQ_LEN,
+    ProgressLines,
     Telemetry,
     Trainer,
     consume,
@@ -101,8 +102,7 @@ def run_across_processes(
 
 def _wait_for_report(process: Any, results: Any, queue: Any, args: argparse.Namespace) -> dict[str, Any]:
     """The trainer's report, showing progress meanwhile; a report of the failure if the trainer died without one."""
-    live = sys.stderr.isatty()
-    last_line = 0.0
+    progress = ProgressLines()
     while True:
         try:
             report: dict[str, Any] = results.get(timeout=0.2)
@@ -111,20 +111,17 @@ def _wait_for_report(process: Any, results: Any, queue: Any, args: argparse.Name
             if not process.is_alive():
                 report = {"errors": [f"the trainer process exited with {process.exitcode} before reporting"]}
                 break
-        if not args.no_progress and (live or time.monotonic() - last_line > 3.0):
-            line = _progress_line(queue, args)
-            sys.stderr.write(line if live else line[1:] + "\n")
-            sys.stderr.flush()
-            last_line = time.monotonic()
+        if not args.no_progress:
+            progress.show(_progress_line(queue, args))
     process.join(timeout=60)
     if not args.no_progress:
-        sys.stderr.write("\n" if live else "")
+        progress.last(_progress_line(queue, args))
     return report
 
 
 def _progress_line(queue: Any, args: argparse.Namespace) -> str:
     stats = queue.stats()
-    return f"\r{stats.acked}/{args.samples} acked by the trainer process, redeliveries {stats.failed + stats.reclaimed}"
+    return f"{stats.acked}/{args.samples} acked by the trainer process, redeliveries {stats.failed + stats.reclaimed}"
 
 
 def _merge(
