@@ -5,19 +5,28 @@
 bytes the queue kept (``keep_dead_letter_bytes``); ``purge`` drops them for
 good (and their kept bytes). Each is one atomic server call: a refused
 request (an unknown id, bytes not kept) changes nothing and exits 1 naming the
-id. Neither acts on nothing: give ids or ``--all``. Exit status 2 for usage
-errors, an unreachable server or a missing queue.
+id. A purged dead letter's kept bytes in a shared directory (``file://`` store)
+are freed by the command itself, data file, marker and link: the producer that
+wrote them may have exited, and this process is the one that knows they are
+released (exit 1, naming the directory, if it cannot remove them). Neither
+acts on nothing: give ids or ``--all``. Exit status 2 for usage errors, an
+unreachable server or a missing queue.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
-from typing import Any
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
 from featurestream.ops import quiet_when_output_closes
 from featurestream.ops.target import TargetError, add_target_arguments, describe_target, open_target
+
+if TYPE_CHECKING:
+    from featurestream.common.refs import SampleRef
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -68,17 +77,42 @@ def _list(queue: Any, args: argparse.Namespace) -> int:
 
 
 def _repair(queue: Any, args: argparse.Namespace, command: str) -> int:
-    method = queue.requeue_dead_letters if args.action == "requeue" else queue.purge_dead_letters
+    purging = args.action == "purge"
+    refs = {letter.ref.sample_id: letter.ref for letter in queue.dead_letters()} if purging else {}
+    method = queue.purge_dead_letters if purging else queue.requeue_dead_letters
     try:
         done = method(None if args.all else list(args.ids))
     except (ValueError, LookupError) as exc:  # refused as a whole: nothing changed
         return _say(command, f"refused: {exc}", 1)
-    past = "requeued" if args.action == "requeue" else "purged"
+    past = "purged" if purging else "requeued"
     if args.json:
         print(json.dumps({"url": describe_target(args), "name": args.name, past: done}))
     else:
         print(f"{past} {_plural(len(done))}" + (f": {', '.join(done)}" if done else ""))
+    try:
+        _free_shared_bytes(refs[sample_id] for sample_id in done if sample_id in refs)
+    except OSError as exc:
+        return _say(command, f"purged, but could not remove their bytes: {exc}", 1)
     return 0
+
+
+def _free_shared_bytes(refs: Iterable[SampleRef]) -> None:
+    """Scrub purged dead letters' bytes in the shared directory each ref names (``file://``): a kept dead letter's
+    file, marker and link stay until a store scrubs them, and the instance that wrote them may be gone. Bytes
+    scrubbed already (not kept, or scrubbed by their writer meanwhile) make this a no-op; a later incarnation of
+    the id is never touched (its files carry another incarnation)."""
+    stores: dict[str, Any] = {}
+    for ref in refs:
+        directory = ref.store_uri.removeprefix("file://")
+        if directory == ref.store_uri or not os.path.isdir(directory):
+            continue  # in a process's memory or a Mooncake segment (gone with its writer), or not on this host
+        if directory not in stores:
+            from featurestream.stores.shared_dir import SharedDirFeatureStore  # torch: only when needed
+
+            stores[directory] = SharedDirFeatureStore(directory, create=False)
+        stores[directory].scrub(ref)
+    for store in stores.values():
+        store.close()
 
 
 def _plural(count: int) -> str:
