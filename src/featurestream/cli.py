@@ -16,6 +16,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "diagrams": ("featurestream.tools.diagrams", "render the state diagrams with graphviz"),
     "status": ("featurestream.ops.status", "show a Redis queue: depth, leases, counters and rates, dead letters"),
     "dead-letters": ("featurestream.ops.dead_letters", "list, requeue or purge a Redis queue's dead letters"),
+    "queues": ("featurestream.ops.queues", "delete a finished Redis queue"),
     "serve": ("featurestream.tools.serve", "start redis-server, a Sentinel cluster or mooncake_master for local use"),
 }
 

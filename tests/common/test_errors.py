@@ -26,6 +26,7 @@ LIBRARY = ("common", "core", "stores", "backends", "pipeline", "monitor", "spec"
 CAUGHT_AS: dict[str, type[BaseException]] = {
     "QueueClosed": RuntimeError,
     "ProducerFailed": RuntimeError,
+    "QueueInUse": RuntimeError,
     "PutAborted": RuntimeError,
     "LeaseLost": RuntimeError,
     "DuplicateSample": ValueError,

@@ -22,6 +22,7 @@ __all__ = [
     "NotDeadLetter",
     "NotResident",
     "ProducerFailed",
+    "QueueInUse",
     "PutAborted",
     "QueueClosed",
     "QueueDrained",
@@ -103,6 +104,18 @@ class ProducerFailed(_Said, RuntimeError):
 
     def __init__(self, cause: str) -> None:
         super().__init__(cause=cause)
+
+
+class QueueInUse(_Said, RuntimeError):
+    """A delete of a queue that is open or holds live leases, without ``force``: nothing was deleted."""
+
+    says = (
+        "queue {name!r} is {why}: not deleted (a producer or consumer may still use it; close it and let it "
+        "drain, or force the delete: its producers' and consumers' next calls then fail)"
+    )
+
+    def __init__(self, name: str, why: str) -> None:
+        super().__init__(name=name, why=why)
 
 
 class DuplicateSample(_Built, ValueError):

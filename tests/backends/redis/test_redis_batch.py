@@ -174,7 +174,7 @@ def test_a_batch_of_live_and_stale_leases_is_traced_item_by_item(
 # change: add it here (and to the protocol if every backend offers it).
 BEYOND_PROTOCOL = {
     SampleRefQueue: {"lease_state_counts", "training_ledger"},
-    RedisSampleRefQueue: {"lease_state_counts", "disconnect", "open", "training_ledger"},
+    RedisSampleRefQueue: {"delete", "disconnect", "lease_state_counts", "open", "training_ledger"},
 }
 
 

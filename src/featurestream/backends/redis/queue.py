@@ -248,12 +248,53 @@ class RedisSampleRefQueue(Coordinator):
             **connection, sentinel_password=sentinel_password, min_replicas=min_replicas,
         )  # fmt: skip
 
+    def delete(self, *, force: bool = False) -> int:
+        """Delete the queue from Redis, every key of it (its training ledger's too), and disconnect: for a finished
+        queue, which ``featurestream status`` would otherwise list for good. One atomic server call, refused with
+        ``QueueInUse`` (nothing deleted) while the queue is open or holds live leases, unless ``force``. Returns
+        how many keys went. Bytes a store keeps (a kept dead letter's) are not the queue's: purge first."""
+        self._reaper_stop.set()
+        pattern = "".join("\\" + c if c in "*?[]\\" else c for c in self._link.prefix) + "*"
+        try:
+            status, count = self._link.retrying(self._redis.eval, _DELETE, 1, self._link.prefix, int(force), pattern)
+        finally:
+            self.disconnect()
+        status = reply_text(status)
+        if status == "deleted":
+            return int(count)
+        if status == "missing":
+            raise LookupError(f"no queue named {self.name!r} on this Redis server (deleted already?)")
+        raise errors.QueueInUse(self.name, f"{status} with {count} live lease{'' if count == 1 else 's'}")
+
     def disconnect(self) -> None:
         """Stop this instance's reaper and close its connections (when it made them); the queue stays in Redis."""
         self._reaper_stop.set()
         self._link.close()
         if self._owns_client:
             self._redis.close()
+
+
+# KEYS[1]: the queue's key prefix; ARGV: 1 to delete a queue in use, the glob of its keys. Refused unless drained or
+# draining with no live lease (or forced); then every key matching goes.
+_DELETE = """
+local state = redis.call('HGET', KEYS[1] .. 'meta', 'state')
+if not state then
+  return {'missing', 0}
+end
+local leases = redis.call('HLEN', KEYS[1] .. 'leases')
+if ARGV[1] ~= '1' and (state == 'open' or leases > 0) then
+  return {state, leases}
+end
+local deleted, cursor = 0, '0'
+repeat
+  local page = redis.call('SCAN', cursor, 'MATCH', ARGV[2], 'COUNT', 1000)
+  cursor = page[1]
+  if #page[2] > 0 then
+    deleted = deleted + redis.call('UNLINK', unpack(page[2]))
+  end
+until cursor == '0'
+return {'deleted', deleted}
+"""
 
 
 def _check_name(name: object) -> None:
