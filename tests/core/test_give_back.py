@@ -6,8 +6,7 @@ import pytest
 
 from featurestream import LocalFeatureStore, SampleRefQueue, VisibilityTimeout
 from featurestream.core.events import GIVE_BACK
-
-from .samples import put_sample
+from support.samples import put_sample
 
 
 def test_a_given_back_lease_keeps_its_redelivery_count_and_a_poisoned_sample_dies_after_real_failures() -> None:

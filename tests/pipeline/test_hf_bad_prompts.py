@@ -9,7 +9,6 @@ import pytest
 
 from featurestream import FeatureProducer, LocalFeatureStore
 from featurestream.pipeline.hf import HFEagle3TargetModel
-
 from support.tiny import prompts, tiny_model
 
 

@@ -15,7 +15,6 @@ from featurestream import FeatureDataLoader, FeatureProducer, LocalFeatureStore,
 from featurestream.eagle3 import Eagle3TargetBatch
 from featurestream.hf import HFEagle3TargetModel
 from featurestream.pipeline.resume import ResumableProducer
-
 from support.tiny import prompts as tiny_prompts
 from support.tiny import tiny_model
 
