@@ -13,6 +13,8 @@ nightly-only run into a failure.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from hypothesis import settings
@@ -44,3 +46,12 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  
         report.outcome = "failed"
         reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
         report.longrepr = f"skipped under FEATURESTREAM_REQUIRE_TOOLS=1 (CI forbids skips): {reason}"
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """One real in-memory ``redis-server`` shared by the session's tests; each test uses its own queue name."""
+    from support.redis_server import RedisServer  # skips here, not at collection, where redis-py is missing
+
+    with RedisServer(tmp_path_factory.mktemp("redis"), appendonly=False) as server:
+        yield server

@@ -3,12 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-import http.server
 import itertools
-import re
-import shutil
-import subprocess
-import threading
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -22,45 +17,9 @@ from featurestream import FeatureStore, LocalFeatureStore  # noqa: E402 - after 
 from featurestream import VisibilityTimeout as VT  # noqa: E402
 from featurestream.backends.redis.queue import RedisSampleRefQueue  # noqa: E402 - needs redis-py
 from featurestream.testing import FakeClock  # noqa: E402
-from featurestream.tools.redis_servers import RedisNode, ReplicatedRedis  # noqa: E402 - needs redis-py
+from featurestream.tools.redis_servers import ReplicatedRedis  # noqa: E402 - needs redis-py
 from featurestream.tools.servers import free_port  # noqa: E402
-
-INSTALL_HINT = "install it (Debian/Ubuntu: apt-get install redis-server; macOS: brew install redis)"
-
-
-class RedisServer(RedisNode):
-    """``RedisNode``, skipped where no ``redis-server`` 7.0+ is installed; ``restart(kill=True)`` SIGKILLs it and
-    starts it again on the same port and directory."""
-
-    def __init__(self, directory: Path, *, appendonly: bool) -> None:
-        binary = shutil.which("redis-server")
-        if binary is None:
-            pytest.skip(f"redis-server is not on PATH; {INSTALL_HINT}")
-        version = subprocess.run([binary, "--version"], capture_output=True, text=True, check=True).stdout
-        found = re.search(r"v=(\d+)\.", version)
-        if found is None or int(found.group(1)) < 7:
-            pytest.skip(f"RedisSampleRefQueue needs redis-server 7.0+ (Redis Functions), found: {version.strip()}")
-        super().__init__(directory, appendonly=appendonly)
-
-
-@contextlib.contextmanager
-def http_server() -> Iterator[str]:
-    """A real HTTP server on 127.0.0.1 (the standard library's, answering 400 to what Redis clients send); yields
-    a redis:// URL pointing at it, as a user who typed the wrong port would."""
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _QuietHandler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"redis://127.0.0.1:{server.server_address[1]}/0"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=10)
-
-
-class _QuietHandler(http.server.BaseHTTPRequestHandler):
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
+from support.redis_server import RedisServer, http_server  # noqa: E402
 
 
 @pytest.fixture
@@ -73,13 +32,6 @@ def not_redis_url() -> Iterator[str]:
 def closed_port_url() -> str:
     """A redis:// URL of a port bound on 127.0.0.1 and closed again: connections to it are refused."""
     return f"redis://127.0.0.1:{free_port()}/0"
-
-
-@pytest.fixture(scope="session")
-def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    """One in-memory server shared by the tests; each test uses its own queue name."""
-    with RedisServer(tmp_path_factory.mktemp("redis"), appendonly=False) as server:
-        yield server
 
 
 def replicated(directory: Path, **options: Any) -> Iterator[ReplicatedRedis]:
