@@ -141,3 +141,10 @@ class LostRedeliveringQueue(SampleRefQueue):
 
     def lose(self, lease: Lease) -> bool:
         return self._settle("fail", [lease])[0]
+
+
+class RejectAckingQueue(SampleRefQueue):
+    """U: ``reject`` acks the sample its schema refused, so it is counted as trained."""
+
+    def reject(self, lease: Lease, why: str) -> bool:
+        return self._settle("ack", [lease])[0]

@@ -24,6 +24,11 @@ TestLocalStoreGiveBack = make_queue_machine(
     LocalFeatureStore, config=MachineConfig(give_backs=True), name="GiveBackMachine"
 ).TestCase
 
+# The consumers' schema refuses s3: they reject it (dead-lettered at once, reason schema), never ack it.
+TestLocalStoreRejects = make_queue_machine(
+    LocalFeatureStore, config=MachineConfig(untrainable=1), name="RejectingMachine"
+).TestCase
+
 # One delivery: every fail or reclaim dead-letters at once.
 TestLocalStoreSingleDelivery = make_queue_machine(
     LocalFeatureStore, config=MachineConfig(max_deliveries=1, consumers=3), name="SingleDeliveryMachine"

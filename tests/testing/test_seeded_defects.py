@@ -1,4 +1,4 @@
-"""Each known defect (reference A-E, P, S, L, I, G), re-introduced in the implementation, is caught by name.
+"""Each known defect (reference A-E, P, S, L, I, G, U), re-introduced in the implementation, is caught by name.
 
 The budget is the CI profile's (200 examples of 40 steps, derandomized); shrinking is skipped
 because only the verdict and the invariant's name are asserted here. The
@@ -22,6 +22,7 @@ from support.defects import (
     NoDeliveryLimitQueue,
     NoReaperQueue,
     OldBackpressureQueue,
+    RejectAckingQueue,
     RetainIgnoringStore,
     UnretainingScrubStore,
     UnsettlingScrubQueue,
@@ -38,6 +39,7 @@ DEFECTS = {
     "L": (LocalFeatureStore, LostRedeliveringQueue, "inv04_no_loss"),
     "P": (LocalFeatureStore, OldBackpressureQueue, "inv13_producer_progress"),
     "S": (LocalFeatureStore, UnsettlingScrubQueue, "inv14_store_faults_survivable"),
+    "U": (LocalFeatureStore, RejectAckingQueue, "inv17_acked_only_if_trained"),
 }
 
 BUDGET = settings(
@@ -52,11 +54,14 @@ BUDGET = settings(
 )
 
 
+# The defects that show only where consumers hand leases back (G) or meet a sample their schema refuses (U).
+CONFIGS = {"G": MachineConfig(give_backs=True), "U": MachineConfig(untrainable=1)}
+
+
 @pytest.mark.parametrize("defect", sorted(DEFECTS))
 def test_state_machine_catches_seeded_defect(defect: str) -> None:
     store, queue, invariant = DEFECTS[defect]
-    config = MachineConfig(give_backs=True) if defect == "G" else None
-    machine = make_queue_machine(store, queue, config=config, name=f"Defect{defect}Machine")
+    machine = make_queue_machine(store, queue, CONFIGS.get(defect), name=f"Defect{defect}Machine")
     with pytest.raises(InvariantViolation) as caught:
         run_state_machine_as_test(machine, settings=BUDGET)
     assert caught.value.invariant == invariant, str(caught.value)

@@ -3,7 +3,7 @@
 ``make_queue_machine(store_factory, queue_factory)`` returns a Hypothesis
 ``RuleBasedStateMachine`` whose rules are the actions of ``spec/LeaseQueue.tla``;
 each step is applied to your queue/store and to the spec's Python mirror, and
-the named invariants ``inv01_...`` to ``inv16_...`` are checked at the end of every rule::
+the named invariants ``inv01_...`` to ``inv17_...`` are checked at the end of every rule::
 
     from featurestream.testing import make_queue_machine
     TestMyStore = make_queue_machine(lambda: MyStore(max_samples=16)).TestCase

@@ -26,7 +26,9 @@ class MachineConfig:
     without faults). ``store_losses`` bounds how many queued samples the store
     may lose in one run (the spec's ``MaxLosses``; 0 for traces, whose spec
     has no lost bytes). ``failovers`` bounds the primary's losses in one run
-    of a backend that declares them (each one costs seconds). ``bound`` is how
+    of a backend that declares them (each one costs seconds). ``untrainable``
+    is how many samples (the last ones) the consumers' schema refuses: they
+    reject them (``queue.reject``) and never ack them. ``bound`` is how
     many seconds a producer round or a re-entrant callback gets before the
     kit calls it a hang (an invariant fails, the suite does not hang): a
     replicated backend's call can wait out a whole failover, and a sentinel
@@ -48,6 +50,7 @@ class MachineConfig:
     store_faults: bool = True
     store_losses: int = 1
     failovers: int = 1
+    untrainable: int = 0
     bound: float = BOUND
     give_backs: bool = False
 
@@ -56,10 +59,12 @@ class MachineConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"MachineConfig.{name} must be an int >= 1, got {value!r}")
-        for name in ("store_losses", "failovers"):
+        for name in ("store_losses", "failovers", "untrainable"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"MachineConfig.{name} must be an int >= 0, got {value!r}")
+        if self.untrainable > self.samples:
+            raise ValueError(f"MachineConfig.untrainable must be <= samples={self.samples}, got {self.untrainable!r}")
         rounds = self.producer_rounds
         if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 2:
             raise ValueError(f"MachineConfig.producer_rounds must be an int >= 2, got {rounds!r}")
@@ -75,6 +80,10 @@ class MachineConfig:
     @property
     def sample_ids(self) -> tuple[str, ...]:
         return tuple(f"s{i}" for i in range(self.samples))
+
+    @property
+    def untrainable_ids(self) -> frozenset[str]:
+        return frozenset(self.sample_ids[self.samples - self.untrainable :])
 
     @property
     def consumer_ids(self) -> tuple[str, ...]:

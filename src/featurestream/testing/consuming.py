@@ -6,7 +6,7 @@ import dataclasses
 
 from featurestream.common.errors import LeaseLost
 from featurestream.core import events
-from featurestream.core.lease import LOST_REASON, Lease
+from featurestream.core.lease import LOST_REASON, SCHEMA_REASON, Lease
 from featurestream.core.machines import HELD, SETTLED
 from featurestream.stores.base import SampleLostError, StoreHandle
 from featurestream.testing.faults import InjectedFault
@@ -21,7 +21,7 @@ _SETTLE_EVENTS = (events.ACK, events.FAIL, events.GIVE_BACK)
 
 class ConsumerActions(MachineState):
     """The consumers' spec actions: Acquire (one or many), Ack / Fail (one or a batch, live, stale or forged),
-    GiveBack (a batch: a loader closing), Lose, Extend, Get and Release of the store handle, and Crash."""
+    GiveBack (a batch: a loader closing), Lose, Reject, Extend, Get and Release of the store handle, and Crash."""
 
     def do_acquire(self, consumer: str) -> Lease | None:
         """Acquire: lease the head of the pending FIFO (never blocks: ``timeout=0``)."""
@@ -90,8 +90,10 @@ class ConsumerActions(MachineState):
         Each live one must be settled and each stale one rejected on its own: the trace's per-item
         ``Ack``/``Fail``/``GiveBack`` events name exactly the live leases, in order.
         """
-        lost = self.store.lost()  # their holder settles none of those: its read would find the bytes gone
-        leases = [lease for lease in self.consumers[consumer].leases if lease.ref.sample_id not in lost]
+        skip = self.store.lost()  # their holder settles none of those: its read would find the bytes gone
+        if op == "ack":  # nor acks what its schema refuses (it rejects those)
+            skip |= self.config.untrainable_ids
+        leases = [lease for lease in self.consumers[consumer].leases if lease.ref.sample_id not in skip]
         if not leases:
             return
         counter = _COUNTER[op]
@@ -157,8 +159,11 @@ class ConsumerActions(MachineState):
             self._settled(sample, op, sample.ref.sample_id in new_dead)
 
     def do_ack(self, lease: Lease) -> None:
-        """Ack (also a stale or duplicate ack, when the lease is no longer live)."""
-        if self._alive(lease) is not None:
+        """Ack (also a stale or duplicate ack, when the lease is no longer live); a consumer rejects instead what
+        its schema refuses, before it would read or train it."""
+        if lease.ref.sample_id in self.config.untrainable_ids:
+            self.do_reject(lease)
+        elif self._alive(lease) is not None:
             self._settle_or_find_lost(lease, "ack")
 
     def do_fail(self, lease: Lease) -> None:
@@ -200,6 +205,47 @@ class ConsumerActions(MachineState):
             self._note("inv04_no_loss", f"the store lost {sample_id!r}, lose() reported it, and the queue requeued it")
         elif letters != [LOST_REASON]:
             self._note("inv04_no_loss", f"lost {sample_id!r} was dead-lettered with reasons {letters}, not lost")
+        self._requeue(sample, sample_id in new_dead)
+
+    def do_reject(self, lease: Lease) -> None:
+        """Reject: the consumer's schema refuses the sample's ref (``queue.reject``); a trainable sample's is not.
+
+        The queue must dead-letter it at once with reason ``schema``, whatever deliveries are left, counted
+        failed and dead, never acked (a reject that counts an ack fails ``inv17`` at once); a stale lease
+        changes nothing.
+        """
+        consumer = self._alive(lease)
+        sample_id = lease.ref.sample_id
+        if consumer is None or sample_id not in self.config.untrainable_ids:
+            return
+        sample = self.samples[sample_id]
+        before = self.queue.stats()
+        why = f"sample {sample_id}: refused by the kit's schema"
+        _, error, new_dead = self._reaping_call(
+            f"reject(lease {lease.lease_id})", lambda: self.queue.reject(lease, why)
+        )
+        self.mirror.reject(consumer, (sample_id, lease.redelivery_count))
+        if error is not None and not isinstance(error, OSError):
+            raise AssertionError(f"reject() raised {error!r}")
+        self._drop_lease(consumer, lease)
+        after = self.queue.stats()
+        if after.acked != before.acked:
+            self._fail(
+                "inv17_acked_only_if_trained", f"reject of {sample_id!r} counted {after.acked - before.acked} acks"
+            )
+        accepted = after.failed - before.failed == 1
+        live = sample.live is lease
+        if accepted and not live:
+            self._note("inv03_terminal_leases_never_change", f"stale reject of lease {lease.lease_id} was accepted")
+        if not accepted and live:
+            self._note("inv11_counters_consistent", f"reject of the live lease {lease.lease_id} was rejected")
+        if not accepted:
+            return
+        letters = [d.reason for d in self.queue.dead_letters() if d.ref.sample_id == sample_id]
+        if sample_id not in new_dead:
+            self._note("inv17_acked_only_if_trained", f"{sample_id!r} was rejected, and the queue redelivered it")
+        elif letters[-1:] != [f"{SCHEMA_REASON}: {why}"]:
+            self._note("inv17_acked_only_if_trained", f"rejected {sample_id!r} was dead-lettered with {letters}")
         self._requeue(sample, sample_id in new_dead)
 
     def do_extend(self, lease: Lease, seconds: float | None, forged: Lease | None = None) -> None:

@@ -143,7 +143,7 @@ def check_host(host: object) -> None:
 
 
 class QueueInvariants:
-    """``inv01`` ... ``inv16``, mixed into an ``InvariantHost`` (``QueueMachine``); they own the violation notes.
+    """``inv01`` ... ``inv17``, mixed into an ``InvariantHost`` (``QueueMachine``); they own the violation notes.
 
     An action that sees a violation while acting ``_note``s it under the invariant it breaks, and that
     invariant reports it after the step (``_check_notes``).
@@ -463,6 +463,10 @@ class QueueInvariants:
 
     def inv16_incarnations_never_cross(self) -> None:
         """A handle or ref of an earlier put of an id never frees, serves, retains or scrubs a later put of it."""
+
+    def inv17_acked_only_if_trained(self) -> None:
+        """16 (design numbering). Nothing is counted as trained that was not: a sample the consumers' schema
+        refuses is rejected -- dead-lettered at once with reason ``schema``, never acked or redelivered."""
 
 
 # The order they are checked in after every step: the first violated one is reported.

@@ -114,6 +114,7 @@ class QueueMachine(ProducerActions, ConsumerActions, WorldActions, RuleBasedStat
                 low_watermark=cfg.low_watermark_bytes,
                 max_held=None,
                 max_losses=cfg.store_losses,
+                untrainable=cfg.untrainable_ids,
             )
         )
         self.samples: dict[str, SampleRecord] = {}

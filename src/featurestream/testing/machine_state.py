@@ -13,7 +13,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 from featurestream.common.refs import SampleRef
@@ -105,9 +105,11 @@ class MachineState(QueueInvariants):
         self._owner[id(thing)] = (consumer, self.consumers[consumer].generation)
         self._keep.append(thing)
 
-    def _holding(self) -> bool:
-        """Whether some live consumer holds a lease (stale or live)."""
-        return any(c.leases for c in self.consumers.values())
+    def _holding(self, samples: Collection[str] | None = None) -> bool:
+        """Whether some live consumer holds a lease (stale or live; of one of ``samples`` when given)."""
+        if samples is None:
+            return any(c.leases for c in self.consumers.values())
+        return any(lease.ref.sample_id in samples for c in self.consumers.values() for lease in c.leases)
 
     def _drop_lease(self, consumer: str, lease: Lease) -> None:
         # by identity: a forged copy compares equal to the lease it copies

@@ -265,5 +265,13 @@ def make_queue_machine(
         def finish(self) -> None:
             self.do_finish()
 
+        if cfg.untrainable:  # only then: the other machines' derandomized runs stay as they were
+
+            @precondition(lambda self: self._holding(cfg.untrainable_ids))
+            @rule(lease=leases)
+            @checked
+            def reject(self, lease: Lease) -> None:
+                self.do_reject(lease)
+
     Machine.__name__ = Machine.__qualname__ = name
     return Machine

@@ -17,7 +17,8 @@ from hypothesis import HealthCheck, Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 
 from featurestream import LocalFeatureStore
-from featurestream.testing import EXACT_CALLS, InvariantViolation, make_queue_machine
+from featurestream.core.lease import Lease
+from featurestream.testing import EXACT_CALLS, InvariantViolation, MachineConfig, make_queue_machine
 
 redis = pytest.importorskip("redis", reason="redis-py is missing: pip install 'featurestream[redis]'")
 from featurestream.backends.redis.queue import RedisSampleRefQueue  # noqa: E402 - needs redis-py
@@ -61,6 +62,36 @@ def test_redis_queue_follows_the_spec(shared_client: redis.Redis) -> None:
     run_state_machine_as_test(machine)
     losing = sum(1 for replies in made if replies.lost())
     assert losing > len(made) // 10, f"{losing} of {len(made)} examples lost a reply"
+
+
+def test_redis_queue_rejects_what_the_consumers_schema_refuses(shared_client: redis.Redis) -> None:
+    """The machine with s3 untrainable: consumers reject it (the Redis reject function) and never ack it; the
+    queue must dead-letter it at once, reason schema, whatever deliveries are left, counted failed, never acked,
+    lost replies and the spec mirror included."""
+    rejected: list[str] = []
+    make_queue = queues_on(shared_client, "rejecting")
+
+    def queue_factory(store: LocalFeatureStore, **hooks: Any) -> RedisSampleRefQueue:
+        queue = make_queue(store, **hooks)
+        reject = queue.reject
+
+        def counted_reject(lease: Lease, why: str) -> bool:
+            taken = reject(lease, why)
+            rejected.extend([lease.ref.sample_id] if taken else [])
+            return taken
+
+        queue.reject = counted_reject  # type: ignore[method-assign]
+        return queue
+
+    machine = make_queue_machine(
+        lambda: LocalFeatureStore(max_samples=16),
+        queue_factory,
+        MachineConfig(untrainable=1),
+        name="RedisRejectingMachine",
+        replies=counted([]),
+    )
+    run_state_machine_as_test(machine)
+    assert rejected and set(rejected) == {"s3"}, rejected
 
 
 def test_redis_queue_follows_the_spec_when_every_first_reply_is_lost(shared_client: redis.Redis) -> None:
