@@ -168,6 +168,12 @@ def _forged_ref(side: types.SimpleNamespace, names: tuple[str, ...], algorithm: 
         "target_model_version": "0",
         "draft_weight_version": "0",
     }
+    # Fields one side adds beyond the reference's eleven (featurestream's provenance) take their defaults.
+    for field in dataclasses.fields(side.refs.SampleRef):
+        if field.name not in values and field.default is not dataclasses.MISSING:
+            values[field.name] = field.default
+        elif field.name not in values and field.default_factory is not dataclasses.MISSING:
+            values[field.name] = field.default_factory()
     for field, value in {**values, **fields}.items():
         object.__setattr__(ref, field, value)
     return ref
