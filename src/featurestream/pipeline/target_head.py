@@ -28,6 +28,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from featurestream.stores.safetensors_codec import DTYPES
+
 __all__ = ["TargetHead"]
 
 # Where a Hugging Face checkpoint keeps the LM head's weight, and, for a tied head, the embedding it shares.
@@ -41,13 +43,8 @@ _EMBEDDING_KEYS = (
 )
 _INDEX = "model.safetensors.index.json"
 _SINGLE = "model.safetensors"
-# safetensors' dtype names.
-_SAFETENSORS_DTYPES: Mapping[str, torch.dtype] = {
-    "F64": torch.float64,
-    "F32": torch.float32,
-    "F16": torch.float16,
-    "BF16": torch.bfloat16,
-}
+# The dtypes a head's weight may be stored in (narrower floats cannot run F.linear here).
+_HEAD_DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
 # Config entries that make a model's logits something other than its head applied to the final norm's output.
 _LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale")
 _HASH_CHUNK = 1 << 24
@@ -247,8 +244,8 @@ def read_safetensor(path: str, key: str) -> torch.Tensor:
         entry = header.get(key)
         if not isinstance(entry, dict):
             raise ValueError(f"{path} has no tensor {key!r}")
-        dtype = _SAFETENSORS_DTYPES.get(entry.get("dtype", ""))
-        if dtype is None:
+        dtype = DTYPES.get(entry.get("dtype", ""))
+        if dtype not in _HEAD_DTYPES:
             raise ValueError(f"{path}: {key!r} is stored as {entry.get('dtype')!r}, not a float dtype of a head")
         begin, end = entry["data_offsets"]
         file.seek(start + begin)

@@ -19,9 +19,10 @@ from featurestream.common.errors import FeatureStreamError
 from featurestream.common.refs import SampleRef
 from featurestream.stores.ledger import check_spec
 
-__all__ = ["CorruptSampleError", "byte_view", "decode", "encode_header", "read_all", "write_all"]
+__all__ = ["DTYPES", "CorruptSampleError", "byte_view", "decode", "encode_header", "read_all", "write_all"]
 
-_DTYPES: dict[str, torch.dtype] = {
+# safetensors' dtype names.
+DTYPES: dict[str, torch.dtype] = {
     "F64": torch.float64,
     "F32": torch.float32,
     "F16": torch.float16,
@@ -35,7 +36,7 @@ _DTYPES: dict[str, torch.dtype] = {
     "F8_E4M3": torch.float8_e4m3fn,
     "F8_E5M2": torch.float8_e5m2,
 }
-_DTYPE_NAMES = {dtype: name for name, dtype in _DTYPES.items()}
+_DTYPE_NAMES = {dtype: name for name, dtype in DTYPES.items()}
 _HEADER_LIMIT = 100 * 1024 * 1024  # the safetensors reader's own bound on header size
 
 
@@ -120,7 +121,7 @@ def _tensor_from(entry: object, data: torch.Tensor, ref: SampleRef, name: str, p
     where = f"sample {ref.sample_id!r} feature {name!r} in {path}"
     if not isinstance(entry, dict):
         raise CorruptSampleError(f"{where}: missing from the file's header")
-    dtype = _DTYPES.get(entry.get("dtype"))  # type: ignore[arg-type]
+    dtype = DTYPES.get(entry.get("dtype"))  # type: ignore[arg-type]
     shape, offsets = entry.get("shape"), entry.get("data_offsets")
     if (
         dtype is None
