@@ -7,12 +7,12 @@ DOT (always possible), SVG and PNG (need graphviz's ``dot`` binary). ``render_qu
 queue's snapshot: how many leases sit in each lease state, and the current
 backpressure and lifecycle states.
 
-The graphs come from ``transitions``' own graph support (``GraphMachine`` with
-the ``graphviz`` backend), fed by walking the states and event transitions of
-the queue's machine objects; the table rows of ``featurestream.core.machines`` only
+The graphs are drawn by walking the states and event transitions of the
+queue's machine objects; the table rows of ``featurestream.core.machines`` only
 supply the words on the edges (queue method, guard, spec action). The DOT text
-is deterministic, so the committed copies in ``diagrams/`` can be compared
-byte for byte with a regeneration (``tests/tools/test_diagrams.py`` does).
+is written by ``featurestream.tools.dot`` (no Python package needed) and is
+deterministic, so the committed copies in ``diagrams/`` can be compared byte for
+byte with a regeneration (``tests/tools/test_diagrams.py`` does).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import textwrap
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from transitions import Machine, State
+from transitions import Machine
 
 from featurestream.common.errors import FeatureStreamError
 from featurestream.core.machines import (
@@ -43,10 +43,9 @@ from featurestream.core.machines import (
     build_machine,
 )
 from featurestream.spec.lifecycle import RESIDENCY, SAMPLE
+from featurestream.tools.dot import Digraph
 
 if TYPE_CHECKING:
-    import graphviz
-
     from featurestream.core.protocol import LeaseQueue
 
 __all__ = [
@@ -74,9 +73,6 @@ INSTALL_DOT = (
     "graphviz's `dot` binary is not on PATH; it is needed to render svg/png. Install it with "
     "`sudo apt-get install graphviz` (Debian/Ubuntu), `brew install graphviz` (macOS) or from "
     "https://graphviz.org/download/ -- or ask for `--format dot`, which needs no binary."
-)
-INSTALL_PYTHON_GRAPHVIZ = (
-    "the `graphviz` Python package is needed to build the diagrams: pip install 'featurestream[diagrams]'"
 )
 
 # The queue's own machine objects, not rebuilt copies: what is drawn is what runs.
@@ -172,31 +168,33 @@ _TITLES = {
     r"and the scrub is retried until they leave",
 }
 _FONT = "Helvetica"
-_GRAPH_ATTRS = {"rankdir": "LR", "nodesep": "0.5", "ranksep": "0.9", "fontname": _FONT, "fontsize": "14"}
-_BASE_NODE = {"fontname": _FONT, "fontsize": "12", "margin": "0.15,0.08"}
-_STYLES: dict[str, dict[str, dict[str, str]]] = {
-    "node": {
-        "default": {
-            "shape": "rectangle",
-            "style": "rounded,filled",
-            "fillcolor": "white",
-            "color": "black",
-            "peripheries": "1",
-            **_BASE_NODE,
-        },
-        "terminal": {"peripheries": "2", "fillcolor": "gray92"},
-        "current": {"color": "firebrick", "fillcolor": "mistyrose", "penwidth": "2"},
-        "current_terminal": {"color": "firebrick", "fillcolor": "mistyrose", "penwidth": "2", "peripheries": "2"},
-    },
-    "edge": {"default": {"color": "gray25", "fontname": _FONT, "fontsize": "10"}},
-    "graph": {"default": {"labelloc": "t"}},
+_GRAPH_ATTRS = {
+    "rankdir": "LR",
+    "nodesep": "0.5",
+    "ranksep": "0.9",
+    "fontname": _FONT,
+    "fontsize": "14",
+    "labelloc": "t",
 }
+_NODE = {
+    "shape": "rectangle",
+    "style": "rounded,filled",
+    "fillcolor": "white",
+    "color": "black",
+    "peripheries": "1",
+    "fontname": _FONT,
+    "fontsize": "12",
+    "margin": "0.15,0.08",
+}
+_EDGE = {"color": "gray25", "fontname": _FONT, "fontsize": "10"}
+_TERMINAL = {"peripheries": "2", "fillcolor": "gray92"}
+_CURRENT = {"color": "firebrick", "fillcolor": "mistyrose", "penwidth": "2"}
 # dot's default 96 dpi gives a blurry PNG on review screens; svg scales by itself.
 _PNG_DPI = "-Gdpi=144"
 
 
 class GraphvizMissing(FeatureStreamError, RuntimeError):
-    """A graphviz piece (the ``dot`` binary or the Python package) is not installed; the message says how."""
+    """graphviz's ``dot`` binary, needed for svg/png, is not installed; the message says how."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -217,7 +215,7 @@ class QueueSnapshot:
 def _edge_label(row: Transition, layout: _Layout = _DEFAULT_LAYOUT) -> str:
     # DOT's own "\n" escape, so the label breaks the same way in every renderer.
     label = layout.lines(rf"{row.trigger}: {row.method}\n[{row.guard}]\n(spec {row.spec_action})")
-    # GraphMachine joins the labels of parallel edges with " | ": wrapped, each then starts a line of its own.
+    # Parallel edges share one arrow, their labels joined by " | ": wrapped, each then starts a line of its own.
     return label + r"\n" if layout.wrap is not None else label
 
 
@@ -238,12 +236,6 @@ def _live_edges(table: MachineTable, machine: Machine) -> list[Transition]:
     return edges
 
 
-class _Model:
-    """Carries the state a graph highlights; ``GraphMachine`` binds ``get_graph`` to it."""
-
-    state: str
-
-
 def _graph(
     table: MachineTable,
     machine: Machine,
@@ -251,55 +243,28 @@ def _graph(
     title: str,
     node_labels: Mapping[str, str],
     current: Sequence[str] = (),
-) -> graphviz.Digraph:
-    """Draw ``machine`` with ``transitions``' GraphMachine; ``current`` states are highlighted."""
-    try:
-        import graphviz  # noqa: F401 -- without it GraphMachine silently falls back to mermaid text
-    except ImportError as error:
-        raise GraphvizMissing(INSTALL_PYTHON_GRAPHVIZ) from error
-    from transitions.extensions import GraphMachine
-
+) -> Digraph:
+    """Draw ``machine``'s states and event transitions; ``current`` states are highlighted."""
     layout = _LAYOUTS.get(table.name, _DEFAULT_LAYOUT)
     edges = _live_edges(table, machine)
     # Terminal as the machine runs it: no edge leaves the state (the test checks this equals table.terminal).
     terminal = set(machine.states) - {row.source for row in edges}
-    states = []
+    graph = Digraph(table.name, graph={**_GRAPH_ATTRS, **layout.graph, "label": title}, node=_NODE, edge=_EDGE)
     for name in machine.states:
-        state = State(name)
-        state.label = node_labels.get(name, name)  # GraphMachine's markup reads State.label
-        states.append(state)
-    model = _Model()
-    drawer = GraphMachine(
-        model=model,
-        states=states,
-        initial=machine.initial,
-        transitions=[
-            {"trigger": row.trigger, "source": row.source, "dest": row.dest, "label": _edge_label(row, layout)}
-            for row in edges
-        ],
-        auto_transitions=False,
-        graph_engine="graphviz",
-        title=title,
-    )
-    drawer.machine_attributes = {**_GRAPH_ATTRS, **layout.graph}  # replaces GraphMachine's (directed/strict: unused)
-    drawer.style_attributes = _STYLES
-    styling = drawer.model_graphs[id(model)]
-    styling.reset_styling()  # drop GraphMachine's own "active" mark on the initial state
-    for name in machine.states:
-        if name in current:
-            styling.set_node_style(name, "current_terminal" if name in terminal else "current")
-        elif name in terminal:
-            styling.set_node_style(name, "terminal")
-    graph = model.get_graph(title=title)
-    graph.name = table.name  # GraphMachine names the graph after its title; an id reads better
+        style = {**(_TERMINAL if name in terminal else {}), **(_CURRENT if name in current else {})}
+        graph.node(name, label=node_labels.get(name, name) + r"\l", **style)  # "\l": left-aligned lines
+    # Parallel edges share one arrow; the arrows are grouped by source, in the order the machine lists them.
+    labels: dict[str, dict[str, list[str]]] = {}
+    for row in edges:
+        labels.setdefault(row.source, {}).setdefault(row.dest, []).append(_edge_label(row, layout))
+    for source, dests in labels.items():
+        for dest, parts in dests.items():
+            graph.edge(source, dest, label=" | ".join(parts))
     start = f"{table.name}__start"
     graph.node(start, label="", shape="point", width="0.12", style="filled", fillcolor="black")
     graph.edge(start, machine.initial, color="black")
     for row, names in enumerate(layout.ranks):
-        with graph.subgraph(name=f"{table.name}__row{row}") as same:
-            same.attr(rank="same")
-            for name in names:
-                same.node(name)
+        graph.same_rank(f"{table.name}__row{row}", names)
     return graph
 
 
@@ -308,31 +273,34 @@ def machine_dot(table: MachineTable, machine: Machine) -> str:
     return _graph(table, machine, title=_TITLES[table.name], node_labels=_NODE_LABELS.get(table.name, {})).source
 
 
-def snapshot_dot(snapshot: QueueSnapshot) -> str:
-    """One DOT graph with the three machines side by side, annotated with ``snapshot``."""
-    import graphviz
-
+def _snapshot_parts(
+    snapshot: QueueSnapshot,
+) -> tuple[tuple[MachineTable, Machine, dict[str, str], list[str]], ...]:
+    """``(table, machine, node labels, current states)`` of each machine in a snapshot, in reading order."""
     lease_labels = {
         state: rf"{state}\l{snapshot.lease_counts.get(state, 0)} {'so far' if state in LEASE.terminal else 'now'}"
         for state in LEASE.states
     }
     occupied = [s for s in LEASE.states if s not in LEASE.terminal and snapshot.lease_counts.get(s, 0)]
-    parts = (
+    return (
         (LEASE, LEASE_MACHINE, lease_labels, occupied),
         (BACKPRESSURE, BACKPRESSURE_MACHINE, {}, [snapshot.backpressure]),
         (LIFECYCLE, LIFECYCLE_MACHINE, {}, [snapshot.lifecycle]),
     )
-    root = graphviz.Digraph(
-        "queue_snapshot",
-        graph_attr={
-            **_GRAPH_ATTRS,
-            "label": rf"featurestream queue snapshot: {snapshot.dead_lettered} dead-lettered so far\n"
-            "red: where leases are now, and the current backpressure and lifecycle states",
-            "labelloc": "t",
-        },
+
+
+def _snapshot_title(snapshot: QueueSnapshot) -> str:
+    return (
+        rf"featurestream queue snapshot: {snapshot.dead_lettered} dead-lettered so far\n"
+        "red: where leases are now, and the current backpressure and lifecycle states"
     )
+
+
+def snapshot_dot(snapshot: QueueSnapshot) -> str:
+    """One DOT graph with the three machines side by side, annotated with ``snapshot``."""
+    root = Digraph("queue_snapshot", graph={**_GRAPH_ATTRS, "label": _snapshot_title(snapshot)})
     # dot stacks rankdir=LR clusters bottom-up: add them in reverse to read lease, backpressure, lifecycle.
-    for table, machine, labels, current in reversed(parts):
+    for table, machine, labels, current in reversed(_snapshot_parts(snapshot)):
         sub = _graph(table, machine, title=_TITLES[table.name], node_labels=labels, current=current)
         sub.name = f"cluster_{table.name}"  # a "cluster_" subgraph gets its own box and title
         root.subgraph(sub)
