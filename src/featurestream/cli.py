@@ -13,7 +13,7 @@ DESCRIPTION = "featurestream command line: one subcommand per module, imported o
 COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("featurestream.tools.demo", "stream samples end to end and print a summary"),
     "check": ("featurestream.spec.check", "model-check spec/LeaseQueue.tla with TLC"),
-    "diagrams": ("featurestream.tools.diagrams", "render the state diagrams with graphviz"),
+    "diagrams": ("featurestream.tools.diagrams", "write the state diagrams as DOT, SVG or PNG (the last two need dot)"),
     "status": ("featurestream.ops.status", "show a Redis queue: depth, leases, counters and rates, dead letters"),
     "dead-letters": ("featurestream.ops.dead_letters", "list, requeue or purge a Redis queue's dead letters"),
     "queues": ("featurestream.ops.queues", "delete a finished Redis queue"),
