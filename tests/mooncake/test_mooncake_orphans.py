@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from featurestream.testing import sample_tensors
 from featurestream.tools.mooncake import MooncakeMaster
 
 GRACE = 1.0
@@ -105,3 +106,27 @@ def test_orphan_options_are_checked(mooncake_master: MooncakeMaster, namespace: 
         MooncakeFeatureStore(**kwargs, orphan_interval=0)
     with pytest.raises(ValueError, match="orphan_grace must be a finite number of seconds >= 0, got -1"):
         MooncakeFeatureStore(**kwargs, orphan_grace=-1)
+
+
+def test_a_force_closed_writers_queued_objects_stay_counted_until_a_scrub_or_a_sweep_frees_them(
+    storage: Any, mooncake_master: MooncakeMaster, namespace: str
+) -> None:
+    from featurestream import MooncakeFeatureStore
+
+    kwargs = mooncake_master.store_kwargs(namespace=namespace, global_segment_size=0, close_timeout=0)
+    writer = MooncakeFeatureStore(**kwargs, orphan_interval=0.2)  # its objects live in the storage's segment
+    refs = [writer.put(f"q{i}", sample_tensors(i, tokens=4)) for i in range(3)]
+    for ref in refs:
+        writer.retain(ref)  # a queue holds all three
+    writer.close(force=True)
+    assert storage.health().sample_count == 3, "a forced close dropped the record of objects still in the cluster"
+    assert slots_taken(storage) == 1
+    storage.scrub(refs[0])  # the queue acked q0: its scrub frees it from any instance
+    assert storage.health().sample_count == 2
+    assert storage.reclaim_orphans(lambda ids: {"q1"} & set(ids), force=True) == 0, "freed within the grace"
+    time.sleep(0.2 + GRACE + 0.5)
+    assert storage.reclaim_orphans(lambda ids: {"q1"} & set(ids), force=True) == 1  # q2: no queue holds it
+    assert storage.is_resident("q1") and not storage.is_resident("q2") and slots_taken(storage) == 1
+    storage.scrub(refs[1])
+    assert storage.reclaim_orphans(lambda ids: set(), force=True) == 0
+    assert slots_taken(storage) == 0 and storage.health().sample_count == 0

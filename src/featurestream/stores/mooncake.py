@@ -526,7 +526,11 @@ class MooncakeFeatureStore(ResidencyRecords):
         trainer acks them), then raises ``RuntimeError`` naming them, closing
         nothing: drain the queue first, or host the bytes in a dedicated
         storage process. ``force=True`` closes at once anyway (an aborted run:
-        the queue dead-letters those samples as lost when they are leased).
+        the queue dead-letters those samples as lost when they are leased); what
+        of them lives in another process's segment stays counted by every
+        instance's ``health`` under this writer's last record, until a queue's
+        ``scrub`` frees it or, once no queue holds it, another instance's
+        ``reclaim_orphans`` does (the record stops beating here).
         """
         give_up = time.monotonic() + self.close_timeout
         queued = [] if force else self.queued_samples()
@@ -545,11 +549,15 @@ class MooncakeFeatureStore(ResidencyRecords):
         self._beat_stop.set()
         super().close()
         self._pool.clear()
+        with self._lock:
+            retained = bool(self._resident)  # what a forced close left to the queue
+        if retained:  # the last record names them, for the others' health and orphan sweeps
+            self._publish()
         with self._client_lock:
             if self._client_closed:
                 return
             self._client_closed = True
-            if self._slot is not None:  # this writer holds nothing any more: its record goes too
+            if self._slot is not None and not retained:  # this writer holds nothing any more: its record goes too
                 self._client.remove(self._slot, True)
         if self._owns_client:
             self._client.close()
