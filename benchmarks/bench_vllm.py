@@ -43,6 +43,10 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=6)
     parser.add_argument("--hidden", type=int, default=256)
     args = parser.parse_args()
+    if args.layers < 4:
+        parser.error(f"--layers must be at least 4 (layers 1, layers/2 and the last are captured), got {args.layers}")
+    if args.hidden < 128 or args.hidden % 64:
+        parser.error(f"--hidden must be a multiple of 64, >= 128 (64-wide heads, 2 KV heads), got {args.hidden}")
     layer_ids = [1, args.layers // 2, args.layers - 1]
     with tempfile.TemporaryDirectory() as directory:
         config = transformers.LlamaConfig(
