@@ -134,10 +134,13 @@ def test_a_mapped_sample_keeps_its_bytes_through_scrub_and_reuse_then_its_slot_i
     assert len([name for name in os.listdir(tmp_path) if is_slot(name)]) == 2, "the freed slot came back"
 
 
+@pytest.mark.parametrize("copy", [False, True], ids=["mapped", "copied"])
 def test_a_reader_that_opened_a_name_before_its_slot_was_reused_gets_key_error(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, copy: bool
 ) -> None:
     writer, reader = SharedDirFeatureStore(tmp_path, **CAPS), SharedDirFeatureStore(tmp_path, **CAPS)
+    reader.get(reader_warm := writer.put("warm", tensors(0)))  # the reader keeps a mapping of a slot already
+    writer.scrub(reader_warm)
     ref = writer.put("a", tensors(1))
     real_flock = arena.fcntl.flock
     later = []
@@ -150,9 +153,44 @@ def test_a_reader_that_opened_a_name_before_its_slot_was_reused_gets_key_error(
 
     monkeypatch.setattr(arena.fcntl, "flock", the_slot_is_reused_before_the_lock)
     with pytest.raises(KeyError, match="is not resident"):
-        reader.get(ref, copy=False)
+        reader.get(ref, copy=copy)
     monkeypatch.setattr(arena.fcntl, "flock", real_flock)
-    assert same(reader.get(later[0])[0], tensors(2))
+    assert same(reader.get(later[0], copy=copy)[0], tensors(2))
+
+
+def private_maps(directory: Path) -> list[str]:
+    """The lines of this process's private mappings of files in ``directory`` (a reader's kept slot mappings)."""
+    lines = Path("/proc/self/maps").read_text().splitlines()
+    return [line for line in lines if f" {directory}/" in line and line.split()[1].endswith("p")]
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="reads /proc/self/maps (Linux)")
+def test_a_reader_copies_every_sample_out_of_one_kept_mapping_of_a_slot_until_its_writer_removes_it(
+    tmp_path: Path,
+) -> None:
+    writer, reader = SharedDirFeatureStore(tmp_path, **CAPS), SharedDirFeatureStore(tmp_path, **CAPS)
+    for index, tokens in enumerate([16, 16, 16, 9, 9]):
+        ref = writer.put(f"s{index}", tensors(index, tokens))
+        got, handle = reader.get(ref)
+        assert same(got, tensors(index, tokens)), "a kept mapping shows the slot's current sample"
+        got["logits"].add_(1)  # the copy is the caller's: the slot, and the next read, never see it
+        assert same(reader.get(ref)[0], tensors(index, tokens))
+        reader.release(handle)
+        writer.scrub(ref)
+    slots = [name for name in os.listdir(tmp_path) if is_slot(name)]
+    assert len(slots) == 1 and len(private_maps(tmp_path)) == 1, "one slot, mapped once, sized again for 9 tokens"
+    writer.close()  # its slot file goes: the reader's mapping would keep its bytes
+    reader.gc()
+    assert private_maps(tmp_path) == [], "the mapping of a removed slot was let go"
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="reads /proc/self/maps (Linux)")
+def test_a_reader_keeps_no_mapping_of_a_file_of_its_own(tmp_path: Path) -> None:
+    writer, reader = SharedDirFeatureStore(tmp_path, pool=False, **CAPS), SharedDirFeatureStore(tmp_path, **CAPS)
+    ref = writer.put("a", tensors(1))
+    got, handle = reader.get(ref)
+    assert same(got, tensors(1)) and private_maps(tmp_path) == [], "a mapping would keep a freed sample's bytes"
+    reader.release(handle)
 
 
 def test_a_seeded_arena_that_ignores_readers_corrupts_a_mapping(

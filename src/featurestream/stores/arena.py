@@ -17,6 +17,11 @@ data name. The slot and the data name are then one file, so:
   after the writer's, and then finds the name gone or naming another file
   (``spec/Incarnation.tla``'s reuse model).
 
+A reader copies a slot's sample out of a mapping of the slot it keeps
+(``SlotMaps``): the pages stay mapped from one sample to the next, so the copy
+runs at memory speed, where a ``read`` walks the page cache a page at a time
+and a fresh mapping faults every page in again.
+
 Slot files are named as the writer's temporaries (``.pool.<host>-<pid>.<n>.tmp``),
 so the dead-writer sweep removes a killed writer's; ``close`` removes them.
 The arena keeps at most ``limit`` bytes of slots plus one sample's: it grows
@@ -39,7 +44,7 @@ import torch
 from featurestream.stores.pool import BufferPool
 from featurestream.stores.safetensors_codec import CorruptSampleError, read_all
 
-__all__ = ["SLOT_TAG", "FileArena", "entries", "is_slot", "read_whole"]
+__all__ = ["SLOT_TAG", "FileArena", "SlotMaps", "entries", "is_slot", "read_whole"]
 
 SLOT_TAG = "pool"  # slot files are named ``.pool.<host>-<pid>.<arena>-<n>.tmp``: a writer's temporaries
 _NO_LOCKS = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS)
@@ -128,15 +133,21 @@ class FileArena:
         return True
 
     def _take(self, size: int) -> _Slot | None:
-        """A free slot, locked: one of ``size`` bytes if any, else any free one, else a new one if there is room."""
-        free = [slot for slot in self._slots if slot.free()]
-        chosen = next((slot for slot in free if slot.size == size), None)
-        if chosen is None and free:
-            chosen = min(free, key=lambda slot: abs(slot.size - size))
-        for slot in free:
-            if slot is not chosen:
-                fcntl.flock(slot.fd, fcntl.LOCK_UN)
+        """A free slot, locked: one of ``size`` bytes if any, else the free one closest in size, else a new one if
+        there is room."""
+        chosen: _Slot | None = None
+        for slot in self._slots:  # least recently taken first: samples leave in the order they came, mostly
+            if chosen is not None and abs(slot.size - size) >= abs(chosen.size - size):
+                continue
+            if slot.free():
+                if chosen is not None:
+                    fcntl.flock(chosen.fd, fcntl.LOCK_UN)
+                chosen = slot
+                if slot.size == size:
+                    break
         if chosen is not None:
+            self._slots.remove(chosen)
+            self._slots.append(chosen)
             return chosen
         if self._held() + size > self._limit:
             self._evict(size)
@@ -187,8 +198,89 @@ class FileArena:
                 self._remove(slot)
 
 
-def _open_locked(path: str) -> int:
-    """``path`` opened read-only under a shared lock, once certain the name still names that file.
+class _Mapped:
+    __slots__ = ("fd", "size", "view")
+
+    def __init__(self, locked: int, size: int) -> None:
+        # A descriptor of its own, sharing no lock with ``locked``: its link count tells when the slot is gone.
+        self.fd = os.open(f"/proc/self/fd/{locked}", os.O_RDONLY | os.O_CLOEXEC)
+        self.size = size
+        try:
+            # Private and never written: it shows the file's current bytes; the storage unmaps it once freed.
+            self.view = torch.from_file(f"/proc/self/fd/{self.fd}", shared=False, size=size, dtype=torch.uint8)
+        except BaseException:
+            os.close(self.fd)
+            raise
+
+
+class SlotMaps:
+    """Mappings of the slot files a reader copied samples out of, kept for its next read of the same slot.
+
+    Only a file with a second name (an arena slot linked to a data name) is kept: a file of its own is freed
+    once its sample is, and a mapping would keep its bytes. A kept mapping holds no lock: ``copy`` reads it
+    only while the caller holds the file's shared lock. Mappings of slots whose file is gone (their writer
+    closed or dropped them) are let go by the next ``copy`` that maps a slot, ``prune`` or ``close``; at most
+    ``limit`` bytes are kept mapped. Thread-safe.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
+        self._maps: dict[tuple[int, int], _Mapped] = {}  # (device, inode) -> mapping, least recently used first
+        self._closed = False
+        self._lock = threading.Lock()
+
+    def copy(self, fd: int, held: os.stat_result, target: torch.Tensor) -> bool:
+        """Copy the whole file ``fd`` (``held``: its ``fstat``, locked shared by the caller) into ``target``
+        from a kept mapping; ``False`` when the file is no slot, or too large to keep, or cannot be mapped."""
+        if held.st_nlink < 2 or not 0 < held.st_size <= self._limit:
+            return False
+        key = (held.st_dev, held.st_ino)
+        with self._lock:
+            if self._closed:
+                return False
+            mapped = self._maps.pop(key, None)
+            if mapped is not None and mapped.size != held.st_size:  # sized again by its writer since
+                os.close(mapped.fd)
+                mapped = None
+            if mapped is None:
+                self._prune()
+                try:
+                    mapped = _Mapped(fd, held.st_size)
+                except (OSError, RuntimeError):
+                    return False  # no /proc, or no room for the mapping: the caller reads the file
+                self._evict(held.st_size)
+            self._maps[key] = mapped
+            view = mapped.view  # keeps the mapping alive through the copy, whoever lets it go meanwhile
+        target.copy_(view)
+        return True
+
+    def _evict(self, size: int) -> None:
+        while self._maps and sum(m.size for m in self._maps.values()) + size > self._limit:
+            self._drop(next(iter(self._maps)))
+
+    def _prune(self) -> None:
+        for key, mapped in list(self._maps.items()):
+            if os.fstat(mapped.fd).st_nlink == 0:
+                self._drop(key)
+
+    def _drop(self, key: tuple[int, int]) -> None:
+        os.close(self._maps.pop(key).fd)
+
+    def prune(self) -> None:
+        """Let go of the mappings of slots whose file is gone."""
+        with self._lock:
+            self._prune()
+
+    def close(self) -> None:
+        """Let go of every mapping; later copies keep none."""
+        with self._lock:
+            self._closed = True
+            for key in list(self._maps):
+                self._drop(key)
+
+
+def _open_locked(path: str) -> tuple[int, os.stat_result]:
+    """``path`` opened read-only under a shared lock, once certain the name still names that file, and its ``fstat``.
 
     ``FileNotFoundError`` when the name is gone or names another file by the time the lock is held (an
     arena slot reused meanwhile). The lock lives as long as the open file: this descriptor, and every
@@ -207,7 +299,7 @@ def _open_locked(path: str) -> int:
     except BaseException:
         os.close(fd)
         raise
-    return fd
+    return fd, held
 
 
 def _map(fd: int, size: int) -> tuple[torch.Tensor, memoryview]:
@@ -224,21 +316,24 @@ def _map(fd: int, size: int) -> tuple[torch.Tensor, memoryview]:
     return buffer, memoryview(mapping)
 
 
-def read_whole(path: str, sample_id: str, pool: BufferPool | None, mapped: bool) -> tuple[torch.Tensor, memoryview]:
+def read_whole(
+    path: str, sample_id: str, pool: BufferPool | None, mapped: bool, maps: SlotMaps | None = None
+) -> tuple[torch.Tensor, memoryview]:
     """The whole file ``path`` as a uint8 tensor and its bytes, read under the file's shared lock.
 
     ``mapped``: mapped copy-on-write (``_map``), the lock held for as long as the mapping lives. Else
-    copied into memory from ``pool`` (fresh memory without one), the caller's to mutate. ``FileNotFoundError``
-    when the name is gone (``_open_locked``); ``CorruptSampleError`` when the file shrinks while being read.
+    copied into memory from ``pool`` (fresh memory without one), the caller's to mutate: out of a mapping
+    ``maps`` keeps when the file is a slot, else read. ``FileNotFoundError`` when the name is gone
+    (``_open_locked``); ``CorruptSampleError`` when the file shrinks while being read.
     """
-    fd = _open_locked(path)
+    fd, held = _open_locked(path)
     try:
-        size = os.fstat(fd).st_size
+        size = held.st_size
         if mapped and size:
             return _map(fd, size)
         buffer = pool.take(size) if pool is not None else torch.empty(size, dtype=torch.uint8)
         raw = memoryview(buffer.numpy())
-        if read_all(fd, raw) != size:
+        if (maps is None or not maps.copy(fd, held, buffer)) and read_all(fd, raw) != size:
             raise CorruptSampleError(f"sample {sample_id!r}: {path} shrank while being read (truncated)")
         return buffer, raw
     finally:

@@ -77,7 +77,7 @@ import torch
 from featurestream.common.checks import check_seconds
 from featurestream.common.periodic import start_periodic
 from featurestream.common.refs import SampleRef
-from featurestream.stores.arena import SLOT_TAG, FileArena, read_whole
+from featurestream.stores.arena import SLOT_TAG, FileArena, SlotMaps, read_whole
 from featurestream.stores.base import SampleLostError
 from featurestream.stores.deleter import BackgroundDeleter, remove_reporting
 from featurestream.stores.directory import HOST, TEMP_SUFFIX, prepare_directory, sweep_dead_temporaries
@@ -176,6 +176,7 @@ class SharedDirFeatureStore(LedgerFeatureStore):
         arena_name, limit = f"{self._temp_name(SLOT_TAG)}{uuid.uuid4().hex[:8]}-", self._pool_limit()
         self._arena = FileArena(self.directory, arena_name, limit) if pool else None
         self._pool = BufferPool(limit) if pool else None
+        self._maps = SlotMaps(limit) if pool else None
         if self._arena is not None:
             weakref.finalize(self, self._arena.close)  # an instance never closed still leaves no slot at exit
         self._orphans = OrphanClock(orphan_grace, orphan_interval or DEFAULT_ORPHAN_INTERVAL)
@@ -331,7 +332,7 @@ class SharedDirFeatureStore(LedgerFeatureStore):
         path = self.data_path(ref)
         mapped = not copy and device is None
         try:
-            buffer, raw = read_whole(path, ref.sample_id, self._pool, mapped)
+            buffer, raw = read_whole(path, ref.sample_id, self._pool, mapped, self._maps)
         except FileNotFoundError as exc:
             if not os.path.isdir(self.directory):
                 raise self._io_error(exc, f"read sample {ref.sample_id!r}", path) from exc
@@ -450,7 +451,10 @@ class SharedDirFeatureStore(LedgerFeatureStore):
         return self._sweep(held)
 
     def _sweep(self, held: Holds | None, *, drained: bool = False) -> int:
-        """``reclaim_orphans``' sweep (``drained``: without the grace period, leftovers included)."""
+        """``reclaim_orphans``' sweep (``drained``: without the grace period, leftovers included); it lets go of
+        the kept mappings of slots whose file is gone, too."""
+        if self._maps is not None:
+            self._maps.prune()
         if drained:
             sweep_dead_temporaries(self.directory)
             for name in os.listdir(self.directory):
@@ -529,6 +533,8 @@ class SharedDirFeatureStore(LedgerFeatureStore):
                 logger.exception("%s: the sweep of a drained run on close raised", self.store_uri)
         if self._arena is not None:
             self._arena.close()  # a sample still linked to a slot keeps its bytes under its own name
+        if self._maps is not None:
+            self._maps.close()
         self._deleter.flush()
         self._retry_unlinks()
         self._writer.release()
