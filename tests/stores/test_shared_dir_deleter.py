@@ -53,29 +53,40 @@ def test_scrub_removes_the_name_at_once_and_unlinks_the_bytes_off_the_calling_th
     assert unlinked_on == ["featurestream-deleter"]
 
 
+@pytest.mark.parametrize("pool", [True, False], ids=["slot", "file"])
 def test_scrub_moves_the_data_file_once_and_spares_a_file_written_since(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pool: bool
 ) -> None:
-    """The ledger's part of scrub drops the marker only: the data file was moved out already, and a second
-    attempt could only take a file another instance wrote under that name since."""
-    store = SharedDirFeatureStore(tmp_path)
+    """The ledger's part of scrub drops the marker only: the data file was removed already (a slot's name
+    unlinked, a file of its own moved out), and a second attempt could only take a file another instance wrote
+    under that name since."""
+    store = SharedDirFeatureStore(tmp_path, pool=pool)
     ref = put_eagle3(store, 1)
     store.retain(ref)
-    moved: list[str] = []
-    real_rename = os.rename
+    data = store.data_path(ref)
+    removed: list[str] = []
+    real_rename, real_unlink = os.rename, os.unlink
 
-    def rename_then_rewrite(source: str, target: str) -> None:
+    def then_rewrite(path: str) -> None:
+        if path == data:
+            removed.append(path)
+            if len(removed) == 1:  # another writer's file under the same name, between the two steps of scrub
+                Path(path).write_bytes(b"another instance's sample")
+
+    def rename(source: str, target: str) -> None:
         real_rename(source, target)
-        moved.append(os.path.basename(source))
-        if len(moved) == 1:  # another writer's file under the same name, between the two steps of scrub
-            Path(source).write_bytes(b"another instance's sample")
+        then_rewrite(source)
 
-    monkeypatch.setattr(shared_dir.os, "rename", rename_then_rewrite)
+    def unlink(path: str) -> None:
+        real_unlink(path)
+        then_rewrite(path)
+
+    monkeypatch.setattr(shared_dir.os, "rename", rename)
+    monkeypatch.setattr(shared_dir.os, "unlink", unlink)
     store.scrub(ref)
-    link = os.path.basename(store._pointer_path(ref.sample_id))
-    data_files = [name for name in moved if name != link]  # the link moves too
-    assert data_files == [os.path.basename(store.data_path(ref))]
-    assert Path(store.data_path(ref)).read_bytes() == b"another instance's sample"
+    monkeypatch.undo()
+    assert removed == [data]
+    assert Path(data).read_bytes() == b"another instance's sample"
     assert not os.path.exists(store._marker_path(ref))
     store.close()
 
@@ -88,7 +99,7 @@ def test_a_failed_background_unlink_is_retried_by_gc(tmp_path: Path, monkeypatch
             raise failures.pop()
 
     on_scrubbed_unlink(monkeypatch, fail_once)
-    store = SharedDirFeatureStore(tmp_path)
+    store = SharedDirFeatureStore(tmp_path, pool=False)  # a file of its own: its bytes go in the background
     ref = put_eagle3(store, 1)
     store.retain(ref)
     store.scrub(ref)

@@ -65,6 +65,7 @@ import errno
 import logging
 import os
 import re
+import stat
 import tempfile
 import threading
 import uuid
@@ -380,6 +381,10 @@ class SharedDirFeatureStore(LedgerFeatureStore):
         file keeps them: its name goes at once). A link found under the name (an incarnation-less ref's
         ``<id>.safetensors`` that names a put) goes back unless a newer one is there: only its put's refs free it.
         """
+        held = os.lstat(path)
+        if stat.S_ISREG(held.st_mode) and held.st_nlink > 1:  # an arena slot (a second name) keeps the bytes
+            os.unlink(path)
+            return
         out = os.path.join(self.directory, f"{SCRUBBED_PREFIX}{uuid.uuid4().hex}")
         os.rename(path, out)
         if os.path.islink(out):
