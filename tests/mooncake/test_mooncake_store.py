@@ -65,6 +65,40 @@ def test_writer_residency_follows_scrubs_and_caps_made_in_another_process(make_s
     producer.put("s3", sample_tensors(3))  # the freed slot is usable again
 
 
+def test_a_put_refused_by_stale_counters_asks_the_master_first(make_store: MakeStore) -> None:
+    """A put within the caps makes no master call for them; one the counters would refuse counts again first."""
+    producer = make_store(max_samples=2, max_bytes=None, high_watermark_bytes=10_000, low_watermark_bytes=100)
+    trainer = make_store(global_segment_size=0)
+    client, asked = producer._client, []
+
+    class Counting:  # the producer's client, counting the existence checks it sends the master
+        def __getattr__(self, name: str) -> object:
+            if name == "batch_is_exist":
+                asked.append(name)
+            return getattr(client, name)
+
+    producer._client = Counting()
+    refs = [producer.put("s0", sample_tensors(0, tokens=10))]  # (its first put claims a residency slot)
+    asked.clear()
+    refs.append(producer.put("s1", sample_tensors(1, tokens=10)))
+    assert asked == [], "a put within the caps asks the master nothing about them"
+    for ref in refs:
+        producer.retain(ref)
+        trainer.scrub(ref)  # in another instance: the producer's counters still hold both
+    second = producer.put("s2", sample_tensors(2, tokens=10))  # at max_samples=2 by the counters, not by Mooncake
+    assert asked == ["batch_is_exist"]
+    producer.retain(second)
+    trainer.scrub(second)
+    again = producer.put("s2", sample_tensors(3, tokens=10))  # the id again, once scrubbed elsewhere
+    assert trainer.get(again)[0]["input_ids"].equal(sample_tensors(3, tokens=10)["input_ids"])
+    producer.put("s3", sample_tensors(4, tokens=10))
+    with pytest.raises(MemoryError, match="max_samples=2"):
+        producer.put("s4", sample_tensors(5, tokens=10))  # Mooncake holds s2 and s3: still refused
+    with pytest.raises(ValueError, match="already present"):
+        producer.put("s3", sample_tensors(6, tokens=10))
+    assert producer.health().sample_count == 2
+
+
 def test_release_frees_an_unqueued_sample_and_scrub_frees_a_queued_one(make_store: MakeStore) -> None:
     store = make_store()
     ref = store.put("s1", sample_tensors(1))

@@ -387,8 +387,13 @@ class MooncakeFeatureStore(ResidencyRecords):
         return found[len(written) :]
 
     def _admit(self, ref: SampleRef) -> None:
-        self._reconcile()  # the caps count what Mooncake still holds of this instance's samples
-        super()._admit(ref)
+        try:
+            super()._admit(ref)
+        except (MemoryError, ValueError):
+            # The caps and the duplicate check count what Mooncake still holds of this instance's samples: a
+            # refusal asks the master first (one call), so a put within the caps makes none.
+            self._reconcile()
+            super()._admit(ref)
 
     def health(self) -> StoreHealth:
         """The run's residency: this instance's samples and every other writer's, as the master sees them now.
