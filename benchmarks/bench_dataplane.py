@@ -11,9 +11,12 @@ sample) or the full vocabulary ``[1, 512, 128256]`` (137 MiB).
 Every row is measured in the same run, so the ratios compare like with like:
 
 - limits: one copy of the sample into memory already faulted in
-  (``dst.copy_(src)``), two such copies, and a raw ``/dev/shm`` file written
-  and read back (fresh file, fresh buffer, unlinked): what a store that
-  allocates per sample pays;
+  (``dst.copy_(src)``, the same source and target every time: the ratios'
+  baseline), the same copy into one of four targets in turn (as a pipeline's
+  buffers take turns: what the cache holds of the last copy no longer helps;
+  printed, not used in a ratio), two such copies, and a raw ``/dev/shm`` file
+  written and read back (fresh file, fresh buffer, unlinked): what a store
+  that allocates per sample pays;
 - ``local``, one process: ``put`` + ``get`` + ``release`` (two copies, the
   reference's contract), and the hand-over path ``put(take_ownership=True)`` +
   ``get(copy=False)`` (no copy: its time should not grow with the size);
@@ -29,11 +32,14 @@ Every row is measured in the same run, so the ratios compare like with like:
   ``SharedDirFeatureStore``, when installed), same loops (its consumer's release
   frees the file).
 
-Two-process GB/s: the bytes of the timed samples over the time from the
-producer's first timed ``put`` to the consumer's last ``release``, after
-``window + 1`` untimed samples (so pools are warm, as in a long run).
-``--quick``: fewer samples, for a smoke run. The machine's load is printed:
-the two-process rows need two idle cores to mean much.
+Two-process GB/s: the bytes of the timed samples (at least 1.5 GiB a row by
+default: 96 of 16 MiB, 24 of 137 MiB) over the time from the producer's first
+timed ``put`` to the consumer's last ``release``, after ``2 * window + 2``
+untimed samples (every buffer and slot a steady state takes turns with is made
+and faulted in before the clock starts: the window's, the one being read, and
+the one the consumer's previous tensors still hold, as in a long run).
+``--quick``: a quarter of the samples, for a smoke run. The machine's load is
+printed: the two-process rows need two idle cores to mean much.
 """
 
 from __future__ import annotations
@@ -60,6 +66,7 @@ from pair import run_pair
 from featurestream import LocalFeatureStore, SharedDirFeatureStore
 
 MiB = 1 << 20
+GiB = 1 << 30
 TOKENS, HIDDEN, VOCAB, DRAFT_VOCAB = 512, 4096, 128256, 4096
 CAPS = {"max_samples": None, "max_bytes": 4 << 30, "high_watermark_bytes": None}
 SEGMENT = 1 << 30
@@ -104,6 +111,18 @@ def copies(tensors: dict[str, torch.Tensor], count: int) -> Callable[[], None]:
             for name, t in source.items():
                 target[name].copy_(t)
             source = target
+
+    return run
+
+
+def rotating_copy(tensors: dict[str, torch.Tensor], turns: int) -> Callable[[], None]:
+    """One copy of the sample per call into the next of ``turns`` targets faulted in beforehand."""
+    targets = itertools.cycle([{name: t.clone() for name, t in tensors.items()} for _ in range(turns)])
+
+    def run() -> None:
+        target = next(targets)
+        for name, t in tensors.items():
+            target[name].copy_(t)
 
     return run
 
@@ -177,7 +196,7 @@ def producer(kind: str, run: dict[str, Any], mib: int, count: int, window: int, 
         store.register_buffer(buffer.data_ptr(), size)
     pending: dict[int, Any] = {}
     peer.recv()  # the consumer is ready
-    warm = window + 1
+    warm = 2 * window + 2
     started = 0.0
     for index in range(warm + count):
         if index == warm:
@@ -298,14 +317,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer samples and repeats (a smoke run)")
     parser.add_argument("--sizes", default="16,137", help="sample sizes in MiB: 16 and/or 137 (default both)")
-    parser.add_argument("--samples", type=int, help="timed samples per two-process run (default 24; --quick 6)")
+    parser.add_argument(
+        "--samples", type=int, help="timed samples per two-process run (default: 1.5 GiB, at least 24; --quick 1/4)"
+    )
     parser.add_argument("--window", type=int, default=2, help="samples the producer may run ahead (default 2)")
     parser.add_argument("--skip", default="", help="comma-separated: mooncake, reference")
     parser.add_argument("--only", default="", help="comma-separated two-process rows to run (default all)")
     args = parser.parse_args()
     skip = set(filter(None, args.skip.split(",")))
     sizes = [int(size) for size in args.sizes.split(",")]
-    count = args.samples or (6 if args.quick else 24)
     repeats = 3 if args.quick else 9
     torch.set_num_threads(1)
     reference = None if "reference" in skip else reference_baseline.streaming()
@@ -326,6 +346,7 @@ def main() -> None:
         ) as d:
             only = set(filter(None, args.only.split(",")))
             for mib in sizes:
+                count = args.samples or max(24, -(-3 * GiB // 2 // nbytes(sample(mib)))) // (4 if args.quick else 1)
                 report(mib, d, count, repeats, args.window, reference, master_cm, only)
     finally:
         if master_cm is not None:
@@ -341,6 +362,7 @@ def report(
     gbps: dict[str, float] = {}
     zero_us = 0.0
     gbps["1 copy (faulted)"] = size / median_seconds(copies(tensors, 1), repeats) / 1e9
+    gbps["1 copy (4 targets in turn)"] = size / median_seconds(rotating_copy(tensors, 4), repeats) / 1e9
     gbps["2 copies (faulted)"] = size / median_seconds(copies(tensors, 2), repeats) / 1e9
     gbps["raw /dev/shm write+read"] = size / median_seconds(raw_shm(tensors, directory), repeats) / 1e9
     ids = itertools.count()
