@@ -176,7 +176,11 @@ def make_store(kind: str, run: dict[str, Any], producer: bool) -> Any:
     if kind == "ref shared":
         reference = reference_baseline.streaming()
         assert reference is not None
-        return reference.SharedDirFeatureStore(run["directory"], **{**CAPS, "low_watermark_bytes": None})
+        # Its writer's counters never learn of a release in the consumer's process, so a byte cap would refuse
+        # puts once the run's total passed it: no cap.
+        return reference.SharedDirFeatureStore(
+            run["directory"], **{**CAPS, "max_bytes": None, "max_samples": 1 << 30, "low_watermark_bytes": None}
+        )
     return SharedDirFeatureStore(run["directory"], orphan_interval=None, **CAPS)
 
 
