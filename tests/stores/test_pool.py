@@ -12,6 +12,7 @@ import torch
 from featurestream import LocalFeatureStore, SharedDirFeatureStore
 from featurestream.stores import arena
 from featurestream.stores.arena import entries, is_slot
+from featurestream.stores.pool import copy_bytes
 from featurestream.testing import sample_tensors
 
 CAPS = {"max_samples": None, "max_bytes": 1 << 20}
@@ -234,3 +235,11 @@ def test_a_pool_holds_at_most_its_cap_plus_one_sample(tmp_path: Path, kind: int)
         store.release(handle)
         assert store.health().pool_bytes <= pools * (cap + 2 * sample_bytes)  # one sample, rounded up to blocks
     assert all(same(got, tensors(index, 64)) for index, got in enumerate(kept))
+
+
+@pytest.mark.parametrize(("start", "end"), [(0, 4096), (8, 4093), (3, 4096), (5, 11), (0, 0)])
+def test_copy_bytes_copies_every_byte_aligned_or_not(start: int, end: int) -> None:
+    source = torch.arange(4096, dtype=torch.int64).to(torch.uint8)
+    target = torch.zeros(4096, dtype=torch.uint8)
+    copy_bytes(target[start:end], source[start:end])
+    assert torch.equal(target[start:end], source[start:end]) and not target[end:].any() and not target[:start].any()

@@ -41,7 +41,7 @@ from collections.abc import Sequence
 
 import torch
 
-from featurestream.stores.pool import BufferPool
+from featurestream.stores.pool import BufferPool, copy_bytes
 from featurestream.stores.safetensors_codec import CorruptSampleError, read_all
 
 __all__ = ["SLOT_TAG", "FileArena", "SlotMaps", "entries", "is_slot", "read_whole"]
@@ -125,7 +125,7 @@ class FileArena:
                 slot.resize(size)
                 offset = 0
                 for part in parts:
-                    slot.view[offset : offset + part.numel()].copy_(part)
+                    copy_bytes(slot.view[offset : offset + part.numel()], part)
                     offset += part.numel()
                 os.link(slot.path, final)
             finally:
@@ -251,7 +251,7 @@ class SlotMaps:
                 self._evict(held.st_size)
             self._maps[key] = mapped
             view = mapped.view  # keeps the mapping alive through the copy, whoever lets it go meanwhile
-        target.copy_(view)
+        copy_bytes(target, view)
         return True
 
     def _evict(self, size: int) -> None:
