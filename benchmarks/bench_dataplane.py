@@ -39,7 +39,11 @@ untimed samples (every buffer and slot a steady state takes turns with is made
 and faulted in before the clock starts: the window's, the one being read, and
 the one the consumer's previous tensors still hold, as in a long run).
 ``--quick``: a quarter of the samples, for a smoke run. The machine's load is
-printed: the two-process rows need two idle cores to mean much.
+printed: the two-process rows need two idle cores to mean much. So each
+two-process row also prints the CPU time per sample of its busier process
+(threads included), and each ratio its CPU-time form (one copy's CPU time, or
+the raw loop's busier process's, over it): the rate two idle cores would allow,
+which the machine's load moves far less.
 """
 
 from __future__ import annotations
@@ -90,13 +94,13 @@ def nbytes(tensors: dict[str, torch.Tensor]) -> int:
     return sum(t.numel() * t.element_size() for t in tensors.values())
 
 
-def median_seconds(run: Callable[[], None], repeats: int) -> float:
+def median_seconds(run: Callable[[], None], repeats: int, clock: Callable[[], float] = time.perf_counter) -> float:
     run()
     times = []
     for _ in range(repeats):
-        start = time.perf_counter()
+        start = clock()
         run()
-        times.append(time.perf_counter() - start)
+        times.append(clock() - start)
     return statistics.median(times)
 
 
@@ -184,7 +188,7 @@ def make_store(kind: str, run: dict[str, Any], producer: bool) -> Any:
     return SharedDirFeatureStore(run["directory"], orphan_interval=None, **CAPS)
 
 
-def producer(kind: str, run: dict[str, Any], mib: int, count: int, window: int, peer: Any) -> None:
+def producer(kind: str, run: dict[str, Any], mib: int, count: int, window: int, peer: Any, cpu: Any) -> None:
     torch.set_num_threads(1)
     tensors = sample(mib)
     raw = kind == "mooncake raw"
@@ -200,13 +204,12 @@ def producer(kind: str, run: dict[str, Any], mib: int, count: int, window: int, 
         store.register_buffer(buffer.data_ptr(), size)
     pending: dict[int, Any] = {}
     peer.recv()  # the consumer is ready
-    warm = 2 * window + 2
-    started = 0.0
-    for index in range(warm + count):
-        if index == warm:
+    started = spent = 0.0
+    for index in range(warmup(window) + count):
+        if index == warmup(window):
             while pending:  # the untimed samples are through: every pool is warm
                 settle(store, kind, pending.pop(peer.recv()))
-            started = time.perf_counter()
+            started, spent = time.perf_counter(), time.process_time()
         while len(pending) >= window:
             settle(store, kind, pending.pop(peer.recv()))
         if raw:
@@ -222,6 +225,7 @@ def producer(kind: str, run: dict[str, Any], mib: int, count: int, window: int, 
         peer.send((index, wire(pending[index])))
     while pending:
         settle(store, kind, pending.pop(peer.recv()))
+    cpu.put(time.process_time() - spent)
     peer.send(("done", started))
     peer.recv()
     store.close()
@@ -249,7 +253,13 @@ def settle(store: Any, kind: str, ref: Any) -> None:
         store.scrub(ref)
 
 
-def consumer(kind: str, run: dict[str, Any], mib: int, peer: Any, result: Any) -> None:
+def warmup(window: int) -> int:
+    """Untimed samples first: every slot and buffer a steady state takes turns with is made and faulted in (the
+    window's, the one being read, the one the consumer's previous tensors still hold)."""
+    return 2 * window + 2
+
+
+def consumer(kind: str, run: dict[str, Any], mib: int, window: int, peer: Any, result: Any, cpu: Any) -> None:
     torch.set_num_threads(1)
     raw = kind == "mooncake raw"
     store = raw_client(run, 0) if raw else make_store(kind, run, False)
@@ -259,12 +269,15 @@ def consumer(kind: str, run: dict[str, Any], mib: int, peer: Any, result: Any) -
         store.register_buffer(buffer.data_ptr(), size)
     copy = kind != "shared copy=False"
     peer.send("ready")
-    last = time.perf_counter()
+    last, spent = time.perf_counter(), time.process_time()
     while True:
         index, ref = unwire(peer.recv())
         if index == "done":
+            cpu.put(time.process_time() - spent)
             result.put(last - ref)
             break
+        if index == warmup(window):
+            spent = time.process_time()
         if raw:
             if store.get_into(ref, buffer.data_ptr(), size) != size:
                 raise RuntimeError(f"get_into {ref} failed")
@@ -300,16 +313,18 @@ def raw_client(run: dict[str, Any], segment: int) -> Any:
     return client
 
 
-def two_processes(kind: str, run: dict[str, Any], mib: int, count: int, window: int) -> float:
-    """Seconds for ``count`` timed samples from producer to consumer, in two fresh processes."""
+def two_processes(kind: str, run: dict[str, Any], mib: int, count: int, window: int) -> tuple[float, float]:
+    """Seconds for ``count`` timed samples from producer to consumer, in two fresh processes, and the CPU seconds
+    of the busier process over them (its threads included)."""
     ctx = mp.get_context("spawn")
     producer_end, consumer_end = ctx.Pipe()
-    result = ctx.Queue()
+    result, cpu = ctx.Queue(), ctx.Queue()
     procs = [
-        ctx.Process(target=producer, args=(kind, run, mib, count, window, producer_end)),
-        ctx.Process(target=consumer, args=(kind, run, mib, consumer_end, result)),
+        ctx.Process(target=producer, args=(kind, run, mib, count, window, producer_end, cpu)),
+        ctx.Process(target=consumer, args=(kind, run, mib, window, consumer_end, result, cpu)),
     ]
-    return run_pair(kind, procs, result)
+    seconds = run_pair(kind, procs, result)
+    return seconds, max(cpu.get(timeout=10), cpu.get(timeout=10))
 
 
 def load() -> str:
@@ -364,8 +379,10 @@ def report(
     tensors = sample(mib)
     size = nbytes(tensors)
     gbps: dict[str, float] = {}
+    cpu_ms: dict[str, float] = {}  # CPU per sample: of the copy, of the busier process of a two-process row
     zero_us = 0.0
     gbps["1 copy (faulted)"] = size / median_seconds(copies(tensors, 1), repeats) / 1e9
+    cpu_ms["1 copy (faulted)"] = median_seconds(copies(tensors, 1), repeats, time.thread_time) * 1e3
     gbps["1 copy (4 targets in turn)"] = size / median_seconds(rotating_copy(tensors, 4), repeats) / 1e9
     gbps["2 copies (faulted)"] = size / median_seconds(copies(tensors, 2), repeats) / 1e9
     gbps["raw /dev/shm write+read"] = size / median_seconds(raw_shm(tensors, directory), repeats) / 1e9
@@ -393,25 +410,38 @@ def report(
             run["master"] = master.store_kwargs()
             run["master"].pop("protocol")
             run["namespace"] = f"bench-{mib}-{kind.replace(' ', '-')}"
-        gbps[kind] = count * size / two_processes(kind, run, mib, count, window) / 1e9
+        seconds, cpu = two_processes(kind, run, mib, count, window)
+        gbps[kind], cpu_ms[kind] = count * size / seconds / 1e9, cpu / count * 1e3
     print(f"\n{mib} MiB samples ({size / MiB:.1f} MiB each, {count} timed two-process samples):")
     for name, value in gbps.items():
-        print(f"  {name:28s} {value:7.2f} GB/s  {value * 1e9 / size:8.1f} samples/s")
+        busy = f"  {cpu_ms[name]:6.2f} ms CPU/sample" if name in cpu_ms else ""
+        print(f"  {name:28s} {value:7.2f} GB/s  {value * 1e9 / size:8.1f} samples/s{busy}")
     print(f"  {'local take_ownership+copy=False':28s} {zero_us:7.1f} us per put+get+release")
     one, two = gbps["1 copy (faulted)"], gbps["2 copies (faulted)"]
-    print("  ratios (same run):")
+    copy_ms = cpu_ms["1 copy (faulted)"]
+
+    def by_cpu(kind: str, base: float = copy_ms) -> str:
+        return f"   CPU time: {base / cpu_ms[kind]:5.2f}x"
+
+    print("  ratios (same run; CPU time: of the busier process per sample, what two idle cores would allow):")
     print(f"    local default / 2 copies          {gbps['local'] / two:5.2f}x  (target >= 0.5)")
     if "shared" in gbps:
-        print(f"    shared default / 1 copy           {gbps['shared'] / one:5.2f}x  (target >= 0.5)")
+        print(f"    shared default / 1 copy           {gbps['shared'] / one:5.2f}x  (target >= 0.5){by_cpu('shared')}")
         print(f"    shared default / raw /dev/shm     {gbps['shared'] / gbps['raw /dev/shm write+read']:5.2f}x")
     if "shared copy=False" in gbps:
-        print(f"    shared copy=False / 1 copy        {gbps['shared copy=False'] / one:5.2f}x  (target >= 0.8)")
+        print(
+            f"    shared copy=False / 1 copy        {gbps['shared copy=False'] / one:5.2f}x  (target >= 0.8)"
+            + by_cpu("shared copy=False")
+        )
     if "ref local" in gbps:
         print(f"    local / ref local                 {gbps['local'] / gbps['ref local']:5.2f}x")
     if "ref shared" in gbps and "shared" in gbps:
         print(f"    shared / ref shared               {gbps['shared'] / gbps['ref shared']:5.2f}x")
     if "mooncake" in gbps and "mooncake raw" in gbps:
-        print(f"    mooncake / raw loop               {gbps['mooncake'] / gbps['mooncake raw']:5.2f}x  (target >= 0.8)")
+        print(
+            f"    mooncake / raw loop               {gbps['mooncake'] / gbps['mooncake raw']:5.2f}x  (target >= 0.8)"
+            + by_cpu("mooncake", cpu_ms["mooncake raw"])
+        )
 
 
 if __name__ == "__main__":
