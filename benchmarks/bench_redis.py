@@ -49,7 +49,6 @@ from redis.utils import HIREDIS_AVAILABLE
 from featurestream import FeatureSpec, FeatureStore, SampleRef, StoreHandle, StoreHealth
 from featurestream.backends.redis.queue import RedisSampleRefQueue
 from featurestream.backends.redis.wire import ref_to_json
-from featurestream.tools.redis_servers import RedisNode
 
 _SPECS = {
     "aux_hidden_states": FeatureSpec((1, 512, 3 * 4096), torch.bfloat16),
@@ -207,6 +206,9 @@ def redis_server(url: str | None) -> Iterator[str]:
     if url is not None:
         yield url
         return
+    # Imported here: bench_ab's children import this module against older trees, which keep RedisNode elsewhere.
+    from featurestream.tools.redis_servers import RedisNode
+
     with tempfile.TemporaryDirectory() as directory:
         try:
             server = RedisNode(pathlib.Path(directory))
