@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 from featurestream.common.checks import check_count, check_seconds
-from featurestream.common.errors import NotResident
 from featurestream.common.refs import SampleRef, check_tensor_free
 from featurestream.core.lease import VisibilityTimeout
 from featurestream.stores.base import FeatureStore
 
-__all__ = ["check_queue_arguments", "check_ref_for", "check_resident"]
+__all__ = ["check_queue_arguments", "check_ref_for"]
 
 
 def check_queue_arguments(
@@ -67,17 +66,3 @@ def check_ref_for(store: FeatureStore, ref: object) -> None:
             f"sample {ref.sample_id!r} lives in {ref.store_uri}, but this queue's store is {store_uri}; "
             "put it into the queue bound to that store"
         )
-
-
-def check_resident(store: FeatureStore, ref: SampleRef) -> None:
-    """``ValueError`` when ``store`` no longer holds ``ref``'s bytes (released or scrubbed before the put): queued,
-    it would only fail later, in a consumer's ``get``. A store that cannot tell (``is_resident`` raises
-    ``NotImplementedError``, as the contract's default does) is taken at its word."""
-    if type(store).is_resident is FeatureStore.is_resident:
-        return  # the contract's default: it cannot tell (asked, it would raise NotImplementedError)
-    try:
-        resident = store.is_resident(ref.sample_id)
-    except NotImplementedError:
-        return
-    if not resident:
-        raise NotResident(ref.sample_id, ref.store_uri)

@@ -24,8 +24,7 @@ from featurestream.common import errors
 from featurestream.common.checks import check_count, check_seconds, check_text
 from featurestream.common.periodic import start_periodic
 from featurestream.common.refs import SampleRef
-from featurestream.core import events
-from featurestream.core.arguments import check_queue_arguments, check_ref_for, check_resident
+from featurestream.core.arguments import check_queue_arguments, check_ref_for
 from featurestream.core.backlog import Owed
 from featurestream.core.backpressure import Backpressure, HealthCallback
 from featurestream.core.effects import Effects, Tracer
@@ -151,7 +150,8 @@ class Coordinator(Effects):
         scrub, ``RuntimeError`` once closed, and the store's error type when
         its ``retain`` fails. A refused put changes nothing.
         """
-        self._check_ref(ref)
+        self._require_store()
+        check_ref_for(self._store, ref)
         with self._op:
             self._admit([ref])
 
@@ -163,10 +163,11 @@ class Coordinator(Effects):
         sample -- and with ``ValueError`` when an id repeats. Traced as one
         ``Put`` per sample.
         """
+        self._require_store()
         batch = self._batch("refs", refs)
         seen: set[str] = set()
         for ref in batch:
-            self._check_ref(ref)
+            check_ref_for(self._store, ref)
         for ref in batch:
             if ref.sample_id in seen:
                 raise errors.RepeatedInBatch(ref.sample_id)
@@ -201,7 +202,8 @@ class Coordinator(Effects):
         blocked producer), ``PutAborted`` when ``abort_when()`` is true (both ``RuntimeError``), and the store's
         error type, naming the sample, when ``health()`` raises; in every such case nothing was enqueued.
         """
-        self._check_ref(ref)
+        self._require_store()
+        check_ref_for(self._store, ref)
         check_seconds("poll_interval", poll_interval)
         backpressure = self._backpressure
         while True:
@@ -473,10 +475,6 @@ class Coordinator(Effects):
             raise ValueError(f"{name} must hold at most {cap} items (one server call), got {len(batch)}")
         return batch
 
-    def _check_ref(self, ref: object) -> None:
-        self._require_store()
-        check_ref_for(self._store, ref)
-
     def _require_store(self) -> None:
         """Raise ``RuntimeError`` when this instance cannot produce or consume (an operator's handle)."""
         handle = self._operator_store
@@ -492,8 +490,18 @@ class Coordinator(Effects):
             return self._engine.held(sample_ids)
 
     def _check_resident(self, ref: SampleRef) -> None:
-        """Refuse a ref whose bytes are gone (``NotResident``): a consumer's ``get`` would fail on it."""
-        check_resident(self._store, ref)
+        """Refuse a ref whose bytes are gone (``NotResident``): a consumer's ``get`` would fail on it. A store that
+        cannot tell (``is_resident`` raises ``NotImplementedError``, as the contract's default does) is taken at
+        its word."""
+        store = self._store
+        if type(store).is_resident is FeatureStore.is_resident:
+            return  # the contract's default: it cannot tell (asked, it would raise NotImplementedError)
+        try:
+            resident = store.is_resident(ref.sample_id)
+        except NotImplementedError:
+            return
+        if not resident:
+            raise errors.NotResident(ref.sample_id, ref.store_uri)
 
     def _check_local(self, ref: SampleRef) -> None:
         """The coordinator's own refusals of a put, after the engine's: a scrub still owed, bytes gone."""
@@ -586,14 +594,3 @@ class Coordinator(Effects):
             self._engine.reap()  # the call still reaps, as its put would have
             doing = f"put_blocks_until_below of sample {ref.sample_id!r} enqueued nothing"
             raise errors.store_error(exc, doing) from exc
-
-    def _update_backpressure(self, health: StoreHealth) -> HealthCallback | None:
-        """Apply the hysteresis; return the callback to run (outside the lock), if any."""
-        step = self._backpressure.step(health)
-        if step is None:
-            return None
-        event, callback = step
-        if event == events.PAUSE:
-            self._engine.count_pause()
-        self._trace_state(event, resident_bytes=health.resident_bytes)
-        return callback

@@ -1,5 +1,5 @@
 """What the coordinator does besides answering a call: the effects of the engine's events, the store calls it
-owes, its own trace events, and the reaper's round.
+owes, its own trace events (a store fault, a paid scrub, a backpressure step), and the reaper's round.
 
 ``Effects`` is the half of ``Coordinator`` (``core/coordinator.py``) that runs under the queue's lock while the
 engine reports: for each event it fires the lease machine on the event's model (a trigger the table does not
@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from featurestream.common.refs import SampleRef
 from featurestream.core import events
 from featurestream.core.backlog import Owed, call_or_owe, pay_owed
+from featurestream.core.backpressure import Backpressure, HealthCallback
 from featurestream.core.engine import (
     Admitted,
     Closed,
@@ -38,7 +39,7 @@ from featurestream.core.lease import DeadLetter, StaleLog
 from featurestream.core.locked_call import LockedCall
 from featurestream.core.machines import LEASE_MACHINE, fire
 from featurestream.core.signal import Signal
-from featurestream.stores.base import FeatureStore
+from featurestream.stores.base import FeatureStore, StoreHealth
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -54,6 +55,7 @@ class Effects:
     """The coordinator's effects (lock held unless a method says otherwise); ``Coordinator`` sets the state."""
 
     _engine: Engine
+    _backpressure: Backpressure
     _store: FeatureStore
     _lock: threading.Lock
     _op: LockedCall
@@ -69,10 +71,9 @@ class Effects:
     reclaim_expired: Callable[[], int]
 
     def _scrub(self, ref: SampleRef) -> None:
-        """The queue is done with ``ref`` for good: its store scrubs it now (waking blocked producers), or the
-        scrub is owed."""
-        if call_or_owe(self._store, self._owed, "scrub", ref, self._store_fault):
-            self._not_full.notify_all()
+        """The queue is done with ``ref`` for good: its store scrubs it now, or the scrub is owed. The event that
+        asked for it wakes blocked producers."""
+        call_or_owe(self._store, self._owed, "scrub", ref, self._store_fault)
 
     def _owe(self, call: str, ref: SampleRef) -> bool:
         """Make the store call ``call(ref)``; if it raises, log, count and keep it owed. ``True``: done."""
@@ -126,6 +127,18 @@ class Effects:
             held = self._engine.held(sample_ids)
             dead = {letter.ref.sample_id for letter in self._engine.dead_letters(None)}
         return held | (dead & set(sample_ids))
+
+    def _update_backpressure(self, health: StoreHealth) -> HealthCallback | None:
+        """Apply the hysteresis to ``health`` (counting and tracing a pause or resume); return the callback to run
+        outside the lock, if any."""
+        step = self._backpressure.step(health)
+        if step is None:
+            return None
+        event, callback = step
+        if event == events.PAUSE:
+            self._engine.count_pause()
+        self._trace_state(event, resident_bytes=health.resident_bytes)
+        return callback
 
     def _trace_state(self, action: str, **fields: object) -> None:
         """Trace an event the coordinator makes itself (a store fault, a paid scrub, a pause or resume) with the
@@ -191,6 +204,7 @@ class Effects:
 
     def _on_released(self, event: Released) -> None:
         self._scrub(event.ref)
+        self._not_full.notify_all()
 
     def _on_requeued(self, event: Requeued) -> None:
         self._trace(events.REQUEUE_DEAD_LETTER, event.trace)

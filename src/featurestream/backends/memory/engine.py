@@ -54,7 +54,7 @@ class _Record(LeaseModel):
     __slots__ = ("deadline", "lease", "leased_at", "redelivery_count", "ref")
 
     def __init__(self, ref: SampleRef, redelivery_count: int) -> None:
-        super().__init__(ref.sample_id)
+        LeaseModel.__init__(self, ref.sample_id)
         self.ref = ref
         self.redelivery_count = redelivery_count
         self.lease: Lease | None = None
