@@ -139,7 +139,9 @@ def main() -> None:
     cases = [
         (shape, name) for shape in args.shapes.split(",") for name in (parsers() if shape != "memory" else ["python"])
     ]
-    with base_tree(args.base) as base, redis_server(args.url) as url:
+    # Only the Redis shapes need a server: a memory-only run starts none, so it runs where redis-server is missing.
+    server = redis_server(args.url) if any(shape != "memory" for shape, _ in cases) else contextlib.nullcontext()
+    with base_tree(args.base) as base, server as url:
         trees = {"this tree": ROOT, f"base {args.base}": base}
         runs: dict[str, list[list[float]]] = {label: [] for label in trees}
         for _ in range(args.rounds):
