@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import os
 import threading
+from typing import Any
 
 import pytest
 
@@ -288,6 +289,25 @@ def test_a_failing_health_raises_from_the_blocked_put_naming_the_sample() -> Non
     assert queue.pending_count() == 1
 
 
+def fail_removal(monkeypatch: pytest.MonkeyPatch, path: str, error: OSError) -> dict[str, bool]:
+    """Make taking the data file ``path`` out of its directory raise ``error`` while the returned flag is on.
+
+    The store removes a data name by renaming it aside (the unlink follows in the background) or, for a name
+    linked to a reusable slot, by unlinking it at once: both calls fail.
+    """
+    failing = {"on": True}
+    for name in ("rename", "unlink"):
+        real = getattr(os, name)
+
+        def remove(source: str, *args: object, _real: Any = real, **kwargs: object) -> None:
+            if failing["on"] and os.fspath(source) == path:
+                raise error
+            _real(source, *args, **kwargs)
+
+        monkeypatch.setattr(os, name, remove)
+    return failing
+
+
 def test_the_shared_dir_store_retries_an_unlink_that_failed(
     tmp_path: os.PathLike[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -295,16 +315,7 @@ def test_the_shared_dir_store_retries_an_unlink_that_failed(
     queue = SampleRefQueue(store)
     ref, lease = leased(store, queue)
     path = store.data_path(ref)
-    real_rename = os.rename
-    failing = {"on": True}
-
-    # The store takes a data file out of the directory by renaming it (the unlink follows in the background).
-    def rename(source: str, *args: object, **kwargs: object) -> None:
-        if failing["on"] and os.fspath(source) == path:
-            raise PermissionError(errno.EPERM, "LockedCall not permitted", source)
-        real_rename(source, *args, **kwargs)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(os, "rename", rename)
+    failing = fail_removal(monkeypatch, path, PermissionError(errno.EPERM, "LockedCall not permitted", path))
     queue.ack(lease)
     assert os.path.exists(path) and store.is_resident("s0")
     assert store.health().resident_bytes == ref.estimated_bytes  # still counted until it is really gone
@@ -321,15 +332,7 @@ def test_the_shared_dir_store_retries_a_failed_release_unlink_on_gc(
     path = store.data_path(put_sample(store, "s0"))
     ref = put_sample(store, "s1")
     _, handle = store.get(ref)
-    real_rename = os.rename
-    failing = {"on": True}
-
-    def rename(source: str, *args: object, **kwargs: object) -> None:
-        if failing["on"] and os.fspath(source) == store.data_path(ref):
-            raise OSError(errno.EIO, "Input/output error", source)
-        real_rename(source, *args, **kwargs)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(os, "rename", rename)
+    failing = fail_removal(monkeypatch, store.data_path(ref), OSError(errno.EIO, "Input/output error"))
     store.release(handle)  # the last handle: the file should go, but taking it out of the directory fails
     assert os.path.exists(store.data_path(ref))
     failing["on"] = False
