@@ -4,12 +4,15 @@ benchmarks and the demo, on free ports, waited for until it answers, and stopped
 from __future__ import annotations
 
 import abc
+import contextlib
+import fcntl
 import os
 import socket
 import subprocess
 import tempfile
 import threading
 import time
+from pathlib import Path
 from types import TracebackType
 from typing import IO, TYPE_CHECKING
 
@@ -26,19 +29,44 @@ _POLL = 0.01
 # is closed, before the server it was picked for binds it: two sentinels of one cluster once got the same port.
 _HANDED_OUT: set[int] = set()
 _HANDING_OUT = threading.Lock()
+# The same across processes (pytest-xdist's workers, a benchmark beside a test run): "<port> <time handed out>"
+# lines, under an exclusive flock; a port is reserved for _RESERVED seconds, long enough for its server to bind it.
+_REGISTRY = Path(tempfile.gettempdir()) / f"featurestream-ports-{os.getuid()}"
+_RESERVED = 600.0
 
 
 def free_port() -> int:
     """A TCP port on ``HOST`` that nothing listens on right now (the kernel's pick), never one this process was
-    handed before."""
-    with _HANDING_OUT:
+    handed before, nor one another process on this machine was handed in the last ten minutes."""
+    with _HANDING_OUT, open(_REGISTRY, "a+", encoding="ascii") as registry:
+        fcntl.flock(registry, fcntl.LOCK_EX)
+        registry.seek(0)
+        now = time.time()
+        reserved = _recent(registry.read(), now)
         while True:
             with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
                 sock.bind((HOST, 0))
                 port = int(sock.getsockname()[1])
-            if port not in _HANDED_OUT:
-                _HANDED_OUT.add(port)
-                return port
+            if port not in _HANDED_OUT and port not in reserved:
+                break
+        _HANDED_OUT.add(port)
+        reserved[port] = now
+        registry.seek(0)
+        registry.truncate()
+        registry.write("".join(f"{held} {at}\n" for held, at in reserved.items()))
+        return port
+
+
+def _recent(lines: str, now: float) -> dict[int, float]:
+    """The registry's ports handed out less than ``_RESERVED`` seconds before ``now`` (a torn line is skipped)."""
+    recent = {}
+    for line in lines.splitlines():
+        fields = line.split()
+        if len(fields) == 2 and fields[0].isdigit():
+            with contextlib.suppress(ValueError):
+                if now - float(fields[1]) < _RESERVED:
+                    recent[int(fields[0])] = float(fields[1])
+    return recent
 
 
 def listening(port: int) -> bool:
