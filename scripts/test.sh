@@ -31,4 +31,7 @@ python3 -m venv .venv
 bash scripts/vllm-env.sh
 .venv/bin/ruff check src tests benchmarks
 .venv/bin/ruff format --check src tests benchmarks
-.venv/bin/python -m pytest "$@"
+# pytest-xdist: FEATURESTREAM_TEST_WORKERS processes (default 4: most tests wait on servers, subprocesses, lease
+# timeouts or TLC, so more workers than a 2-core machine's cores pay). --dist loadscope as tests/conftest.py refines
+# it: a module's tests share a worker only where they share a module-scoped fixture. -n 0 runs them in this process.
+.venv/bin/python -m pytest -n "${FEATURESTREAM_TEST_WORKERS:-4}" --dist loadscope "$@"

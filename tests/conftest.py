@@ -29,13 +29,70 @@ settings.register_profile("dev", max_examples=50, stateful_step_count=30, deadli
 load_profile()
 
 
+# Under pytest-xdist (scripts/test.sh: -n with --dist loadscope) the tests of these modules go to one worker: they
+# share a module-scoped fixture (an engine run, a Redis cluster, a pytest run of the kit), set up once per worker
+# that runs one of them. Every other test goes to whichever worker is free. A worker refuses a module that has such
+# a fixture and is not listed.
+ONE_WORKER = frozenset(
+    {
+        "tests/backends/redis/test_redis_demo_sentinel.py",
+        "tests/backends/redis/test_redis_failover_stateful.py",
+        "tests/backends/redis/test_redis_ha.py",
+        "tests/backends/redis/test_redis_stateful.py",
+        "tests/pipeline/test_bytes_per_token.py",
+        "tests/spec/test_lifecycle.py",
+        "tests/testing/test_failure_report.py",
+        "tests/vllm/test_vllm_features.py",
+    }
+)
+# ... and these folders' tests start first: the longest ones (engine processes, TLC runs) are there, and one that
+# starts last stretches the whole run.
+_LONGEST_FIRST = ("vllm", "spec")
+
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if os.environ.get("FEATURESTREAM_DEEP") == "1" or "slow" in (config.getoption("markexpr") or ""):
-        return
-    nightly = [item for item in items if item.get_closest_marker("slow")]
-    if nightly:
-        config.hook.pytest_deselected(items=nightly)
-        items[:] = [item for item in items if not item.get_closest_marker("slow")]
+    if not (os.environ.get("FEATURESTREAM_DEEP") == "1" or "slow" in (config.getoption("markexpr") or "")):
+        nightly = [item for item in items if item.get_closest_marker("slow")]
+        if nightly:
+            config.hook.pytest_deselected(items=nightly)
+            items[:] = [item for item in items if not item.get_closest_marker("slow")]
+    if hasattr(config, "workerinput"):  # a pytest-xdist worker
+        unlisted = {_module(item) for item in items if _shares_a_module_fixture(item)} - ONE_WORKER
+        if unlisted:
+            raise pytest.UsageError(f"{sorted(unlisted)} share a module-scoped fixture: add them to ONE_WORKER")
+        items.sort(key=_start_order)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadscope`` with a scope per module of ``ONE_WORKER`` and per test elsewhere."""
+    if config.getoption("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModulesSharingAFixture(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::")[0]
+            return module if module in ONE_WORKER else nodeid
+
+    return ModulesSharingAFixture(config, log)
+
+
+def _module(item: pytest.Item) -> str:
+    return item.nodeid.split("::")[0]
+
+
+def _shares_a_module_fixture(item: pytest.Item) -> bool:
+    definitions = getattr(item, "_fixtureinfo", None)
+    chains = definitions.name2fixturedefs.values() if definitions is not None else ()
+    return any(chain[-1].scope == "module" for chain in chains)
+
+
+def _start_order(item: pytest.Item) -> int:
+    path = _module(item).split("/")
+    folder = path[1] if len(path) > 2 and path[0] == "tests" else ""
+    return _LONGEST_FIRST.index(folder) if folder in _LONGEST_FIRST else len(_LONGEST_FIRST)
 
 
 @pytest.hookimpl(hookwrapper=True)

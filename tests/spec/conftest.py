@@ -1,11 +1,13 @@
 """Fixtures for the spec tests: TLC availability, one TLC run per model, and the pinned state counts.
 
 Every shipped model and mutant is checked by TLC once per run: ``tlc`` runs each (config, module,
-deadlock checking, workers) once per session, and ``featurestream check`` (the CLI) reads the same
-session's results, so a model's own test and the CLI's test of it share one TLC run.
+deadlock checking, workers) once per test run, also across pytest-xdist's workers, and ``featurestream check``
+(the CLI) reads the same results, so a model's own test and the CLI's test of it share one TLC run.
 """
 
 from __future__ import annotations
+
+import os
 
 import pytest
 
@@ -22,6 +24,13 @@ COUNT_DISTINCT_STATES = 30_192  # spec/LeaseQueueCount.cfg (the store's sample-c
 LOST_DISTINCT_STATES = 25_528  # spec/LeaseQueueLost.cfg (the store loses a sample's bytes)
 GIVE_BACK_DISTINCT_STATES = 37_262  # spec/LeaseQueueGiveBack.cfg (a consumer gives back an unused lease)
 DEEP_DISTINCT_STATES = 218_132  # spec/LeaseQueueDeep.cfg (nightly)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _workers_share_the_runs(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Under pytest-xdist, the run's workers share one results directory beside their own temporary folders."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        tlc.share(tmp_path_factory.getbasetemp().parent / "tlc-runs")
 
 
 @pytest.fixture(autouse=True)
