@@ -22,7 +22,7 @@ REPLICATED_DISTINCT_STATES = 5_438  # spec/ReplicatedQueue.cfg
 
 def _run(config: str) -> TLCResult:
     module = spec_dir() / "ReplicatedQueue.tla"
-    return tlc(spec_dir() / config, modules=[module], main_module="ReplicatedQueue.tla", check_deadlock=True, workers=2)
+    return tlc(spec_dir() / config, modules=[module], main_module="ReplicatedQueue.tla", check_deadlock=True, workers=1)
 
 
 def test_the_replicated_model_has_no_error_and_the_pinned_state_count(tlc_available: None) -> None:
@@ -62,6 +62,6 @@ def test_check_command_runs_the_replicated_model(tlc_available: None, capsys: py
     from featurestream.cli import main
 
     mutant = spec_dir() / "mutants" / "ReplicatedAckEarly.cfg"
-    assert main(["check", "--config", str(mutant), "--workers", "2"]) == 1
+    assert main(["check", "--config", str(mutant), "--workers", "1"]) == 1
     out = capsys.readouterr().out
     assert "ReplicatedQueue.tla with" in out and "TLC: VIOLATED ToldNeverLost" in out

@@ -22,7 +22,7 @@ RESUME_DISTINCT_STATES = 11_179  # spec/Resume.cfg
 
 def _run(config: str) -> TLCResult:
     module = spec_dir() / "Resume.tla"
-    return tlc(spec_dir() / config, modules=[module], main_module="Resume.tla", check_deadlock=True, workers=2)
+    return tlc(spec_dir() / config, modules=[module], main_module="Resume.tla", check_deadlock=True, workers=1)
 
 
 def test_the_resume_model_has_no_error_and_the_pinned_state_count(tlc_available: None) -> None:
@@ -59,10 +59,10 @@ def test_each_resume_mutant_yields_a_counterexample(
 def test_check_command_runs_the_resume_model(tlc_available: None, capsys: pytest.CaptureFixture[str]) -> None:
     from featurestream.cli import main
 
-    assert main(["check", "--resume", "--workers", "2"]) == 0
+    assert main(["check", "--resume", "--workers", "1"]) == 0
     out = capsys.readouterr().out
     assert "Resume.tla with" in out and f"TLC: no error; {RESUME_DISTINCT_STATES} distinct states" in out
-    assert main(["check", "--config", str(spec_dir() / "mutants" / "ResumeNoAdmission.cfg"), "--workers", "2"]) == 1
+    assert main(["check", "--config", str(spec_dir() / "mutants" / "ResumeNoAdmission.cfg"), "--workers", "1"]) == 1
     assert "TLC: VIOLATED AtMostOnce" in capsys.readouterr().out
 
 

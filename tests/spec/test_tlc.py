@@ -31,7 +31,7 @@ def _assert_clean(result_ok: bool, output: str, command: tuple[str, ...]) -> Non
 
 
 def test_ci_model_has_no_error_and_the_pinned_state_count(tlc_available: None, ci_distinct_states: int) -> None:
-    result = tlc(spec_dir() / "LeaseQueue.cfg", workers=2, timeout=600)
+    result = tlc(spec_dir() / "LeaseQueue.cfg", workers=1, timeout=600)
     print(result.summary())
     _assert_clean(result.ok, result.output, result.command)
     assert "temporal properties for the complete state space" in result.output, (
@@ -56,7 +56,7 @@ def test_ci_model_has_no_error_and_the_pinned_state_count(tlc_available: None, c
 def test_small_model_has_no_error_and_the_pinned_state_count(
     tlc_available: None, pinned_states: dict[str, int], config: str
 ) -> None:
-    result = tlc(spec_dir() / config, workers=2, timeout=600)
+    result = tlc(spec_dir() / config, workers=1, timeout=600)
     print(result.summary())
     _assert_clean(result.ok, result.output, result.command)
     assert "temporal properties for the complete state space" in result.output
@@ -271,7 +271,7 @@ def test_producer_progress_needs_strong_fairness_on_the_enqueue(tlc_available: N
     assert "Back to state" in weak.output, "the counterexample is a cycle in which the producer keeps waiting"
     strong_config = tmp_path / "StrongEnqueueFairness.cfg"
     strong_config.write_text(weak_config.read_text().replace("SPECIFICATION WeakFairSpec", "SPECIFICATION FairSpec"))
-    strong = tlc(strong_config, workers=2, timeout=300)
+    strong = tlc(strong_config, workers=1, timeout=300)
     print(f"FairSpec: {strong.summary()}")
     _assert_clean(strong.ok, strong.output, strong.command)
 
