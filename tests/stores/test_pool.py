@@ -186,6 +186,19 @@ def test_a_reader_copies_every_sample_out_of_one_kept_mapping_of_a_slot_until_it
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="reads /proc/self/maps (Linux)")
+def test_a_reader_keeps_at_most_max_slot_maps_mappings(tmp_path: Path) -> None:
+    writer, reader = SharedDirFeatureStore(tmp_path, **CAPS), SharedDirFeatureStore(tmp_path, **CAPS)
+    refs = [writer.put(f"s{index}", tensors(index)) for index in range(arena.MAX_SLOT_MAPS + 6)]  # a slot each
+    for index, ref in enumerate(refs):
+        writer.retain(ref)  # queued: a release leaves it
+        got, handle = reader.get(ref)
+        assert same(got, tensors(index))
+        reader.release(handle)
+    assert len(private_maps(tmp_path)) == arena.MAX_SLOT_MAPS, "one descriptor per kept mapping: bounded"
+    assert same(reader.get(refs[0])[0], tensors(0)), "a slot let go is mapped again"
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="reads /proc/self/maps (Linux)")
 def test_a_reader_keeps_no_mapping_of_a_file_of_its_own(tmp_path: Path) -> None:
     writer, reader = SharedDirFeatureStore(tmp_path, pool=False, **CAPS), SharedDirFeatureStore(tmp_path, **CAPS)
     ref = writer.put("a", tensors(1))

@@ -44,9 +44,10 @@ import torch
 from featurestream.stores.pool import BufferPool, copy_bytes
 from featurestream.stores.safetensors_codec import CorruptSampleError, read_all
 
-__all__ = ["SLOT_TAG", "FileArena", "SlotMaps", "entries", "is_slot", "read_whole"]
+__all__ = ["MAX_SLOT_MAPS", "SLOT_TAG", "FileArena", "SlotMaps", "entries", "is_slot", "read_whole"]
 
 SLOT_TAG = "pool"  # slot files are named ``.pool.<host>-<pid>.<arena>-<n>.tmp``: a writer's temporaries
+MAX_SLOT_MAPS = 64  # each kept mapping holds a file descriptor, which a deep queue of small samples could use up
 _NO_LOCKS = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS)
 
 
@@ -220,7 +221,8 @@ class SlotMaps:
     once its sample is, and a mapping would keep its bytes. A kept mapping holds no lock: ``copy`` reads it
     only while the caller holds the file's shared lock. Mappings of slots whose file is gone (their writer
     closed or dropped them) are let go by the next ``copy`` that maps a slot, ``prune`` or ``close``; at most
-    ``limit`` bytes are kept mapped. Thread-safe.
+    ``limit`` bytes and ``MAX_SLOT_MAPS`` slots are kept mapped, the least recently read let go first.
+    Thread-safe.
     """
 
     def __init__(self, limit: int) -> None:
@@ -255,7 +257,9 @@ class SlotMaps:
         return True
 
     def _evict(self, size: int) -> None:
-        while self._maps and sum(m.size for m in self._maps.values()) + size > self._limit:
+        while self._maps and (
+            len(self._maps) >= MAX_SLOT_MAPS or sum(m.size for m in self._maps.values()) + size > self._limit
+        ):
             self._drop(next(iter(self._maps)))
 
     def _prune(self) -> None:
