@@ -28,6 +28,7 @@ from featurestream import (
     SharedDirFeatureStore,
     VisibilityTimeout,
 )
+from featurestream.pipeline.prefetch import LeaseBook
 from featurestream.testing import FakeClock
 from support.helpers import assert_is_sample, put_eagle3, untrainable_eagle3_sample
 
@@ -262,6 +263,36 @@ class TestPrefetch:
         assert caught.value is queue.raised, "the original exception"
         assert queue.stats().given_back == 1 and queue.stats().acked == 1, "its buffered lease went back"
         assert [index_of(batch) for batch in loader] == [2, 3, 1], "the loader carries on with a fresh thread"
+
+    def test_a_thread_crash_while_a_batch_is_handed_over_leaves_that_batch_and_its_lease_to_the_trainer(
+        self, make_store: Callable[[], FeatureStore], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        store = make_store()
+        queue = BreakingQueue(store, break_on_acquire=3)
+        for index in range(4):
+            queue.put(put_eagle3(store, index))
+        queue.close()
+        real_take = LeaseBook.take
+        first = [True]
+
+        def take_once_the_thread_crashed(book: LeaseBook, leases: Any) -> list[Any]:
+            # The crash lands between the trainer's pull of batch 0 and its hand-over (a window a loaded
+            # machine opens by chance): the thread's give-back must spare the batch being handed over.
+            if first.pop() if first else False:
+                wait_for("the thread's crash", lambda: queue.raised is not None and queue.stats().given_back >= 1)
+            return real_take(book, leases)
+
+        monkeypatch.setattr(LeaseBook, "take", take_once_the_thread_crashed)
+        loader = FeatureDataLoader(queue, make_store(), prefetch=2)
+        assert index_of(next(loader)) == 0
+        assert queue.outstanding_count() == 1, "the batch handed over keeps its lease"
+        assert queue.stats().given_back == 1, "only the buffered batch went back"
+        with pytest.raises(OSError) as caught:
+            next(loader)
+        assert caught.value is queue.raised
+        assert queue.stats().acked == 1, "batch 0 was acked, once"
+        assert [index_of(batch) for batch in loader] == [2, 3, 1]
+        assert queue.stats().acked == 4 and queue.stats().stale_rejected == 0
 
     def test_an_ack_that_fails_is_raised_by_the_next_pull_and_nothing_is_lost(
         self, make_store: Callable[[], FeatureStore]

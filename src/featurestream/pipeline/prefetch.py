@@ -161,14 +161,17 @@ class LeaseBook:
         with self._cond:
             return len(self._entries)
 
-    def close(self) -> list[Lease]:
+    def close(self, keep: Sequence[Lease] = ()) -> list[Lease]:
         """Refuse new entries, stop the heartbeat, release every handle, give every lease back and return them.
 
-        Idempotent (a second call returns ``[]``).
+        ``keep``: leases whose batch is on its way to the trainer; they stay booked (with their handles) for
+        ``take``. Idempotent (a second call returns only what ``keep`` kept and was not taken since).
         """
+        kept = {id(lease) for lease in keep}
         with self._cond:
             self._closed = True
-            entries, self._entries = list(self._entries.values()), {}
+            entries = [entry for key, entry in self._entries.items() if key not in kept]
+            self._entries = {key: entry for key, entry in self._entries.items() if key in kept}
             self._cond.notify_all()
         handles = [entry.handle for entry in entries if entry.handle is not None]
         leases = [entry.lease for entry in entries]
@@ -261,6 +264,8 @@ class Prefetcher:
         self._paused = False
         self._stopped = False
         self._error: BaseException | None = None
+        # The leases of the batch ``get`` returned last: the trainer's from then on, not the thread's to give back.
+        self._handing: Sequence[Lease] = ()
         book.on_error = self.crash  # a heartbeat that cannot reach the queue stops the thread like its own error
         self._thread = threading.Thread(target=self._run, name="featurestream-prefetch", daemon=True)
         self._thread.start()
@@ -268,6 +273,7 @@ class Prefetcher:
     def get(self) -> Pulled | None:
         """The next item (its leases still booked: ``book.take`` them at hand-off), or ``None`` at the end."""
         with self._cond:
+            self._handing = ()
             if self._paused and not any(queued.error is not None for queued in self._items):
                 self._paused = False  # the error was taken by the previous get: pull on
                 self._cond.notify_all()
@@ -277,17 +283,20 @@ class Prefetcher:
                 raise self._error
             if self._items:
                 item = self._items.popleft()
+                self._handing = item.leases
                 self._cond.notify_all()
                 return item
             return None
 
     def crash(self, error: BaseException) -> None:
-        """Stop with ``error`` (raised by the next ``get``) and fail back everything held."""
+        """Stop with ``error`` (raised by the next ``get``) and fail back everything held but the batch the last
+        ``get`` returned (the trainer is being handed it)."""
         with self._cond:
             if self._error is None and not self._stopped:
                 self._error = error
             self._stop_locked()
-        self._book.close()
+            handing = self._handing
+        self._book.close(keep=handing)
 
     def close(self, timeout: float) -> Stuck | None:
         """Stop the thread and fail back everything it holds; idempotent.
