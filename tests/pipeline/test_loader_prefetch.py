@@ -250,11 +250,7 @@ class TestPrefetch:
     def test_a_prefetch_thread_error_is_raised_after_everything_went_back(
         self, make_store: Callable[[], FeatureStore]
     ) -> None:
-        store = make_store()
-        queue = BreakingQueue(store, break_on_acquire=3)
-        for index in range(4):
-            queue.put(put_eagle3(store, index))
-        queue.close()
+        queue = BreakingQueue.of_four_samples(make_store(), break_on_acquire=3)
         loader = FeatureDataLoader(queue, make_store(), prefetch=2)
         assert index_of(next(loader)) == 0
         wait_for("the thread's crash", lambda: queue.raised is not None and queue.outstanding_count() == 1)
@@ -267,11 +263,7 @@ class TestPrefetch:
     def test_a_thread_crash_while_a_batch_is_handed_over_leaves_that_batch_and_its_lease_to_the_trainer(
         self, make_store: Callable[[], FeatureStore], monkeypatch: pytest.MonkeyPatch
     ) -> None:
-        store = make_store()
-        queue = BreakingQueue(store, break_on_acquire=3)
-        for index in range(4):
-            queue.put(put_eagle3(store, index))
-        queue.close()
+        queue = BreakingQueue.of_four_samples(make_store(), break_on_acquire=3)
         real_take = LeaseBook.take
         first = [True]
 
@@ -350,6 +342,15 @@ class BreakingQueue(SampleRefQueue):
         self._break_on = break_on_acquire
         self._acquires = 0
         self.raised: OSError | None = None
+
+    @classmethod
+    def of_four_samples(cls, store: FeatureStore, *, break_on_acquire: int) -> BreakingQueue:
+        """A closed queue of samples 0..3 put in ``store``."""
+        queue = cls(store, break_on_acquire=break_on_acquire)
+        for index in range(4):
+            queue.put(put_eagle3(store, index))
+        queue.close()
+        return queue
 
     def acquire(self, poll_interval: float = 0.05, *, timeout: float | None = None) -> Any:
         self._acquires += 1
