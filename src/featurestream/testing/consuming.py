@@ -190,15 +190,7 @@ class ConsumerActions(MachineState):
         sample = self.samples[sample_id]
         accepted, error, new_dead = self._reaping_call(f"lose(lease {lease.lease_id})", lambda: self.queue.lose(lease))
         self.mirror.lose(consumer, self._token(lease))
-        if error is not None and not isinstance(error, OSError):
-            raise AssertionError(f"lose() raised {error!r}")
-        self._drop_lease(consumer, lease)
-        live = sample.live is lease
-        if accepted and not live:
-            self._note("inv03_terminal_leases_never_change", f"stale lose of lease {lease.lease_id} was accepted")
-        if not accepted and live:
-            self._note("inv11_counters_consistent", f"lose of the live lease {lease.lease_id} was rejected")
-        if not accepted:
+        if not self._letter_replied(consumer, lease, "lose", accepted, error):
             return
         letters = [d.reason for d in self.queue.dead_letters() if d.ref.sample_id == sample_id]
         if sample_id not in new_dead:
@@ -225,20 +217,13 @@ class ConsumerActions(MachineState):
             f"reject(lease {lease.lease_id})", lambda: self.queue.reject(lease, why)
         )
         self.mirror.reject(consumer, (sample_id, lease.redelivery_count))
-        if error is not None and not isinstance(error, OSError):
-            raise AssertionError(f"reject() raised {error!r}")
-        self._drop_lease(consumer, lease)
         after = self.queue.stats()
-        if after.acked != before.acked:
+        accepted = after.failed - before.failed == 1
+        accepted = self._letter_replied(consumer, lease, "reject", accepted, error)
+        if after.acked != before.acked:  # stale or not
             self._fail(
                 "inv17_acked_only_if_trained", f"reject of {sample_id!r} counted {after.acked - before.acked} acks"
             )
-        accepted = after.failed - before.failed == 1
-        live = sample.live is lease
-        if accepted and not live:
-            self._note("inv03_terminal_leases_never_change", f"stale reject of lease {lease.lease_id} was accepted")
-        if not accepted and live:
-            self._note("inv11_counters_consistent", f"reject of the live lease {lease.lease_id} was rejected")
         if not accepted:
             return
         letters = [d.reason for d in self.queue.dead_letters() if d.ref.sample_id == sample_id]
@@ -247,6 +232,21 @@ class ConsumerActions(MachineState):
         elif letters[-1:] != [f"{SCHEMA_REASON}: {why}"]:
             self._note("inv17_acked_only_if_trained", f"rejected {sample_id!r} was dead-lettered with {letters}")
         self._requeue(sample, sample_id in new_dead)
+
+    def _letter_replied(
+        self, consumer: str, lease: Lease, op: str, accepted: bool, error: BaseException | None
+    ) -> bool:
+        """Check the reply of ``op`` (``lose`` or ``reject``: a dead letter at once) on ``lease``, which leaves its
+        consumer: no error but an ``OSError``, the live lease accepted and no other. Whether it was accepted."""
+        if error is not None and not isinstance(error, OSError):
+            raise AssertionError(f"{op}() raised {error!r}")
+        self._drop_lease(consumer, lease)
+        live = self.samples[lease.ref.sample_id].live is lease
+        if accepted and not live:
+            self._note("inv03_terminal_leases_never_change", f"stale {op} of lease {lease.lease_id} was accepted")
+        if not accepted and live:
+            self._note("inv11_counters_consistent", f"{op} of the live lease {lease.lease_id} was rejected")
+        return accepted
 
     def do_extend(self, lease: Lease, seconds: float | None, forged: Lease | None = None) -> None:
         """Extend: push the deadline of a live lease; ``LeaseLost`` for anything else."""
